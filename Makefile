@@ -1,0 +1,53 @@
+# One Makefile; the README and CI use exactly these targets.
+# `make demo` and `make test` set everything up from scratch (Rust toolchain
+# and Python 3.11 are the only prerequisites) and are quick when nothing
+# changed: each step is a file that is only remade when its inputs change.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+DEPS_STAMP := $(VENV)/.deps-installed
+BUILD_STAMP := $(VENV)/.meshrun-built
+RUST_SOURCES := $(shell find crates -name '*.rs' -o -name 'Cargo.toml') Cargo.toml $(wildcard Cargo.lock) pyproject.toml
+
+.PHONY: help install demo test test-rust test-python lint bench-startup clean
+
+help:  ## List the targets.
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+$(PY):
+	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] >= (3, 11), f"meshrun needs Python 3.11+, found {sys.version.split()[0]}"'
+	$(PYTHON) -m venv $(VENV)
+
+$(DEPS_STAMP): requirements.lock | $(PY)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.lock
+	touch $@
+
+$(BUILD_STAMP): $(DEPS_STAMP) $(RUST_SOURCES)
+	VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --release --quiet
+	touch $@
+
+install: $(BUILD_STAMP)  ## Create .venv, install pinned dependencies, build meshrun into it.
+
+demo: install  ## Set up, then run the main job (data-parallel digits on 2 processes x 2 devices).
+	$(VENV)/bin/meshrun run -n 2 --devices-per-proc 2 examples/digits_dp.py
+
+test: install  ## Set up, then run the Rust and Python test suites.
+	cargo test --workspace --quiet
+	$(VENV)/bin/pytest
+
+test-rust:  ## Rust tests only.
+	cargo test --workspace --quiet
+
+test-python: install  ## Python tests only.
+	$(VENV)/bin/pytest
+
+lint: install  ## rustfmt, clippy.
+	cargo fmt --all -- --check
+	cargo clippy --workspace --all-targets -- -D warnings
+
+bench-startup: install  ## Startup overhead of `meshrun run` against a hand launch.
+	$(PY) bench/startup.py
+
+clean:  ## Remove build outputs and the virtualenv.
+	rm -rf $(VENV) target

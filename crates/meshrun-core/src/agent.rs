@@ -1,0 +1,259 @@
+//! The agent: one per host. It dials the controller, proves the run token,
+//! starts the workers it is told to start, forwards their output and exits,
+//! and stops them on command. If the controller goes away, the agent kills
+//! its workers and exits: a worker never outlives its run.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::process::Stdio;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::net::TcpSocket;
+use tokio::sync::mpsc;
+
+use crate::error::CoreError;
+use crate::gpu::Inventory;
+use crate::process::{exit_info, signal_group};
+use crate::protocol::{auth, Connection, Message, Stream, WorkerLaunch};
+use crate::token::Token;
+
+/// Longer lines are forwarded in pieces of this size.
+const MAX_LINE_BYTES: usize = 64 * 1024;
+
+/// After a worker exits, how long its output may still take to drain
+/// before the exit is reported anyway (a grandchild may hold the pipe).
+const DRAIN_GRACE: Duration = Duration::from_secs(1);
+
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    pub controller: SocketAddr,
+    pub token: Token,
+    pub host: u32,
+    /// The address this host is known by; the control connection is made
+    /// from it, as from a separate machine.
+    pub host_ip: IpAddr,
+}
+
+/// The runtime an agent process runs on: one thread is plenty.
+pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread().enable_all().build()
+}
+
+/// Runs an agent until the controller says the run is over or goes away.
+pub async fn run(cfg: AgentConfig) -> Result<(), CoreError> {
+    let net = |what| move |source| CoreError::Net { what, source };
+    let socket = match cfg.host_ip {
+        IpAddr::V4(_) => TcpSocket::new_v4(),
+        IpAddr::V6(_) => TcpSocket::new_v6(),
+    }
+    .map_err(net("cannot open agent socket"))?;
+    socket
+        .bind(SocketAddr::new(cfg.host_ip, 0))
+        .map_err(net("cannot bind the agent to its host address"))?;
+    let stream = socket
+        .connect(cfg.controller)
+        .await
+        .map_err(net("cannot reach the controller"))?;
+    let mut conn = Connection::new(stream);
+    auth::connect(&mut conn, &cfg.token).await?;
+    let gpus = Inventory::discover().map(|inv| inv.ids).unwrap_or_default();
+    let free_port = std::net::TcpListener::bind(SocketAddr::new(cfg.host_ip, 0))
+        .and_then(|l| l.local_addr())
+        .map_err(net("cannot find a free port"))?
+        .port();
+    conn.send(&Message::AgentHello {
+        host: cfg.host,
+        host_ip: cfg.host_ip.to_string(),
+        pid: std::process::id(),
+        gpus,
+        free_port,
+    })
+    .await?;
+
+    let (mut sink, mut from_controller) = conn.split();
+    let (events_tx, mut events) = mpsc::unbounded_channel::<Message>();
+    // rank -> pid of every worker that has not been reported as exited.
+    let mut live: HashMap<u32, u32> = HashMap::new();
+    loop {
+        tokio::select! {
+            msg = from_controller.recv() => match msg {
+                Ok(Message::Launch { workers, .. }) => {
+                    for w in workers {
+                        if let Some(pid) = spawn_worker(w.clone(), events_tx.clone()) {
+                            live.insert(w.rank, pid);
+                        }
+                    }
+                }
+                Ok(Message::Stop { grace_ms }) => {
+                    stop(live.values().copied().collect(), Duration::from_millis(grace_ms));
+                }
+                Ok(Message::Shutdown) => break,
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(host = cfg.host, "controller connection lost ({e}); stopping workers");
+                    break;
+                }
+            },
+            Some(event) = events.recv() => {
+                if let Message::WorkerExited { rank, .. } = &event {
+                    live.remove(rank);
+                }
+                if sink.send(&event).await.is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    for pid in live.values() {
+        signal_group(*pid, Signal::SIGKILL);
+    }
+    Ok(())
+}
+
+/// SIGTERM to every group now, SIGKILL after the grace: JAX workers catch
+/// SIGTERM (preemption notifier) and may never act on it.
+fn stop(pids: Vec<u32>, grace: Duration) {
+    for &pid in &pids {
+        signal_group(pid, Signal::SIGTERM);
+    }
+    tokio::spawn(async move {
+        tokio::time::sleep(grace).await;
+        for pid in pids {
+            signal_group(pid, Signal::SIGKILL);
+        }
+    });
+}
+
+/// Starts one worker as the leader of its own process group and returns
+/// its pid; a worker that cannot start is reported, not fatal to the agent.
+fn spawn_worker(w: WorkerLaunch, events: mpsc::UnboundedSender<Message>) -> Option<u32> {
+    let Some((program, args)) = w.argv.split_first() else {
+        let _ = events.send(Message::SpawnFailed {
+            rank: w.rank,
+            error: "empty command".into(),
+        });
+        return None;
+    };
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(args)
+        .envs(w.env.iter().map(|(k, v)| (k, v)))
+        .current_dir(&w.cwd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    let mut child = match cmd.spawn() {
+        Ok(child) => child,
+        Err(e) => {
+            let _ = events.send(Message::SpawnFailed {
+                rank: w.rank,
+                error: format!("cannot start '{program}': {e}"),
+            });
+            return None;
+        }
+    };
+    let pid = child.id().unwrap_or_default();
+    let _ = events.send(Message::WorkerStarted { rank: w.rank, pid });
+    let rank = w.rank;
+    let out = child.stdout.take().map(|s| forward_lines(s, rank, Stream::Stdout, events.clone()));
+    let err = child.stderr.take().map(|s| forward_lines(s, rank, Stream::Stderr, events.clone()));
+    tokio::spawn(async move {
+        let exit = match child.wait().await {
+            Ok(status) => exit_info(status),
+            Err(_) => crate::protocol::ExitInfo {
+                code: None,
+                signal: None,
+            },
+        };
+        for task in [out, err].into_iter().flatten() {
+            let _ = tokio::time::timeout(DRAIN_GRACE, task).await;
+        }
+        let _ = events.send(Message::WorkerExited { rank, exit });
+    });
+    Some(pid)
+}
+
+fn forward_lines(
+    reader: impl AsyncRead + Unpin + Send + 'static,
+    rank: u32,
+    stream: Stream,
+    events: mpsc::UnboundedSender<Message>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut reader = BufReader::new(reader);
+        let mut buf = Vec::new();
+        loop {
+            buf.clear();
+            match read_line_capped(&mut reader, &mut buf, MAX_LINE_BYTES).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    while buf.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+                        buf.pop();
+                    }
+                    let line = String::from_utf8_lossy(&buf).into_owned();
+                    if events.send(Message::Log { rank, stream, line }).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+    })
+}
+
+/// Reads up to and including a newline, or `cap` bytes, whichever is first,
+/// so a program that prints without newlines cannot exhaust memory.
+async fn read_line_capped<R: AsyncBufReadExt + Unpin>(
+    reader: &mut R,
+    buf: &mut Vec<u8>,
+    cap: usize,
+) -> std::io::Result<usize> {
+    let mut total = 0;
+    loop {
+        let available = reader.fill_buf().await?;
+        if available.is_empty() {
+            return Ok(total);
+        }
+        let room = cap - buf.len();
+        let (take, done) = match available.iter().take(room).position(|b| *b == b'\n') {
+            Some(i) => (i + 1, true),
+            None => {
+                let n = available.len().min(room);
+                (n, buf.len() + n >= cap)
+            }
+        };
+        buf.extend_from_slice(&available[..take]);
+        reader.consume(take);
+        total += take;
+        if done {
+            return Ok(total);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn long_lines_are_cut() {
+        let data = vec![b'x'; 10];
+        let mut reader = BufReader::new(&data[..]);
+        let mut buf = Vec::new();
+        assert_eq!(read_line_capped(&mut reader, &mut buf, 4).await.unwrap(), 4);
+        buf.clear();
+        assert_eq!(read_line_capped(&mut reader, &mut buf, 4).await.unwrap(), 4);
+        buf.clear();
+        assert_eq!(read_line_capped(&mut reader, &mut buf, 4).await.unwrap(), 2);
+    }
+
+    #[tokio::test]
+    async fn lines_end_at_newline() {
+        let data = b"ab\ncd\n".to_vec();
+        let mut reader = BufReader::new(&data[..]);
+        let mut buf = Vec::new();
+        read_line_capped(&mut reader, &mut buf, 100).await.unwrap();
+        assert_eq!(buf, b"ab\n");
+    }
+}

@@ -1,0 +1,66 @@
+//! What each worker is started with: its command line (always through
+//! meshrun's Python bootstrap, which joins the run before the user's code
+//! starts) and its environment (the contract in `worker_env`).
+
+use crate::gpu::{GpuError, Inventory, InventorySource};
+use crate::plan::{Entry, Platform, RunPlan};
+use crate::protocol::WorkerLaunch;
+use crate::worker_env::{worker_env, AttemptInfo, Placement};
+
+/// The file a function-mode run's pickled function is written to.
+pub const FUNCTION_FILE: &str = "function.pkl";
+
+/// The worker's command line: the bootstrap module, then what to run.
+pub fn worker_argv(plan: &RunPlan) -> Vec<String> {
+    let mut argv = vec![
+        plan.python.display().to_string(),
+        "-m".into(),
+        "meshrun._bootstrap".into(),
+    ];
+    match &plan.entry {
+        Entry::Script { path, args } => {
+            argv.push("script".into());
+            argv.push(path.display().to_string());
+            argv.extend(args.iter().cloned());
+        }
+        Entry::Module { name, args } => {
+            argv.push("module".into());
+            argv.push(name.clone());
+            argv.extend(args.iter().cloned());
+        }
+        Entry::Function => {
+            argv.push("function".into());
+            argv.push(plan.run_dir.join(FUNCTION_FILE).display().to_string());
+        }
+    }
+    argv
+}
+
+/// The launches of one host's workers.
+pub fn host_launches(
+    plan: &RunPlan,
+    info: &AttemptInfo<'_>,
+    host: u32,
+    host_gpus: &[String],
+) -> Result<Vec<WorkerLaunch>, GpuError> {
+    let gpus = match plan.platform {
+        Platform::Cuda => Inventory {
+            ids: host_gpus.to_vec(),
+            source: InventorySource::Detected,
+        }
+        .assign(host, plan.procs_per_host, plan.gpus_per_proc)?,
+        Platform::Cpu => vec![Vec::new(); plan.procs_per_host as usize],
+    };
+    let argv = worker_argv(plan);
+    Ok((0..plan.procs_per_host)
+        .map(|local| {
+            let rank = host * plan.procs_per_host + local;
+            WorkerLaunch {
+                rank,
+                argv: argv.clone(),
+                env: worker_env(plan, info, Placement::of(plan, rank), &gpus[local as usize]),
+                cwd: plan.cwd.display().to_string(),
+            }
+        })
+        .collect())
+}

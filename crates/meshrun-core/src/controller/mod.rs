@@ -1,0 +1,123 @@
+//! The controller: owns one run from start to end.
+//!
+//! [`execute`] creates the run directory, starts one agent per host, hands
+//! out ranks and the environment contract, streams logs and metrics into the
+//! run directory, and stops the whole group at the first failure. The
+//! pieces: [`server`] accepts and authenticates connections, [`launch`]
+//! builds each worker's command and environment, [`output`] writes logs and
+//! tees them to the terminal, [`summary`] explains a failure, and
+//! [`supervisor`] is the state machine that ties them together.
+
+mod agents;
+mod launch;
+mod output;
+mod server;
+mod summary;
+mod supervisor;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use serde_json::Value;
+use tokio::sync::Notify;
+
+use crate::error::CoreError;
+use crate::plan::RunPlan;
+
+pub use summary::{Cause, FailureRecord};
+
+/// How long a stopped worker gets between SIGTERM and SIGKILL. JAX workers
+/// catch SIGTERM, so this is usually the time a stop takes; it is kept
+/// short so the whole group is gone within 2 seconds of a failure.
+pub const STOP_GRACE_MS: u64 = 1000;
+
+/// Options of [`execute`] that are not part of the plan.
+#[derive(Default)]
+pub struct ExecOptions {
+    /// Handle SIGINT/SIGTERM here (the CLI). The Python API turns Ctrl-C
+    /// into [`StopHandle::stop`] instead.
+    pub handle_signals: bool,
+    /// The pickled function of `Trainer(...).fit()`.
+    pub payload: Option<Vec<u8>>,
+    /// Lets another thread ask the run to stop.
+    pub stop: Option<StopHandle>,
+}
+
+/// A cloneable request to stop a run, usable from any thread.
+#[derive(Clone, Default)]
+pub struct StopHandle(Arc<StopInner>);
+
+#[derive(Default)]
+struct StopInner {
+    requested: AtomicBool,
+    notify: Notify,
+}
+
+impl StopHandle {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn stop(&self) {
+        self.0.requested.store(true, Ordering::SeqCst);
+        self.0.notify.notify_one();
+    }
+
+    pub fn is_requested(&self) -> bool {
+        self.0.requested.load(Ordering::SeqCst)
+    }
+
+    async fn wait(&self) {
+        while !self.is_requested() {
+            self.0.notify.notified().await;
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutcomeStatus {
+    Succeeded,
+    Failed,
+    /// Stopped by a signal to meshrun (or Ctrl-C in Python).
+    Interrupted { signal: i32 },
+}
+
+/// How a run ended.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub status: OutcomeStatus,
+    pub name: String,
+    pub run_dir: PathBuf,
+    /// The first failure, when there was one.
+    pub failure: Option<FailureRecord>,
+    /// A human-readable account of the failure, as printed by the CLI.
+    pub summary: Option<String>,
+    /// Rank 0's most recent `report`.
+    pub last_metrics: Option<Value>,
+}
+
+impl Outcome {
+    /// 0 on success, 1 on failure, 128 + signal when interrupted.
+    pub fn exit_code(&self) -> i32 {
+        match self.status {
+            OutcomeStatus::Succeeded => 0,
+            OutcomeStatus::Failed => 1,
+            OutcomeStatus::Interrupted { signal } => 128 + signal,
+        }
+    }
+}
+
+/// Runs a plan to its end on a private tokio runtime.
+pub fn execute(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, CoreError> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("meshrun-controller")
+        .enable_all()
+        .build()
+        .map_err(|source| CoreError::Net {
+            what: "cannot start the controller runtime",
+            source,
+        })?;
+    runtime.block_on(supervisor::supervise(plan, opts))
+}

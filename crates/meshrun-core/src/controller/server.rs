@@ -1,0 +1,123 @@
+//! The controller's listener. Each connection is authenticated first; a
+//! peer that fails the handshake, sends an oversized, truncated or
+//! malformed frame, or says something out of turn is dropped, and only
+//! that connection: the run goes on.
+
+use std::net::SocketAddr;
+
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+
+use crate::protocol::auth::{self, HANDSHAKE_TIMEOUT};
+use crate::protocol::{Connection, Message};
+use crate::token::Token;
+
+/// What the connections tell the supervisor.
+#[derive(Debug)]
+pub enum Event {
+    AgentJoined {
+        host: u32,
+        host_ip: String,
+        pid: u32,
+        gpus: Vec<String>,
+        free_port: u16,
+        tx: mpsc::UnboundedSender<Message>,
+    },
+    FromAgent { host: u32, msg: Message },
+    AgentLost { host: u32, error: String },
+    WorkerJoined { rank: u32, attempt: u32, pid: u32 },
+    FromWorker { rank: u32, msg: Message },
+    /// The worker's connection ended; `clean` when it said goodbye first.
+    WorkerLost { rank: u32, clean: bool },
+}
+
+pub fn spawn_accept_loop(listener: TcpListener, token: Token, events: mpsc::UnboundedSender<Event>) {
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, peer)) = listener.accept().await else {
+                continue;
+            };
+            let token = token.clone();
+            let events = events.clone();
+            tokio::spawn(async move {
+                if let Err(reason) = serve(Connection::new(stream), &token, &events).await {
+                    tracing::debug!(%peer, "connection dropped: {reason}");
+                }
+            });
+        }
+    });
+}
+
+async fn serve(
+    mut conn: Connection,
+    token: &Token,
+    events: &mpsc::UnboundedSender<Event>,
+) -> Result<(), String> {
+    auth::accept(&mut conn, token).await.map_err(|e| e.to_string())?;
+    let hello = conn
+        .recv_timeout(HANDSHAKE_TIMEOUT)
+        .await
+        .map_err(|e| e.to_string())?;
+    match hello {
+        Message::AgentHello {
+            host,
+            host_ip,
+            pid,
+            gpus,
+            free_port,
+        } => {
+            let (tx, mut rx) = mpsc::unbounded_channel::<Message>();
+            let (mut sink, mut stream) = conn.split();
+            let _ = events.send(Event::AgentJoined {
+                host,
+                host_ip,
+                pid,
+                gpus,
+                free_port,
+                tx,
+            });
+            tokio::spawn(async move {
+                while let Some(msg) = rx.recv().await {
+                    if sink.send(&msg).await.is_err() {
+                        break;
+                    }
+                }
+            });
+            let error = loop {
+                match stream.recv().await {
+                    Ok(msg) => {
+                        let _ = events.send(Event::FromAgent { host, msg });
+                    }
+                    Err(e) => break e.to_string(),
+                }
+            };
+            let _ = events.send(Event::AgentLost { host, error });
+            Ok(())
+        }
+        Message::WorkerHello { rank, attempt, pid } => {
+            let _ = events.send(Event::WorkerJoined { rank, attempt, pid });
+            let clean = loop {
+                match conn.recv().await {
+                    Ok(Message::Bye) => break true,
+                    Ok(msg) => {
+                        let _ = events.send(Event::FromWorker { rank, msg });
+                    }
+                    Err(_) => break false,
+                }
+            };
+            let _ = events.send(Event::WorkerLost { rank, clean });
+            // Keep the connection open until the worker closes it, so the
+            // worker never mistakes a goodbye for the controller's death.
+            while conn.recv().await.is_ok() {}
+            Ok(())
+        }
+        _ => Err("first message after authentication was not a hello".into()),
+    }
+}
+
+/// Binds the control listener on loopback (the local backend needs no more).
+pub async fn bind_loopback() -> std::io::Result<(TcpListener, SocketAddr)> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    Ok((listener, addr))
+}

@@ -1,0 +1,148 @@
+//! The failure summary: the first thing a user reads when a run fails, so
+//! it names the first failing rank, how it failed, and the end of its
+//! traceback, then what happened to the others and where the logs are.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::protocol::ExitInfo;
+
+/// Why a rank (or host) failed.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Cause {
+    /// The user's code raised and meshrun's worker code reported it.
+    Exception {
+        exception: String,
+        message: String,
+        traceback: String,
+    },
+    /// The process ended with a non-zero status or a signal.
+    Exit { exit: ExitInfo },
+    /// The process could not be started.
+    SpawnFailed { error: String },
+    /// A host's agent went away with workers still running.
+    AgentLost { host: u32, error: String },
+}
+
+impl Cause {
+    /// One line: "raised ValueError: boom", "exit code 3", ...
+    pub fn headline(&self) -> String {
+        match self {
+            Cause::Exception {
+                exception, message, ..
+            } if message.is_empty() => format!("raised {exception}"),
+            Cause::Exception {
+                exception, message, ..
+            } => format!("raised {exception}: {message}"),
+            Cause::Exit { exit } => format!("ended with {exit}"),
+            Cause::SpawnFailed { error } => format!("could not start: {error}"),
+            Cause::AgentLost { host, error } => format!("lost its agent (host {host}): {error}"),
+        }
+    }
+}
+
+/// The first failure of an attempt.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FailureRecord {
+    pub rank: u32,
+    pub host: u32,
+    pub attempt: u32,
+    pub cause: Cause,
+    /// How the rank's process finally ended, when it is known.
+    pub exit: Option<ExitInfo>,
+}
+
+/// What the summary needs to know about every rank.
+pub struct RankEnd {
+    pub rank: u32,
+    pub exit: Option<ExitInfo>,
+    pub stopped_by_meshrun: bool,
+}
+
+const TAIL_LINES: usize = 12;
+
+pub fn render(
+    run_name: &str,
+    failure: &FailureRecord,
+    ranks: &[RankEnd],
+    tail: &[String],
+    log: &Path,
+) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "meshrun: run '{run_name}' failed (attempt {}): rank {} {}",
+        failure.attempt,
+        failure.rank,
+        failure.cause.headline()
+    );
+    let lines: Vec<&str> = match &failure.cause {
+        Cause::Exception { traceback, .. } if !traceback.trim().is_empty() => {
+            traceback.lines().collect()
+        }
+        _ => tail.iter().map(String::as_str).collect(),
+    };
+    if !lines.is_empty() {
+        let what = if matches!(failure.cause, Cause::Exception { .. }) {
+            "traceback"
+        } else {
+            "output"
+        };
+        let _ = writeln!(s, "  last lines of rank {}'s {what}:", failure.rank);
+        for line in &lines[lines.len().saturating_sub(TAIL_LINES)..] {
+            let _ = writeln!(s, "    | {line}");
+        }
+    }
+    let others: Vec<String> = ranks
+        .iter()
+        .filter(|r| r.rank != failure.rank)
+        .map(|r| {
+            let how = match r.exit {
+                Some(exit) if r.stopped_by_meshrun => format!("stopped by meshrun ({exit})"),
+                Some(exit) => format!("{exit}"),
+                None => "lost".to_string(),
+            };
+            format!("rank {} {how}", r.rank)
+        })
+        .collect();
+    if !others.is_empty() {
+        let _ = writeln!(s, "  other ranks: {}", others.join("; "));
+    }
+    let _ = write!(s, "  log: {}", log.display());
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_rank_exception_and_traceback_tail() {
+        let failure = FailureRecord {
+            rank: 1,
+            host: 0,
+            attempt: 1,
+            cause: Cause::Exception {
+                exception: "ValueError".into(),
+                message: "boom".into(),
+                traceback: "Traceback (most recent call last):\n  File \"x.py\", line 3\nValueError: boom".into(),
+            },
+            exit: None,
+        };
+        let ranks = [RankEnd {
+            rank: 0,
+            exit: Some(ExitInfo {
+                code: None,
+                signal: Some(9),
+            }),
+            stopped_by_meshrun: true,
+        }];
+        let text = render("r", &failure, &ranks, &[], Path::new("runs/r/logs/rank-1.log"));
+        assert!(text.contains("rank 1 raised ValueError: boom"), "{text}");
+        assert!(text.contains("    | ValueError: boom"), "{text}");
+        assert!(text.contains("rank 0 stopped by meshrun (signal 9 (SIGKILL))"), "{text}");
+    }
+}

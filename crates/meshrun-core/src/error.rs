@@ -1,0 +1,108 @@
+//! Errors of the engine. [`UsageError`] is everything a user can get wrong
+//! before a run starts (exit status 2); [`CoreError`] is what can go wrong
+//! while running one (exit status 1).
+
+use std::io;
+use std::path::PathBuf;
+
+/// A request that cannot be run as given. Every message says what was
+/// wrong, the value seen, and what would be accepted.
+#[derive(Debug, thiserror::Error)]
+pub enum UsageError {
+    #[error("-n/--nprocs must be at least 1, got {0}")]
+    NoProcesses(u32),
+    #[error("--hosts must be at least 1, got {0}")]
+    NoHosts(u32),
+    #[error(
+        "--hosts {hosts} does not divide -n {nprocs}: every host runs the same number of \
+         workers; use a host count that divides {nprocs} (one of: {divisors})"
+    )]
+    HostsDoNotDivide {
+        hosts: u32,
+        nprocs: u32,
+        divisors: String,
+    },
+    #[error("--hosts {hosts} is more than the local backend supports ({max}); loopback addresses 127.0.0.2 ... 127.0.0.{last} are used", last = max + 1)]
+    TooManyHosts { hosts: u32, max: u32 },
+    #[error("--devices-per-proc must be at least 1, got {0}")]
+    NoDevices(u32),
+    #[error("--gpus-per-proc must be at least 1 when given, got {0}")]
+    NoGpus(u32),
+    #[error("--devices-per-proc {0} applies to the cpu platform only; with cuda every worker gets --gpus-per-proc whole GPUs")]
+    DevicesOnCuda(u32),
+    #[error("--gpus-per-proc {0} needs --platform cuda or auto, not cpu")]
+    GpusOnCpu(u32),
+    #[error("{0}")]
+    Gpu(#[from] crate::gpu::GpuError),
+    #[error("script '{path}' not found (looked from {cwd}); give the path of a Python file, or -m MODULE")]
+    ScriptNotFound { path: PathBuf, cwd: PathBuf },
+    #[error("script '{0}' is a directory, not a Python file")]
+    ScriptIsDirectory(PathBuf),
+    #[error("no program given: pass a SCRIPT path or -m MODULE")]
+    NoEntry,
+    #[error("module name '{0}' is not a dotted Python module name (like 'pkg.train')")]
+    BadModule(String),
+    #[error(
+        "run name '{0}' is not accepted: use letters, digits, '.', '_' and '-', not starting \
+         with '.' and at most 100 characters (no '/' or '..')"
+    )]
+    BadRunName(String),
+    #[error("runs directory '{path}' cannot be used: {reason}")]
+    RunsDirUnusable { path: PathBuf, reason: String },
+    #[error("run name '{name}' is in use by a running run (pid {pid}) in '{path}'; wait for it, stop it, or pick another --name")]
+    NameInUse {
+        name: String,
+        pid: String,
+        path: PathBuf,
+    },
+    #[error("cannot determine the working directory: {0}")]
+    NoCwd(io::Error),
+}
+
+/// A failure of the engine itself while a run is being set up or supervised.
+#[derive(Debug, thiserror::Error)]
+pub enum CoreError {
+    #[error("{0}")]
+    Usage(#[from] UsageError),
+    #[error("{what} '{path}': {source}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+    #[error("{what}: {source}")]
+    Net {
+        what: &'static str,
+        source: io::Error,
+    },
+    #[error(transparent)]
+    Protocol(#[from] crate::protocol::ProtocolError),
+    #[error("agent for host {host} did not connect within {secs} s")]
+    AgentTimeout { host: u32, secs: u64 },
+    #[error("cannot start the agent of host {host} ({program}): {source}")]
+    AgentSpawn {
+        host: u32,
+        program: String,
+        source: io::Error,
+    },
+    #[error(transparent)]
+    Token(#[from] crate::token::TokenError),
+    #[error("agent of host {host} {what} before the run started")]
+    AgentGone { host: u32, what: String },
+}
+
+impl CoreError {
+    /// The helper every file operation uses, so messages always carry the path.
+    pub fn io(what: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(io::Error) -> Self {
+        let path = path.into();
+        move |source| CoreError::Io { what, path, source }
+    }
+
+    /// Usage errors exit with status 2, everything else with 1.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            CoreError::Usage(_) => 2,
+            _ => 1,
+        }
+    }
+}

@@ -1,0 +1,26 @@
+//! meshrun's engine: everything that plans, supervises and records a run.
+//!
+//! The roles of the architecture note map onto modules:
+//! - [`plan`] turns a user's request into a validated [`plan::RunPlan`];
+//! - [`controller`] owns a run: it starts the agents, hands out ranks,
+//!   supervises the workers and writes the run directory;
+//! - [`agent`] spawns and watches the workers of one host;
+//! - [`worker_client`] is the worker's side of the control protocol,
+//!   used from inside the user's Python process;
+//! - [`protocol`] is the one authenticated TCP protocol they all speak.
+
+pub mod agent;
+pub mod controller;
+pub mod error;
+pub mod gpu;
+pub mod plan;
+pub mod process;
+pub mod protocol;
+pub mod rundir;
+pub mod token;
+pub mod worker_client;
+pub mod worker_env;
+
+pub use controller::{execute, ExecOptions, Outcome, OutcomeStatus, StopHandle};
+pub use error::{CoreError, UsageError};
+pub use plan::{Entry, PlatformChoice, RunPlan, RunSpec, Tee};

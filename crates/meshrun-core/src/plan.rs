@@ -1,0 +1,455 @@
+//! From a user's request ([`RunSpec`]) to a plan that can run ([`RunPlan`]).
+//!
+//! Validation happens here, before anything touches the disk, so a bad
+//! request exits with a clear message and leaves no run directory behind.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::UsageError;
+use crate::gpu::Inventory;
+
+/// The most hosts the local backend simulates: one loopback address each.
+pub const MAX_LOCAL_HOSTS: u32 = 250;
+
+/// What each worker runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Entry {
+    /// `meshrun run train.py ARGS...`
+    Script { path: PathBuf, args: Vec<String> },
+    /// `meshrun run -m pkg.train ARGS...`
+    Module { name: String, args: Vec<String> },
+    /// `Trainer(train_fn).fit()`: a cloudpickled function, written into the
+    /// run directory by the controller.
+    Function,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PlatformChoice {
+    Cpu,
+    Cuda,
+    Auto,
+}
+
+/// The platform a run actually uses, once `auto` is resolved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Platform {
+    Cpu,
+    Cuda,
+}
+
+impl Platform {
+    /// The value of `JAX_PLATFORMS` for this platform.
+    pub fn jax_name(self) -> &'static str {
+        match self {
+            Platform::Cpu => "cpu",
+            Platform::Cuda => "cuda",
+        }
+    }
+}
+
+/// Which workers' output is streamed to the terminal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Tee {
+    /// Rank 0's stdout and stderr, unprefixed.
+    Rank0,
+    /// Every rank's, each line prefixed `[r]`.
+    All,
+    /// Nothing: the logs are only in the run directory.
+    None,
+}
+
+/// A request to run, as the CLI or the Python API received it.
+#[derive(Debug, Clone)]
+pub struct RunSpec {
+    pub nprocs: u32,
+    pub hosts: u32,
+    pub devices_per_proc: Option<u32>,
+    pub gpus_per_proc: Option<u32>,
+    pub platform: PlatformChoice,
+    pub name: Option<String>,
+    pub runs_dir: PathBuf,
+    pub tee: Tee,
+    pub entry: Option<Entry>,
+    /// The Python interpreter workers are started with.
+    pub python: PathBuf,
+    /// How to start `meshrun agent` as a separate process (`--hosts` > 1).
+    pub agent_command: Vec<String>,
+    /// Extra environment for every worker (the Python API's `env=`).
+    pub env: Vec<(String, String)>,
+}
+
+/// A validated run: every field is known to be usable.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunPlan {
+    pub name: String,
+    pub run_dir: PathBuf,
+    pub nprocs: u32,
+    pub hosts: u32,
+    pub procs_per_host: u32,
+    pub platform: Platform,
+    /// CPU devices per worker (cpu platform).
+    pub devices_per_proc: u32,
+    /// GPUs per worker (cuda platform).
+    pub gpus_per_proc: u32,
+    pub tee: Tee,
+    pub entry: Entry,
+    pub cwd: PathBuf,
+    pub python: PathBuf,
+    pub agent_command: Vec<String>,
+    pub env: Vec<(String, String)>,
+}
+
+impl RunPlan {
+    /// The loopback address that stands for host `h` in the local backend:
+    /// 127.0.0.1 for a one-host run, else 127.0.0.2, 127.0.0.3, ...
+    pub fn host_ip(&self, host: u32) -> std::net::Ipv4Addr {
+        if self.hosts == 1 {
+            std::net::Ipv4Addr::LOCALHOST
+        } else {
+            std::net::Ipv4Addr::new(127, 0, 0, (host + 2) as u8)
+        }
+    }
+}
+
+impl RunSpec {
+    /// Checks everything that can be checked without starting the run.
+    pub fn validate(self) -> Result<RunPlan, UsageError> {
+        self.validate_with(&Inventory::discover)
+    }
+
+    /// [`RunSpec::validate`] with the local GPU inventory supplied, for tests.
+    pub fn validate_with(
+        self,
+        inventory: &dyn Fn() -> Result<Inventory, crate::gpu::GpuError>,
+    ) -> Result<RunPlan, UsageError> {
+        if self.nprocs == 0 {
+            return Err(UsageError::NoProcesses(self.nprocs));
+        }
+        if self.hosts == 0 {
+            return Err(UsageError::NoHosts(self.hosts));
+        }
+        if self.nprocs % self.hosts != 0 {
+            let divisors: Vec<String> = (1..=self.nprocs)
+                .filter(|d| self.nprocs % d == 0)
+                .map(|d| d.to_string())
+                .collect();
+            return Err(UsageError::HostsDoNotDivide {
+                hosts: self.hosts,
+                nprocs: self.nprocs,
+                divisors: divisors.join(", "),
+            });
+        }
+        if self.hosts > MAX_LOCAL_HOSTS {
+            return Err(UsageError::TooManyHosts {
+                hosts: self.hosts,
+                max: MAX_LOCAL_HOSTS,
+            });
+        }
+        if let Some(0) = self.devices_per_proc {
+            return Err(UsageError::NoDevices(0));
+        }
+        if let Some(0) = self.gpus_per_proc {
+            return Err(UsageError::NoGpus(0));
+        }
+        let procs_per_host = self.nprocs / self.hosts;
+        let platform = self.resolve_platform(procs_per_host, inventory)?;
+        let cwd = std::env::current_dir().map_err(UsageError::NoCwd)?;
+        let entry = match self.entry {
+            None => return Err(UsageError::NoEntry),
+            Some(Entry::Script { path, args }) => {
+                let full = cwd.join(&path);
+                if full.is_dir() {
+                    return Err(UsageError::ScriptIsDirectory(path));
+                }
+                if !full.is_file() {
+                    return Err(UsageError::ScriptNotFound { path, cwd });
+                }
+                Entry::Script { path: full, args }
+            }
+            Some(Entry::Module { name, args }) => {
+                if !is_module_name(&name) {
+                    return Err(UsageError::BadModule(name));
+                }
+                Entry::Module { name, args }
+            }
+            Some(Entry::Function) => Entry::Function,
+        };
+        let name = match self.name {
+            Some(name) => {
+                check_run_name(&name)?;
+                name
+            }
+            None => default_run_name(),
+        };
+        let runs_dir = cwd.join(&self.runs_dir);
+        check_runs_dir(&runs_dir)?;
+        Ok(RunPlan {
+            run_dir: runs_dir.join(&name),
+            name,
+            nprocs: self.nprocs,
+            hosts: self.hosts,
+            procs_per_host,
+            platform,
+            devices_per_proc: self.devices_per_proc.unwrap_or(1),
+            gpus_per_proc: match platform {
+                Platform::Cuda => self.gpus_per_proc.unwrap_or(1),
+                Platform::Cpu => 0,
+            },
+            tee: self.tee,
+            entry,
+            cwd,
+            python: self.python,
+            agent_command: self.agent_command,
+            env: self.env,
+        })
+    }
+
+    fn resolve_platform(
+        &self,
+        procs_per_host: u32,
+        inventory: &dyn Fn() -> Result<Inventory, crate::gpu::GpuError>,
+    ) -> Result<Platform, UsageError> {
+        let platform = match self.platform {
+            PlatformChoice::Cpu => {
+                if let Some(g) = self.gpus_per_proc {
+                    return Err(UsageError::GpusOnCpu(g));
+                }
+                return Ok(Platform::Cpu);
+            }
+            PlatformChoice::Cuda => Platform::Cuda,
+            PlatformChoice::Auto => {
+                if self.gpus_per_proc.is_some() || !inventory()?.ids.is_empty() {
+                    Platform::Cuda
+                } else {
+                    Platform::Cpu
+                }
+            }
+        };
+        if platform == Platform::Cuda {
+            if let Some(k) = self.devices_per_proc {
+                return Err(UsageError::DevicesOnCuda(k));
+            }
+            // The local backend's hosts share this machine's GPUs, so the
+            // whole machine must have enough for every worker.
+            let per = self.gpus_per_proc.unwrap_or(1);
+            inventory()?.assign(0, procs_per_host * self.hosts, per)?;
+        }
+        Ok(platform)
+    }
+}
+
+fn is_module_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.split('.').all(|part| {
+            let mut chars = part.chars();
+            chars
+                .next()
+                .is_some_and(|c| c.is_alphabetic() || c == '_')
+                && chars.all(|c| c.is_alphanumeric() || c == '_')
+        })
+}
+
+/// Run names become folder names: keep them to a safe, portable alphabet.
+pub fn check_run_name(name: &str) -> Result<(), UsageError> {
+    let ok = !name.is_empty()
+        && name.len() <= 100
+        && !name.starts_with('.')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(UsageError::BadRunName(name.to_string()))
+    }
+}
+
+fn default_run_name() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let mut suffix = [0u8; 2];
+    // A clash within one second is possible without the suffix.
+    getrandom::fill(&mut suffix).unwrap_or_default();
+    format!(
+        "run-{}-{}",
+        crate::rundir::utc_compact(now.as_secs()),
+        hex::encode(suffix)
+    )
+}
+
+/// The runs directory must be (or become) a writable directory. Probed
+/// without leaving anything behind that was not there before.
+fn check_runs_dir(path: &Path) -> Result<(), UsageError> {
+    let unusable = |reason: String| UsageError::RunsDirUnusable {
+        path: path.to_path_buf(),
+        reason,
+    };
+    if path.exists() {
+        if !path.is_dir() {
+            return Err(unusable("it exists and is not a directory".into()));
+        }
+        let probe = path.join(format!(".meshrun-probe-{}", std::process::id()));
+        return match std::fs::File::create(&probe) {
+            Ok(_) => {
+                let _ = std::fs::remove_file(&probe);
+                Ok(())
+            }
+            Err(e) => Err(unusable(format!("not writable ({e})"))),
+        };
+    }
+    // Find the nearest existing ancestor: it must be a writable directory.
+    let mut ancestor = path.parent();
+    while let Some(dir) = ancestor {
+        if dir.exists() {
+            if !dir.is_dir() {
+                return Err(unusable(format!(
+                    "'{}' is not a directory",
+                    dir.display()
+                )));
+            }
+            let probe = dir.join(format!(".meshrun-probe-{}", std::process::id()));
+            return match std::fs::create_dir(&probe) {
+                Ok(()) => {
+                    let _ = std::fs::remove_dir(&probe);
+                    Ok(())
+                }
+                Err(e) => Err(unusable(format!(
+                    "cannot create it inside '{}' ({e})",
+                    dir.display()
+                ))),
+            };
+        }
+        ancestor = dir.parent();
+    }
+    Err(unusable("no existing parent directory".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(dir: &Path) -> RunSpec {
+        let script = dir.join("train.py");
+        std::fs::write(&script, "print('hi')\n").unwrap();
+        RunSpec {
+            nprocs: 2,
+            hosts: 1,
+            devices_per_proc: None,
+            gpus_per_proc: None,
+            platform: PlatformChoice::Cpu,
+            name: Some("t".into()),
+            runs_dir: dir.join("runs"),
+            tee: Tee::Rank0,
+            entry: Some(Entry::Script {
+                path: script,
+                args: vec![],
+            }),
+            python: "python3".into(),
+            agent_command: vec![],
+            env: vec![],
+        }
+    }
+
+    fn no_gpus() -> Result<Inventory, crate::gpu::GpuError> {
+        Inventory::from_visible_devices("")
+    }
+
+    fn check(s: RunSpec) -> Result<RunPlan, UsageError> {
+        s.validate_with(&no_gpus)
+    }
+
+    #[test]
+    fn valid_spec_plans_without_touching_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let plan = check(spec(dir.path())).unwrap();
+        assert_eq!(plan.procs_per_host, 2);
+        assert_eq!(plan.platform, Platform::Cpu);
+        assert!(!dir.path().join("runs").exists());
+    }
+
+    #[test]
+    fn bad_counts_are_refused_with_the_value() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = spec(dir.path());
+        s.nprocs = 0;
+        assert!(check(s).unwrap_err().to_string().contains("got 0"));
+        let mut s = spec(dir.path());
+        s.hosts = 3;
+        let msg = check(s).unwrap_err().to_string();
+        assert!(msg.contains("--hosts 3 does not divide -n 2"), "{msg}");
+        assert!(msg.contains("1, 2"), "{msg}");
+        let mut s = spec(dir.path());
+        s.devices_per_proc = Some(0);
+        assert!(check(s).unwrap_err().to_string().contains("--devices-per-proc"));
+    }
+
+    #[test]
+    fn run_names_are_checked() {
+        for bad in ["a/b", "..", ".hidden", "", "x y", "../up"] {
+            assert!(check_run_name(bad).is_err(), "{bad}");
+        }
+        for good in ["gpt-1", "run_2.b", "A"] {
+            assert!(check_run_name(good).is_ok(), "{good}");
+        }
+    }
+
+    #[test]
+    fn gpu_requests_need_gpus() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = spec(dir.path());
+        s.platform = PlatformChoice::Auto;
+        s.gpus_per_proc = Some(1);
+        let msg = check(s).unwrap_err().to_string();
+        assert!(msg.contains("need 2 GPUs"), "{msg}");
+        let mut s = spec(dir.path());
+        s.gpus_per_proc = Some(1);
+        assert!(matches!(check(s), Err(UsageError::GpusOnCpu(1))));
+        let mut s = spec(dir.path());
+        s.platform = PlatformChoice::Auto;
+        s.gpus_per_proc = Some(2);
+        let plan = s
+            .validate_with(&|| Inventory::from_visible_devices("0,1,2,3"))
+            .unwrap();
+        assert_eq!(plan.platform, Platform::Cuda);
+        assert_eq!(plan.gpus_per_proc, 2);
+    }
+
+    #[test]
+    fn auto_without_gpus_is_cpu() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = spec(dir.path());
+        s.platform = PlatformChoice::Auto;
+        assert_eq!(check(s).unwrap().platform, Platform::Cpu);
+    }
+
+    #[test]
+    fn runs_dir_that_is_a_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("f");
+        std::fs::write(&file, b"x").unwrap();
+        let mut s = spec(dir.path());
+        s.runs_dir = file.clone();
+        assert!(check(s).unwrap_err().to_string().contains("not a directory"));
+        let mut s = spec(dir.path());
+        s.runs_dir = file.join("runs");
+        assert!(check(s).unwrap_err().to_string().contains("is not a directory"));
+    }
+
+    #[test]
+    fn missing_script_names_the_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = spec(dir.path());
+        s.entry = Some(Entry::Script {
+            path: "nope.py".into(),
+            args: vec![],
+        });
+        assert!(check(s).unwrap_err().to_string().contains("'nope.py' not found"));
+    }
+}

@@ -1,0 +1,108 @@
+//! The messages of the control protocol. One enum for every role, so a
+//! frame means the same thing wherever it is read.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// Which output stream a log line came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// How a worker process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExitInfo {
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+}
+
+impl ExitInfo {
+    pub fn success(&self) -> bool {
+        self.code == Some(0)
+    }
+}
+
+impl fmt::Display for ExitInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.code, self.signal) {
+            (Some(code), _) => write!(f, "exit code {code}"),
+            (None, Some(sig)) => {
+                let name = nix::sys::signal::Signal::try_from(sig)
+                    .map(|s| s.as_str().to_string())
+                    .unwrap_or_else(|_| format!("signal {sig}"));
+                write!(f, "signal {sig} ({name})")
+            }
+            (None, None) => f.write_str("unknown exit"),
+        }
+    }
+}
+
+/// What an agent needs to start one worker.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerLaunch {
+    pub rank: u32,
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub cwd: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Message {
+    // --- handshake (see `auth`) ---
+    /// Server to client: prove you know the token.
+    Challenge { nonce: String },
+    /// Client to server: the proof, and the client's own challenge.
+    Auth { mac: String, nonce: String },
+    /// Server to client: the server's proof; the connection is open.
+    Welcome { mac: String },
+
+    // --- agent <-> controller ---
+    AgentHello {
+        host: u32,
+        host_ip: String,
+        pid: u32,
+        gpus: Vec<String>,
+        /// A port found free on this host, for the JAX coordinator when
+        /// rank 0 lives here.
+        free_port: u16,
+    },
+    /// Start these workers (attempt numbers count from 1).
+    Launch {
+        attempt: u32,
+        workers: Vec<WorkerLaunch>,
+    },
+    /// Stop every worker: SIGTERM to its process group, SIGKILL after the grace.
+    Stop { grace_ms: u64 },
+    /// The run is over; the agent exits.
+    Shutdown,
+    WorkerStarted { rank: u32, pid: u32 },
+    /// A worker could not be started at all.
+    SpawnFailed { rank: u32, error: String },
+    Log {
+        rank: u32,
+        stream: Stream,
+        line: String,
+    },
+    WorkerExited { rank: u32, exit: ExitInfo },
+
+    // --- worker <-> controller ---
+    WorkerHello { rank: u32, attempt: u32, pid: u32 },
+    Heartbeat,
+    Report {
+        step: Option<u64>,
+        metrics: serde_json::Value,
+    },
+    /// The user's code raised; sent before the worker tries to exit.
+    Failure {
+        kind: String,
+        message: String,
+        traceback: String,
+    },
+    /// The worker's program finished; its connection closes next.
+    Bye,
+}

@@ -1,0 +1,195 @@
+//! The worker's side of the control protocol. It lives inside the user's
+//! Python process (through the binding crate) as two plain threads:
+//! a writer that sends reports and a heartbeat every second, so that a long
+//! XLA compile holding the GIL is never mistaken for a dead worker, and a
+//! reader that notices when the controller is gone.
+
+use std::io::{BufWriter, Write};
+use std::net::{Shutdown, TcpStream, ToSocketAddrs};
+use std::sync::mpsc::{self, RecvTimeoutError, SyncSender, TryRecvError};
+use std::sync::Mutex;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::error::CoreError;
+use crate::protocol::frame::{put_frame, read_frame};
+use crate::protocol::{auth, Message, ProtocolError};
+use crate::token::Token;
+
+pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+enum Outgoing {
+    Msg(Message),
+    /// Acknowledged once everything queued before it has been written.
+    Flush(SyncSender<()>),
+    /// Sends `Bye`, closes the write side, then acknowledges.
+    Close(SyncSender<()>),
+}
+
+/// A connected, authenticated worker.
+pub struct WorkerClient {
+    tx: mpsc::Sender<Outgoing>,
+    writer: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// What the worker does when the controller's connection ends unasked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnControllerLoss {
+    /// Kill the worker's whole process group: a worker must not outlive
+    /// its run (workers started by meshrun).
+    KillProcessGroup,
+    /// Do nothing (clients used in tests or tools).
+    Ignore,
+}
+
+impl WorkerClient {
+    pub fn connect(
+        addr: &str,
+        token: &Token,
+        rank: u32,
+        attempt: u32,
+        on_loss: OnControllerLoss,
+    ) -> Result<Self, CoreError> {
+        let net = |what| move |source| CoreError::Net { what, source };
+        let sockaddr = addr
+            .to_socket_addrs()
+            .map_err(net("bad controller address"))?
+            .next()
+            .ok_or_else(|| CoreError::Net {
+                what: "bad controller address",
+                source: std::io::Error::other(addr.to_string()),
+            })?;
+        let mut stream = TcpStream::connect_timeout(&sockaddr, CONNECT_TIMEOUT)
+            .map_err(net("cannot reach the controller"))?;
+        let _ = stream.set_nodelay(true);
+        stream
+            .set_read_timeout(Some(auth::HANDSHAKE_TIMEOUT))
+            .map_err(net("socket"))?;
+        auth::connect_blocking(&mut stream, token)?;
+        stream.set_read_timeout(None).map_err(net("socket"))?;
+
+        let mut reader = stream.try_clone().map_err(net("socket"))?;
+        let mut out = BufWriter::new(stream);
+        put_frame(
+            &mut out,
+            &Message::WorkerHello {
+                rank,
+                attempt,
+                pid: std::process::id(),
+            },
+        )?;
+        out.flush().map_err(ProtocolError::from)?;
+
+        let (tx, rx) = mpsc::channel();
+        let writer = std::thread::Builder::new()
+            .name("meshrun-writer".into())
+            .spawn(move || write_loop(out, &rx))
+            .map_err(net("cannot start the writer thread"))?;
+        std::thread::Builder::new()
+            .name("meshrun-reader".into())
+            .spawn(move || {
+                // Nothing is sent to workers yet beyond closing; any end of
+                // the stream that we did not ask for means the controller is gone.
+                while read_frame(&mut reader).is_ok() {}
+                if on_loss == OnControllerLoss::KillProcessGroup && !closing_requested() {
+                    let _ = nix::sys::signal::killpg(
+                        nix::unistd::getpgrp(),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                }
+            })
+            .map_err(net("cannot start the reader thread"))?;
+        Ok(Self {
+            tx,
+            writer: Mutex::new(Some(writer)),
+        })
+    }
+
+    /// Queues a metrics record; never blocks on the network.
+    pub fn report(&self, step: Option<u64>, metrics: serde_json::Value) {
+        let _ = self.tx.send(Outgoing::Msg(Message::Report { step, metrics }));
+    }
+
+    /// Sends the user's exception and waits (up to `timeout`) until it has
+    /// been written, since the process may be killed right after.
+    pub fn report_failure(&self, kind: String, message: String, traceback: String, timeout: Duration) {
+        let _ = self.tx.send(Outgoing::Msg(Message::Failure {
+            kind,
+            message,
+            traceback,
+        }));
+        self.flush(timeout);
+    }
+
+    /// Waits until everything queued so far has been written.
+    pub fn flush(&self, timeout: Duration) {
+        let (ack_tx, ack_rx) = mpsc::sync_channel(1);
+        if self.tx.send(Outgoing::Flush(ack_tx)).is_ok() {
+            let _ = ack_rx.recv_timeout(timeout);
+        }
+    }
+
+    /// Says goodbye and closes the connection, after everything queued.
+    pub fn close(&self, timeout: Duration) {
+        CLOSING.store(true, std::sync::atomic::Ordering::SeqCst);
+        let (ack_tx, ack_rx) = mpsc::sync_channel(1);
+        if self.tx.send(Outgoing::Close(ack_tx)).is_ok() {
+            let _ = ack_rx.recv_timeout(timeout);
+        }
+        if let Some(handle) = self.writer.lock().ok().and_then(|mut w| w.take()) {
+            if handle.is_finished() {
+                let _ = handle.join();
+            }
+        }
+    }
+}
+
+/// Set once the worker itself closes, so the reader knows the end of the
+/// stream that follows is expected.
+static CLOSING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn closing_requested() -> bool {
+    CLOSING.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+fn write_loop(mut out: BufWriter<TcpStream>, rx: &mpsc::Receiver<Outgoing>) {
+    loop {
+        // Drain what is queued without flushing, then flush once and wait.
+        let next = match rx.try_recv() {
+            Ok(item) => item,
+            Err(TryRecvError::Disconnected) => return,
+            Err(TryRecvError::Empty) => {
+                if out.flush().is_err() {
+                    return;
+                }
+                match rx.recv_timeout(HEARTBEAT_INTERVAL) {
+                    Ok(item) => item,
+                    Err(RecvTimeoutError::Timeout) => Outgoing::Msg(Message::Heartbeat),
+                    Err(RecvTimeoutError::Disconnected) => return,
+                }
+            }
+        };
+        match next {
+            Outgoing::Msg(msg) => match put_frame(&mut out, &msg) {
+                Ok(()) => {}
+                // One oversized record is dropped, not the connection.
+                Err(ProtocolError::TooLarge(n)) => {
+                    eprintln!("meshrun: a report of {n} bytes is over the frame limit and was dropped");
+                }
+                Err(_) => return,
+            },
+            Outgoing::Flush(ack) => {
+                let _ = out.flush();
+                let _ = ack.send(());
+            }
+            Outgoing::Close(ack) => {
+                let _ = put_frame(&mut out, &Message::Bye);
+                let _ = out.flush();
+                let _ = out.get_ref().shutdown(Shutdown::Write);
+                let _ = ack.send(());
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,119 @@
+//! The worker environment contract (architecture note): everything a worker
+//! needs to know about its place in the run, set before its Python starts.
+
+use crate::plan::{Platform, RunPlan};
+
+/// One worker's place in the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placement {
+    pub rank: u32,
+    pub world_size: u32,
+    pub local_rank: u32,
+    pub local_world_size: u32,
+    pub host: u32,
+    pub num_hosts: u32,
+}
+
+impl Placement {
+    /// Ranks are laid out host by host: host h runs ranks
+    /// `h*per_host .. (h+1)*per_host`.
+    pub fn of(plan: &RunPlan, rank: u32) -> Self {
+        Self {
+            rank,
+            world_size: plan.nprocs,
+            local_rank: rank % plan.procs_per_host,
+            local_world_size: plan.procs_per_host,
+            host: rank / plan.procs_per_host,
+            num_hosts: plan.hosts,
+        }
+    }
+}
+
+/// What the controller knows about the attempt, shared by every worker.
+pub struct AttemptInfo<'a> {
+    pub run_id: &'a str,
+    pub attempt: u32,
+    pub control_addr: &'a str,
+    pub token_hex: &'a str,
+    pub coordinator: &'a str,
+    /// The `XLA_FLAGS` the user had set, to be merged rather than replaced.
+    pub user_xla_flags: Option<&'a str>,
+}
+
+const DEVICE_COUNT_FLAG: &str = "--xla_force_host_platform_device_count";
+
+/// The user's `XLA_FLAGS` with the CPU device count set to `devices`; any
+/// count the user gave is replaced, since `--devices-per-proc` decides it.
+pub fn merge_xla_flags(user: Option<&str>, devices: u32) -> String {
+    let mut flags: Vec<String> = user
+        .unwrap_or("")
+        .split_whitespace()
+        .filter(|f| !f.starts_with(DEVICE_COUNT_FLAG))
+        .map(str::to_string)
+        .collect();
+    flags.push(format!("{DEVICE_COUNT_FLAG}={devices}"));
+    flags.join(" ")
+}
+
+/// The environment of one worker, on top of what its agent inherited.
+pub fn worker_env(
+    plan: &RunPlan,
+    info: &AttemptInfo<'_>,
+    at: Placement,
+    gpus: &[String],
+) -> Vec<(String, String)> {
+    let run_dir = plan.run_dir.display().to_string();
+    let mut env: Vec<(String, String)> = vec![
+        ("MESHRUN_RUN_DIR".into(), run_dir.clone()),
+        ("MESHRUN_RUN_ID".into(), info.run_id.into()),
+        ("MESHRUN_ATTEMPT".into(), info.attempt.to_string()),
+        ("MESHRUN_CONTROL_ADDR".into(), info.control_addr.into()),
+        ("MESHRUN_TOKEN".into(), info.token_hex.into()),
+        ("MESHRUN_RANK".into(), at.rank.to_string()),
+        ("MESHRUN_WORLD_SIZE".into(), at.world_size.to_string()),
+        ("MESHRUN_LOCAL_RANK".into(), at.local_rank.to_string()),
+        ("MESHRUN_LOCAL_WORLD_SIZE".into(), at.local_world_size.to_string()),
+        ("MESHRUN_HOST_RANK".into(), at.host.to_string()),
+        ("MESHRUN_NUM_HOSTS".into(), at.num_hosts.to_string()),
+        ("MESHRUN_HOST_IP".into(), plan.host_ip(at.host).to_string()),
+        ("JAX_COORDINATOR_ADDRESS".into(), info.coordinator.into()),
+        ("JAX_PLATFORMS".into(), plan.platform.jax_name().into()),
+        (
+            "JAX_COMPILATION_CACHE_DIR".into(),
+            format!("{run_dir}/compile-cache"),
+        ),
+        // Workers write to pipes; without this Python would hold output
+        // back in a block buffer and logs would arrive late or be lost.
+        ("PYTHONUNBUFFERED".into(), "1".into()),
+    ];
+    match plan.platform {
+        Platform::Cpu => env.push((
+            "XLA_FLAGS".into(),
+            merge_xla_flags(info.user_xla_flags, plan.devices_per_proc),
+        )),
+        Platform::Cuda => {
+            let ids = gpus.join(",");
+            env.push(("CUDA_DEVICE_ORDER".into(), "PCI_BUS_ID".into()));
+            env.push(("CUDA_VISIBLE_DEVICES".into(), ids.clone()));
+            // Within the worker CUDA renumbers the visible GPUs from 0;
+            // the physical ids stay on record here.
+            env.push(("MESHRUN_GPUS".into(), ids));
+        }
+    }
+    env.extend(plan.env.iter().cloned());
+    env
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_count_is_merged_into_user_flags() {
+        assert_eq!(
+            merge_xla_flags(Some("--xla_dump_to=/tmp/x --xla_force_host_platform_device_count=8"), 2),
+            "--xla_dump_to=/tmp/x --xla_force_host_platform_device_count=2"
+        );
+        assert_eq!(merge_xla_flags(None, 4), "--xla_force_host_platform_device_count=4");
+    }
+}

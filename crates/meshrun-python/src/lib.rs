@@ -1,0 +1,28 @@
+//! `meshrun._native`: converts Python values to engine types and back, and
+//! releases the GIL around every engine call. No logic of its own.
+
+mod errors;
+mod run;
+mod worker;
+
+use pyo3::prelude::*;
+
+/// Runs the `meshrun` command line in this process (the console script).
+#[pyfunction]
+fn cli(py: Python<'_>, argv: Vec<String>, python: String, agent_command: Vec<String>) -> i32 {
+    let launcher = meshrun::Launcher {
+        python: Some(python.into()),
+        agent_command,
+    };
+    py.detach(|| meshrun::main(argv, &launcher))
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_function(wrap_pyfunction!(cli, m)?)?;
+    m.add_function(wrap_pyfunction!(run::run, m)?)?;
+    m.add_class::<worker::WorkerClient>()?;
+    errors::register(m)?;
+    Ok(())
+}

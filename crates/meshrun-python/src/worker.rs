@@ -1,0 +1,64 @@
+//! The worker's connection to its controller, for meshrun's Python code
+//! running inside each worker.
+
+use std::time::Duration;
+
+use meshrun_core::token::Token;
+use meshrun_core::worker_client::{OnControllerLoss, WorkerClient as Client};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+use crate::errors::{to_py, ConfigError};
+
+#[pyclass(frozen, module = "meshrun._native")]
+pub struct WorkerClient(Client);
+
+#[pymethods]
+impl WorkerClient {
+    /// Connects and authenticates. With `exit_on_controller_loss`, the
+    /// worker's process group is killed if the controller goes away.
+    #[new]
+    #[pyo3(signature = (addr, token, rank, attempt, exit_on_controller_loss = true))]
+    fn new(
+        py: Python<'_>,
+        addr: &str,
+        token: &str,
+        rank: u32,
+        attempt: u32,
+        exit_on_controller_loss: bool,
+    ) -> PyResult<Self> {
+        let token = Token::from_hex(token).map_err(|e| ConfigError::new_err(e.to_string()))?;
+        let on_loss = if exit_on_controller_loss {
+            OnControllerLoss::KillProcessGroup
+        } else {
+            OnControllerLoss::Ignore
+        };
+        py.detach(|| Client::connect(addr, &token, rank, attempt, on_loss))
+            .map(Self)
+            .map_err(|e| to_py(&e))
+    }
+
+    /// Queues a metrics record (a JSON object as text); returns at once.
+    #[pyo3(signature = (step, metrics_json))]
+    fn report(&self, step: Option<u64>, metrics_json: &str) -> PyResult<()> {
+        let metrics = serde_json::from_str(metrics_json)
+            .map_err(|e| PyValueError::new_err(format!("metrics are not JSON: {e}")))?;
+        self.0.report(step, metrics);
+        Ok(())
+    }
+
+    /// Sends an uncaught exception and waits until it is on the wire.
+    fn report_failure(&self, py: Python<'_>, kind: String, message: String, traceback: String) {
+        py.detach(|| self.0.report_failure(kind, message, traceback, Duration::from_secs(2)));
+    }
+
+    /// Waits until everything reported so far has been sent.
+    fn flush(&self, py: Python<'_>) {
+        py.detach(|| self.0.flush(Duration::from_secs(5)));
+    }
+
+    /// Says goodbye to the controller.
+    fn close(&self, py: Python<'_>) {
+        py.detach(|| self.0.close(Duration::from_secs(5)));
+    }
+}

@@ -1,0 +1,109 @@
+//! Command-line grammar (clap). Nothing here runs anything.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "meshrun",
+    version,
+    about = "Run one sharded JAX program as N cooperating processes",
+    propagate_version = true
+)]
+pub struct Cli {
+    /// More log output from meshrun itself (-v info, -vv debug).
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Launch and supervise a JAX program on N processes.
+    Run(RunArgs),
+    /// Run a host's agent (started by `meshrun run`, not by hand).
+    #[command(hide = true)]
+    Agent(AgentArgs),
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum PlatformArg {
+    Cpu,
+    Cuda,
+    Auto,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum TeeArg {
+    /// Rank 0's output only.
+    Rank0,
+    /// Every rank's output, each line prefixed [r].
+    All,
+    /// Nothing; output goes to the run's log files only.
+    None,
+}
+
+#[derive(Debug, Args)]
+#[command(trailing_var_arg = true)]
+pub struct RunArgs {
+    /// Number of worker processes in all.
+    #[arg(short = 'n', long = "nprocs", default_value_t = 1, value_name = "NPROCS")]
+    pub nprocs: u32,
+
+    /// Number of hosts; with the local backend each is an agent process on
+    /// its own loopback address (127.0.0.2, ...). Must divide NPROCS.
+    #[arg(long, default_value_t = 1, value_name = "H")]
+    pub hosts: u32,
+
+    /// CPU devices per worker (sets --xla_force_host_platform_device_count).
+    #[arg(long, value_name = "K")]
+    pub devices_per_proc: Option<u32>,
+
+    /// GPUs per worker; each worker gets its own, never shared.
+    #[arg(long, value_name = "G")]
+    pub gpus_per_proc: Option<u32>,
+
+    /// Accelerator platform; auto picks cuda when GPUs are present.
+    #[arg(long, value_enum, default_value_t = PlatformArg::Auto)]
+    pub platform: PlatformArg,
+
+    /// Run name: the folder under the runs directory. Default: run-<time>-<id>.
+    #[arg(long)]
+    pub name: Option<String>,
+
+    /// Where runs are kept.
+    #[arg(long, default_value = "runs", value_name = "DIR")]
+    pub runs_dir: PathBuf,
+
+    /// Which ranks' output is shown on the terminal.
+    #[arg(long, value_enum, default_value_t = TeeArg::Rank0)]
+    pub tee: TeeArg,
+
+    /// Run PROGRAM as a module (like python -m) instead of a script path.
+    #[arg(short = 'm', long = "module")]
+    pub module: bool,
+
+    /// The script (or, with -m, the module) and its arguments.
+    #[arg(required = true, allow_hyphen_values = true, value_name = "SCRIPT|MODULE [ARGS]")]
+    pub program: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct AgentArgs {
+    /// The controller's address.
+    #[arg(long)]
+    pub controller: SocketAddr,
+    /// This host's rank.
+    #[arg(long)]
+    pub host: u32,
+    /// The address this host is known by.
+    #[arg(long)]
+    pub host_ip: IpAddr,
+    /// The run token (taken from the environment only).
+    #[arg(long, env = "MESHRUN_TOKEN", hide_env_values = true, hide = true)]
+    pub token: String,
+}

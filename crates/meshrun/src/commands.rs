@@ -1,0 +1,116 @@
+//! One function per command.
+
+use std::io::Write;
+
+use meshrun_core::agent::{self, AgentConfig};
+use meshrun_core::token::Token;
+use meshrun_core::{execute, Entry, ExecOptions, PlatformChoice, RunSpec, Tee};
+
+use crate::cli::{AgentArgs, Cli, Command, PlatformArg, RunArgs, TeeArg};
+use crate::{exit, Launcher};
+
+pub fn dispatch(cli: Cli, launcher: &Launcher) -> i32 {
+    match cli.command {
+        Command::Run(args) => run(args, launcher),
+        Command::Agent(args) => agent(args),
+    }
+}
+
+fn error(text: impl std::fmt::Display) {
+    let _ = writeln!(std::io::stderr().lock(), "meshrun: error: {text}");
+}
+
+/// Builds the run's spec from the command line.
+pub fn spec(args: RunArgs, launcher: &Launcher) -> RunSpec {
+    let mut program = args.program.into_iter();
+    let first = program.next().unwrap_or_default();
+    let rest: Vec<String> = program.collect();
+    let entry = if args.module {
+        Entry::Module { name: first, args: rest }
+    } else {
+        Entry::Script { path: first.into(), args: rest }
+    };
+    RunSpec {
+        nprocs: args.nprocs,
+        hosts: args.hosts,
+        devices_per_proc: args.devices_per_proc,
+        gpus_per_proc: args.gpus_per_proc,
+        platform: match args.platform {
+            PlatformArg::Cpu => PlatformChoice::Cpu,
+            PlatformArg::Cuda => PlatformChoice::Cuda,
+            PlatformArg::Auto => PlatformChoice::Auto,
+        },
+        name: args.name,
+        runs_dir: args.runs_dir,
+        tee: match args.tee {
+            TeeArg::Rank0 => Tee::Rank0,
+            TeeArg::All => Tee::All,
+            TeeArg::None => Tee::None,
+        },
+        entry: Some(entry),
+        python: launcher
+            .python
+            .clone()
+            .or_else(|| std::env::var_os("MESHRUN_PYTHON").map(Into::into))
+            .unwrap_or_else(|| "python3".into()),
+        agent_command: launcher.agent_command.clone(),
+        env: vec![],
+    }
+}
+
+fn run(args: RunArgs, launcher: &Launcher) -> i32 {
+    let plan = match spec(args, launcher).validate() {
+        Ok(plan) => plan,
+        Err(e) => {
+            error(e);
+            return exit::USAGE;
+        }
+    };
+    let opts = ExecOptions {
+        handle_signals: true,
+        ..ExecOptions::default()
+    };
+    match execute(plan, opts) {
+        Ok(outcome) => {
+            if let Some(summary) = &outcome.summary {
+                let _ = writeln!(std::io::stderr().lock(), "{summary}");
+            }
+            outcome.exit_code()
+        }
+        Err(e) => {
+            let code = e.exit_code();
+            error(e);
+            code
+        }
+    }
+}
+
+fn agent(args: AgentArgs) -> i32 {
+    let token = match Token::from_hex(&args.token) {
+        Ok(t) => t,
+        Err(e) => {
+            error(e);
+            return exit::USAGE;
+        }
+    };
+    let cfg = AgentConfig {
+        controller: args.controller,
+        token,
+        host: args.host,
+        host_ip: args.host_ip,
+    };
+    let runtime = match agent::runtime() {
+        Ok(rt) => rt,
+        Err(e) => {
+            error(e);
+            return exit::FAILURE;
+        }
+    };
+    match runtime.block_on(agent::run(cfg)) {
+        Ok(()) => exit::SUCCESS,
+        Err(e) => {
+            error(e);
+            exit::FAILURE
+        }
+    }
+}

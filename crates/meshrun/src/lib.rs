@@ -1,0 +1,45 @@
+//! The `meshrun` command line. The binary (and the Python console script)
+//! only hand their arguments to [`main`]; parsing is in [`cli`], each
+//! command in [`commands`].
+
+pub mod cli;
+pub mod commands;
+mod logging;
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use clap::Parser;
+
+/// How this process can start more of itself: the interpreter workers run
+/// under, and the command that starts `meshrun agent`.
+#[derive(Debug, Clone, Default)]
+pub struct Launcher {
+    pub python: Option<PathBuf>,
+    pub agent_command: Vec<String>,
+}
+
+/// Exit statuses: 0 success, 1 a run failed, 2 a usage error; a run
+/// stopped by a signal exits with 128 + the signal number.
+pub mod exit {
+    pub const SUCCESS: i32 = 0;
+    pub const FAILURE: i32 = 1;
+    pub const USAGE: i32 = 2;
+}
+
+/// Parses `args` (program name first) and runs the command.
+pub fn main<I, T>(args: I, launcher: &Launcher) -> i32
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let cli = match cli::Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { exit::USAGE } else { exit::SUCCESS };
+        }
+    };
+    logging::init(cli.verbose);
+    commands::dispatch(cli, launcher)
+}

@@ -1,0 +1,27 @@
+"""meshrun: run one sharded JAX program as N cooperating processes.
+
+The package stays light on import (no JAX), because every worker and the
+``meshrun`` command import it before anything else.
+"""
+
+from meshrun._native import __version__
+from meshrun.context import Context, get_context, init
+from meshrun.errors import ConfigError, ControlError, MeshrunError, RunFailedError
+from meshrun.reporting import report
+from meshrun.trainer import Result, RunConfig, ScalingConfig, Trainer
+
+__all__ = [
+    "ConfigError",
+    "Context",
+    "ControlError",
+    "MeshrunError",
+    "Result",
+    "RunConfig",
+    "RunFailedError",
+    "ScalingConfig",
+    "Trainer",
+    "__version__",
+    "get_context",
+    "init",
+    "report",
+]

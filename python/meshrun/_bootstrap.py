@@ -1,0 +1,69 @@
+"""Entry point of every worker: ``python -m meshrun._bootstrap KIND TARGET [ARGS]``.
+
+KIND is ``script`` (a path), ``module`` (a dotted name) or ``function`` (a
+cloudpickled ``(fn, config)`` file). The worker joins the run, registers
+meshrun's JAX cluster environment, then runs the target as Python itself
+would (``__main__``, ``sys.argv``, ``sys.path[0]``).
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import traceback
+
+
+def _run(kind: str, target: str, args: list[str]) -> None:
+    if kind == "script":
+        sys.argv = [target, *args]
+        sys.path[0] = os.path.dirname(os.path.abspath(target))
+        runpy.run_path(target, run_name="__main__")
+    elif kind == "module":
+        sys.argv = [target, *args]
+        sys.path[0] = os.getcwd()
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+    elif kind == "function":
+        import cloudpickle
+
+        import meshrun
+
+        with open(target, "rb") as f:
+            fn, config = cloudpickle.load(f)
+        meshrun.init()
+        if config is None:
+            fn()
+        else:
+            fn(config)
+    else:
+        raise SystemExit(f"meshrun bootstrap: unknown kind {kind!r}")
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) < 2:
+        raise SystemExit("usage: python -m meshrun._bootstrap script|module|function TARGET [ARGS...]")
+    kind, target, *args = argv
+    from meshrun import _cluster, _runtime
+
+    _runtime.start()
+    _cluster.register()
+    try:
+        _run(kind, target, args)
+    except SystemExit:
+        # An explicit exit, whatever its code, is the program's own decision;
+        # the exit status tells the controller the rest.
+        _runtime.finish()
+        raise
+    except BaseException as exc:
+        traceback.print_exc()
+        sys.stderr.flush()
+        _runtime.report_failure(exc)
+        # A normal exit, so atexit handlers run; if JAX then waits in its
+        # shutdown barrier, the controller (already told) stops the group.
+        sys.exit(1)
+    else:
+        _runtime.finish()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,54 @@
+"""meshrun's code inside every worker: the connection to the controller.
+
+Started by :mod:`meshrun._bootstrap` before the user's program, it holds the
+native client (whose Rust threads send heartbeats and reports without the
+GIL) and reports an uncaught exception before the process tries to exit,
+since a JAX worker that raised may otherwise wait minutes in a shutdown
+barrier before anyone learns of it.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+
+from meshrun import _native
+
+_client: _native.WorkerClient | None = None
+
+
+def client() -> _native.WorkerClient | None:
+    return _client
+
+
+def start() -> None:
+    """Connects to the controller named in the environment contract."""
+    global _client
+    if _client is not None or "MESHRUN_CONTROL_ADDR" not in os.environ:
+        return
+    _client = _native.WorkerClient(
+        os.environ["MESHRUN_CONTROL_ADDR"],
+        os.environ["MESHRUN_TOKEN"],
+        int(os.environ["MESHRUN_RANK"]),
+        int(os.environ.get("MESHRUN_ATTEMPT", "1")),
+    )
+
+
+def report_failure(exc: BaseException) -> None:
+    """Sends the exception and its traceback; waits until it is sent."""
+    from meshrun import reporting
+
+    reporting.drain(timeout=2.0)
+    if _client is None:
+        return
+    text = "".join(traceback.format_exception(exc))
+    _client.report_failure(type(exc).__qualname__, str(exc), text)
+
+
+def finish() -> None:
+    """The program ended normally: send what is queued, then say goodbye."""
+    from meshrun import reporting
+
+    reporting.drain(timeout=30.0)
+    if _client is not None:
+        _client.close()

@@ -1,0 +1,83 @@
+"""Where this process stands in the run: :func:`get_context` and :func:`init`.
+
+Everything is read from the environment contract that meshrun's agent sets
+before the worker starts, so it works the same whatever placed the worker.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Context:
+    """This worker's place in the run. Outside meshrun: one process, rank 0."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    host_rank: int
+    num_hosts: int
+    run_dir: str | None
+    run_id: str | None
+    attempt: int
+    coordinator_address: str | None
+
+    # Ray Train's names, for users moving over.
+    def get_world_rank(self) -> int:
+        return self.rank
+
+    def get_world_size(self) -> int:
+        return self.world_size
+
+    def get_local_rank(self) -> int:
+        return self.local_rank
+
+    def get_local_world_size(self) -> int:
+        return self.local_world_size
+
+    def get_node_rank(self) -> int:
+        return self.host_rank
+
+    @property
+    def in_meshrun(self) -> bool:
+        return self.run_dir is not None
+
+
+def _int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return default if value is None else int(value)
+
+
+def get_context() -> Context:
+    """The current worker's context."""
+    return Context(
+        rank=_int("MESHRUN_RANK", 0),
+        world_size=_int("MESHRUN_WORLD_SIZE", 1),
+        local_rank=_int("MESHRUN_LOCAL_RANK", 0),
+        local_world_size=_int("MESHRUN_LOCAL_WORLD_SIZE", 1),
+        host_rank=_int("MESHRUN_HOST_RANK", 0),
+        num_hosts=_int("MESHRUN_NUM_HOSTS", 1),
+        run_dir=os.environ.get("MESHRUN_RUN_DIR"),
+        run_id=os.environ.get("MESHRUN_RUN_ID"),
+        attempt=_int("MESHRUN_ATTEMPT", 1),
+        coordinator_address=os.environ.get("JAX_COORDINATOR_ADDRESS"),
+    )
+
+
+def init() -> Context:
+    """Joins ``jax.distributed`` with this worker's coordinates and returns
+    the context. Idempotent; outside meshrun it initializes nothing."""
+    ctx = get_context()
+    if ctx.in_meshrun and ctx.world_size > 1:
+        import jax
+
+        if not jax.distributed.is_initialized():
+            jax.distributed.initialize(
+                coordinator_address=ctx.coordinator_address,
+                num_processes=ctx.world_size,
+                process_id=ctx.rank,
+            )
+    return ctx

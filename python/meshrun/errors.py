@@ -1,0 +1,9 @@
+"""The exceptions meshrun raises, all subclasses of :class:`MeshrunError`.
+
+They are defined by the native engine, so an engine error arrives in Python
+as exactly one of these.
+"""
+
+from meshrun._native import ConfigError, ControlError, MeshrunError, RunFailedError
+
+__all__ = ["ConfigError", "ControlError", "MeshrunError", "RunFailedError"]

@@ -1,0 +1,138 @@
+"""Function mode: ``Trainer(train_fn, ...).fit()``, named as Ray Train names
+it. The function and its config travel to the workers through the run
+directory (cloudpickle); the controller runs in this process."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from meshrun import _native
+from meshrun.errors import ConfigError, RunFailedError
+
+
+@dataclass
+class ScalingConfig:
+    """How many workers, and what each gets.
+
+    ``devices_per_worker``: CPU devices per worker (cpu platform).
+    ``use_gpu``/``gpus_per_worker``: whole GPUs per worker, never shared.
+    ``num_hosts``: hosts of the local backend (each an agent on its own
+    loopback address); must divide ``num_workers``.
+    """
+
+    num_workers: int = 1
+    devices_per_worker: int | None = None
+    use_gpu: bool = False
+    gpus_per_worker: int | None = None
+    num_hosts: int = 1
+    platform: str | None = None
+
+    def _platform(self) -> str:
+        if self.platform is not None:
+            return self.platform
+        if self.use_gpu or self.gpus_per_worker:
+            return "cuda"
+        return "cpu"
+
+
+@dataclass
+class RunConfig:
+    """Where the run is kept and what it is called."""
+
+    name: str | None = None
+    storage_path: str = "runs"
+    tee: str = "rank0"
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Result:
+    """How a run ended: rank 0's last reported metrics, the run directory,
+    and the error when it failed (``None`` on success)."""
+
+    metrics: dict[str, Any] | None
+    path: str
+    error: RunFailedError | None
+    status: str
+    failure: dict[str, Any] | None = None
+
+
+def _count(name: str, value: Any, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{name} must be an integer, got {value!r}")
+    if value < minimum:
+        raise ConfigError(f"{name} must be at least {minimum}, got {value}")
+    return value
+
+
+class Trainer:
+    """Runs ``train_fn(config)`` on every worker of a run.
+
+    Inside the function, ``jax.distributed`` is already initialized,
+    :func:`meshrun.get_context` gives the ranks and :func:`meshrun.report`
+    records metrics.
+    """
+
+    def __init__(
+        self,
+        train_loop_per_worker: Callable[..., Any],
+        *,
+        train_loop_config: dict[str, Any] | None = None,
+        scaling_config: ScalingConfig | None = None,
+        run_config: RunConfig | None = None,
+    ) -> None:
+        if not callable(train_loop_per_worker):
+            raise ConfigError(f"train_loop_per_worker must be callable, got {type(train_loop_per_worker).__name__}")
+        self.train_fn = train_loop_per_worker
+        self.config = train_loop_config
+        self.scaling = scaling_config or ScalingConfig()
+        self.run = run_config or RunConfig()
+
+    def _payload(self) -> bytes:
+        import cloudpickle
+
+        try:
+            return cloudpickle.dumps((self.train_fn, self.config))
+        except Exception as exc:
+            raise ConfigError(
+                f"train_loop_per_worker or train_loop_config cannot be pickled ({type(exc).__name__}: {exc}); "
+                "workers receive them through cloudpickle, so they must not hold locks, open files, sockets or devices"
+            ) from exc
+
+    def fit(self) -> Result:
+        """Runs to the end and returns the result; Ctrl-C stops every worker."""
+        s = self.scaling
+        payload = self._payload()
+        # Workers import what this process can import.
+        paths = [p for p in sys.path if p and os.path.isdir(p)]
+        env = dict(self.run.env)
+        env["PYTHONPATH"] = os.pathsep.join(paths + [env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))]).rstrip(os.pathsep)
+        out = _native.run(
+            nprocs=_count("ScalingConfig.num_workers", s.num_workers),
+            hosts=_count("ScalingConfig.num_hosts", s.num_hosts),
+            devices_per_proc=None if s.devices_per_worker is None else _count("ScalingConfig.devices_per_worker", s.devices_per_worker),
+            gpus_per_proc=None if s.gpus_per_worker is None else _count("ScalingConfig.gpus_per_worker", s.gpus_per_worker),
+            platform_name=s._platform(),
+            name=self.run.name,
+            runs_dir=os.fspath(self.run.storage_path),
+            tee_name=self.run.tee,
+            python=sys.executable,
+            agent_command=[sys.executable, "-m", "meshrun"],
+            env=sorted(env.items()),
+            payload=payload,
+        )
+        error = None
+        if out["status"] != "succeeded":
+            error = RunFailedError(out["summary"] or f"run {out['name']} {out['status']}")
+        return Result(
+            metrics=json.loads(out["metrics"]) if out["metrics"] else None,
+            path=out["run_dir"],
+            error=error,
+            status=out["status"],
+            failure=json.loads(out["failure"]) if out["failure"] else None,
+        )
