@@ -55,7 +55,8 @@ def main(argv: list[str]) -> None:
         _runtime.finish()
         raise
     except BaseException as exc:
-        traceback.print_exc()
+        exc = _runtime.user_frames(exc)
+        traceback.print_exception(exc)
         sys.stderr.flush()
         _runtime.report_failure(exc)
         # A normal exit, so atexit handlers run; if JAX then waits in its

@@ -45,6 +45,21 @@ def report_failure(exc: BaseException) -> None:
     _client.report_failure(type(exc).__qualname__, str(exc), text)
 
 
+def user_frames(exc: BaseException) -> BaseException:
+    """Drops meshrun's own frames (bootstrap, runpy) from the front of the
+    traceback, so users see their code first, as ``python script.py`` shows it."""
+    tb = exc.__traceback__
+    while tb is not None and _is_meshrun_frame(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    if tb is not None:
+        exc = exc.with_traceback(tb)
+    return exc
+
+
+def _is_meshrun_frame(filename: str) -> bool:
+    return filename.endswith(("meshrun/_bootstrap.py", "runpy.py")) or filename == "<frozen runpy>"
+
+
 def finish() -> None:
     """The program ended normally: send what is queued, then say goodbye."""
     from meshrun import reporting
