@@ -68,7 +68,25 @@ struct Supervisor {
     launched: bool,
 }
 
+/// SIGINT and SIGTERM, when this run handles them. Installed before
+/// anything is started, so no signal can arrive while nobody listens.
+struct Signals {
+    sigint: Option<tokio::signal::unix::Signal>,
+    sigterm: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    fn install(enabled: bool) -> Self {
+        let listen = |kind| if enabled { signal(kind).ok() } else { None };
+        Self {
+            sigint: listen(SignalKind::interrupt()),
+            sigterm: listen(SignalKind::terminate()),
+        }
+    }
+}
+
 pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, CoreError> {
+    let mut signals = Signals::install(opts.handle_signals);
     let mut rundir = RunDir::open(&plan.run_dir, &plan.name)?;
     let token = Token::generate()?;
     rundir.write_token(&token)?;
@@ -135,7 +153,9 @@ pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, Core
         last_metrics: None,
         launched: false,
     };
-    let result = sup.run(&mut events, &mut agent_procs, &opts).await;
+    let result = sup
+        .run(&mut events, &mut agent_procs, &opts, &mut signals)
+        .await;
     for link in sup.agents.values() {
         let _ = link.tx.send(Message::Shutdown);
     }
@@ -203,16 +223,9 @@ impl Supervisor {
         events: &mut mpsc::UnboundedReceiver<Event>,
         agent_procs: &mut Agents,
         opts: &ExecOptions,
+        signals: &mut Signals,
     ) -> Result<(), CoreError> {
-        let listen = |kind| {
-            if opts.handle_signals {
-                signal(kind).ok()
-            } else {
-                None
-            }
-        };
-        let mut sigint = listen(SignalKind::interrupt());
-        let mut sigterm = listen(SignalKind::terminate());
+        let Signals { sigint, sigterm } = signals;
         let mut external_stop_seen = false;
         let join_deadline = Instant::now() + AGENT_JOIN_TIMEOUT;
         let mut agent_check = tokio::time::interval(Duration::from_millis(200));
@@ -230,8 +243,8 @@ impl Supervisor {
                     Some(event) => self.on_event(event)?,
                     None => return Ok(()),
                 },
-                () = next_signal(&mut sigint) => self.interrupt(Signal::SIGINT as i32),
-                () = next_signal(&mut sigterm) => self.interrupt(Signal::SIGTERM as i32),
+                () = next_signal(sigint) => self.interrupt(Signal::SIGINT as i32),
+                () = next_signal(sigterm) => self.interrupt(Signal::SIGTERM as i32),
                 () = stop_requested(opts.stop.as_ref()), if !external_stop_seen => {
                     external_stop_seen = true;
                     self.interrupt(Signal::SIGINT as i32);

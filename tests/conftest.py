@@ -1,0 +1,123 @@
+"""Helpers shared by the end-to-end tests: run the real ``meshrun`` command
+on real scripts, read what it wrote, and check that no process it started
+is left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+MESHRUN = Path(sys.executable).parent / "meshrun"
+
+
+@dataclass
+class Finished:
+    code: int
+    stdout: str
+    stderr: str
+    run_dir: Path | None
+
+    def events(self) -> list[dict]:
+        return read_jsonl(self.run_dir / "events.jsonl")
+
+    def metrics(self) -> list[dict]:
+        return read_jsonl(self.run_dir / "metrics.jsonl")
+
+    def log(self, rank: int) -> str:
+        return (self.run_dir / "logs" / f"rank-{rank}.log").read_text()
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def alive(pid: int) -> bool:
+    """True while the process exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def started_pids(run_dir: Path) -> list[int]:
+    """Every worker and agent process the run recorded."""
+    pids = []
+    for e in read_jsonl(run_dir / "events.jsonl"):
+        if e["event"] in ("worker_started", "agent_joined"):
+            pids.append(e["pid"])
+    return pids
+
+
+def assert_none_left(run_dir: Path, own_pid: int | None = None, timeout: float = 5.0) -> None:
+    pids = [p for p in started_pids(run_dir) if p != own_pid and p != os.getpid()]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.05)
+    left = [p for p in pids if alive(p)]
+    assert not left, f"processes left behind: {left}"
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> Path:
+    return tmp_path / "runs"
+
+
+def meshrun(args: list[str], *, runs_dir: Path, name: str | None = "t", timeout: float = 240, env: dict | None = None, cwd: Path | None = None, check_left: bool = True) -> Finished:
+    """Runs ``meshrun run`` to completion."""
+    cmd = [str(MESHRUN), "run", "--runs-dir", str(runs_dir)]
+    if name is not None:
+        cmd += ["--name", name]
+    proc = subprocess.run(
+        cmd + args,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        cwd=cwd or ROOT,
+    )
+    run_dir = runs_dir / name if name is not None else None
+    if check_left and run_dir is not None and run_dir.exists():
+        assert_none_left(run_dir)
+    return Finished(proc.returncode, proc.stdout, proc.stderr, run_dir)
+
+
+def start(args: list[str], *, runs_dir: Path, name: str, env: dict | None = None) -> subprocess.Popen:
+    """Starts ``meshrun run`` in the background (for signal tests)."""
+    return subprocess.Popen(
+        [str(MESHRUN), "run", "--runs-dir", str(runs_dir), "--name", name, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+        cwd=ROOT,
+    )
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """Test cleanup: stop a meshrun we started, by its handle."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=10)

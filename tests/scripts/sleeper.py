@@ -1,0 +1,9 @@
+# Joins the run, says so in a file, then waits to be stopped.
+import os
+import time
+
+import jax
+
+jax.distributed.initialize()
+open(os.path.join(os.environ["MESHRUN_RUN_DIR"], f"ready-{jax.process_index()}"), "w").close()
+time.sleep(300)

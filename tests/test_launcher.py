@@ -1,0 +1,221 @@
+"""``meshrun run`` end to end: real processes, real jax.distributed, real signals."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import pytest
+from conftest import SCRIPTS, alive, assert_none_left, meshrun, start, stop, wait_for
+
+
+def test_unmodified_initialize_joins_the_run(runs):
+    done = meshrun(["-n", "2", "--devices-per-proc", "2", str(SCRIPTS / "plain_init.py"), "--flag", "x"], runs_dir=runs)
+    assert done.code == 0, done.stderr
+    for rank in (0, 1):
+        rec = json.loads((done.run_dir / f"plain-{rank}.json").read_text())
+        assert rec["process_index"] == rank
+        assert rec["process_count"] == 2
+        assert rec["device_count"] == 4
+        assert rec["local_device_count"] == 2
+        assert rec["gathered"] == [0, 1]
+        assert rec["argv"] == ["--flag", "x"]
+    # rank 0's output is teed to the terminal, rank 1's only to its log
+    assert "joined 0 of 2" in done.stdout
+    assert "joined 1 of 2" not in done.stdout
+    assert "joined 1 of 2" in done.log(1)
+
+
+def test_env_contract_with_two_hosts(runs):
+    done = meshrun(
+        ["-n", "4", "--hosts", "2", "--devices-per-proc", "3", "--platform", "cpu", str(SCRIPTS / "dump_env.py")],
+        runs_dir=runs,
+        env={"XLA_FLAGS": "--xla_cpu_use_thunk_runtime=true --xla_force_host_platform_device_count=9"},
+    )
+    assert done.code == 0, done.stderr
+    envs = [json.loads((done.run_dir / f"env-{r}.json").read_text()) for r in range(4)]
+    coordinators = {e["JAX_COORDINATOR_ADDRESS"] for e in envs}
+    assert len(coordinators) == 1
+    assert coordinators.pop().startswith("127.0.0.2:")
+    for rank, e in enumerate(envs):
+        assert e["MESHRUN_RANK"] == str(rank)
+        assert e["MESHRUN_WORLD_SIZE"] == "4"
+        assert e["MESHRUN_LOCAL_RANK"] == str(rank % 2)
+        assert e["MESHRUN_LOCAL_WORLD_SIZE"] == "2"
+        assert e["MESHRUN_HOST_RANK"] == str(rank // 2)
+        assert e["MESHRUN_NUM_HOSTS"] == "2"
+        assert e["MESHRUN_HOST_IP"] == f"127.0.0.{2 + rank // 2}"
+        assert e["MESHRUN_ATTEMPT"] == "1"
+        assert e["MESHRUN_RUN_DIR"] == str(done.run_dir)
+        assert e["JAX_PLATFORMS"] == "cpu"
+        # the user's flags are kept, the device count is meshrun's
+        assert e["XLA_FLAGS"] == "--xla_cpu_use_thunk_runtime=true --xla_force_host_platform_device_count=3"
+        assert e["JAX_COMPILATION_CACHE_DIR"] == str(done.run_dir / "compile-cache")
+        assert e["token_length"] == 64
+        assert "CUDA_VISIBLE_DEVICES" not in e
+    agents = [e for e in done.events() if e["event"] == "agent_joined"]
+    assert sorted(a["ip"] for a in agents) == ["127.0.0.2", "127.0.0.3"]
+    run = json.loads((done.run_dir / "run.json").read_text())
+    assert run["state"] == "succeeded"
+    assert run["control"]["loopback_only"] is True
+    assert run["plan"]["hosts"] == 2
+
+
+def test_collectives_across_two_hosts(runs):
+    done = meshrun(["-n", "2", "--hosts", "2", "--devices-per-proc", "2", str(SCRIPTS / "plain_init.py")], runs_dir=runs)
+    assert done.code == 0, done.stderr
+    rec = json.loads((done.run_dir / "plain-1.json").read_text())
+    assert rec["gathered"] == [0, 1] and rec["device_count"] == 4
+
+
+def test_gpu_assignment_uses_physical_ids_never_shared(runs):
+    # A fake inventory: the GPUs a scheduler left visible. No GPU is needed,
+    # the script only reads its environment.
+    done = meshrun(
+        ["-n", "2", "--platform", "cuda", "--gpus-per-proc", "2", str(SCRIPTS / "dump_env.py")],
+        runs_dir=runs,
+        env={"CUDA_VISIBLE_DEVICES": "4,5,6,7"},
+    )
+    assert done.code == 0, done.stderr
+    envs = [json.loads((done.run_dir / f"env-{r}.json").read_text()) for r in range(2)]
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["4,5", "6,7"]
+    assert all(e["JAX_PLATFORMS"] == "cuda" for e in envs)
+    assert all(e["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID" for e in envs)
+
+
+def test_module_mode_and_argv(runs):
+    done = meshrun(["-n", "2", "-m", "pkg.train", "--lr", "0.1", "-x"], runs_dir=runs, cwd=SCRIPTS)
+    assert done.code == 0, done.stderr
+    rec = json.loads((done.run_dir / "module-1.json").read_text())
+    assert rec == {"argv": ["--lr", "0.1", "-x"], "name": "__main__"}
+
+
+def test_tee_all_prefixes_and_logs_every_attempt(runs):
+    done = meshrun(["-n", "2", "--tee", "all", str(SCRIPTS / "hello.py")], runs_dir=runs)
+    assert done.code == 0, done.stderr
+    assert "[0] hello from rank 0" in done.stdout
+    assert "[1] hello from rank 1" in done.stdout
+    assert "[1] err from rank 1" in done.stderr
+    again = meshrun(["-n", "2", str(SCRIPTS / "hello.py")], runs_dir=runs)
+    assert again.code == 0
+    log = again.log(1)
+    assert "meshrun attempt 1, rank 1" in log and "meshrun attempt 2, rank 1" in log
+    assert log.count("hello from rank 1") == 2
+    run = json.loads((again.run_dir / "run.json").read_text())
+    assert [a["attempt"] for a in run["attempts"]] == [1, 2]
+
+
+def test_rank_that_raises_stops_the_group(runs):
+    t0 = time.monotonic()
+    done = meshrun(["-n", "2", str(SCRIPTS / "raise_rank1.py")], runs_dir=runs)
+    assert done.code == 1
+    assert time.monotonic() - t0 < 60  # not JAX's 300 s shutdown barrier
+    summary = done.stderr
+    assert "rank 1 raised ValueError: boom from rank 1" in summary
+    assert 'raise_rank1.py", line 10, in <module>' in summary
+    assert "_bootstrap.py" not in summary
+    assert "rank 0 stopped by meshrun" in summary
+    events = done.events()
+    failed = next(e for e in events if e["event"] == "worker_failed")
+    assert failed["rank"] == 1 and failed["cause"]["kind"] == "exception"
+    rank0_end = next(e for e in events if e["event"] == "worker_exited" and e["rank"] == 0)
+    assert rank0_end["time"] - failed["time"] < 2.0, "rank 0 was not stopped within 2 s"
+    assert "ValueError: boom from rank 1" in done.log(1)
+    run = json.loads((done.run_dir / "run.json").read_text())
+    assert run["state"] == "failed"
+    assert run["attempts"][0]["failure"]["rank"] == 1
+
+
+def test_nonzero_exit_is_a_failure_with_output_tail(runs):
+    done = meshrun(["-n", "2", str(SCRIPTS / "exit_code.py")], runs_dir=runs)
+    assert done.code == 1
+    assert "rank 1 ended with exit code 3" in done.stderr
+    assert "| rank 1 giving up" in done.stderr
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 128 + 15), (signal.SIGINT, 128 + 2)])
+def test_signal_to_meshrun_stops_the_whole_tree(runs, sig, code):
+    proc = start(["-n", "2", "--hosts", "2", str(SCRIPTS / "sleeper.py")], runs_dir=runs, name="sig")
+    run_dir = runs / "sig"
+    try:
+        wait_for(lambda: all((run_dir / f"ready-{r}").exists() for r in (0, 1)), 90, "both ranks to start")
+        proc.send_signal(sig)
+        t0 = time.monotonic()
+        _, err = proc.communicate(timeout=20)
+        assert time.monotonic() - t0 < 5
+    finally:
+        stop(proc)
+    assert proc.returncode == code
+    assert "interrupted" in err
+    assert_none_left(run_dir)
+    assert json.loads((run_dir / "run.json").read_text())["state"] == "interrupted"
+
+
+def test_killed_controller_takes_its_workers_along(runs):
+    # SIGKILL cannot be handled: the workers notice the controller's
+    # connection closing and end themselves.
+    proc = start(["-n", "2", str(SCRIPTS / "sleeper.py")], runs_dir=runs, name="orphan")
+    run_dir = runs / "orphan"
+    try:
+        wait_for(lambda: all((run_dir / f"ready-{r}").exists() for r in (0, 1)), 90, "both ranks to start")
+        proc.kill()
+        proc.communicate(timeout=10)
+    finally:
+        stop(proc)
+    assert_none_left(run_dir, timeout=10)
+
+
+def test_name_in_use_by_a_running_run(runs):
+    proc = start(["-n", "1", str(SCRIPTS / "sleeper.py")], runs_dir=runs, name="busy")
+    run_dir = runs / "busy"
+    try:
+        wait_for(lambda: (run_dir / "ready-0").exists(), 90, "the first run to start")
+        before = sorted(p.name for p in run_dir.iterdir())
+        second = meshrun(["-n", "1", str(SCRIPTS / "hello.py")], runs_dir=runs, name="busy", check_left=False)
+        assert second.code == 2
+        assert "run name 'busy' is in use by a running run" in second.stderr
+        assert str(proc.pid) in second.stderr
+        assert sorted(p.name for p in run_dir.iterdir()) == before
+        assert proc.poll() is None
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=20)
+        stop(proc)
+    assert_none_left(run_dir)
+
+
+def test_workers_report_metrics_to_rank0_file(runs, tmp_path):
+    script = tmp_path / "rep.py"
+    script.write_text(
+        "import meshrun\n"
+        "ctx = meshrun.get_context()\n"
+        "for s in range(5):\n"
+        "    meshrun.report({'step': s, 'loss': 1.0 / (s + 1), 'rank': ctx.rank})\n"
+    )
+    done = meshrun(["-n", "2", str(script)], runs_dir=runs)
+    assert done.code == 0, done.stderr
+    recs = done.metrics()
+    assert [r["step"] for r in recs] == [0, 1, 2, 3, 4]
+    assert all(r["metrics"]["rank"] == 0 for r in recs)
+    assert recs[-1]["metrics"]["loss"] == pytest.approx(0.2)
+
+
+def test_processes_are_group_leaders(runs, tmp_path):
+    # A worker's child is stopped with it: the group goes as a whole.
+    script = tmp_path / "spawner.py"
+    script.write_text(
+        "import os, subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
+        "open(os.path.join(os.environ['MESHRUN_RUN_DIR'], f\"child-{os.environ['MESHRUN_RANK']}\"), 'w').write(str(child.pid))\n"
+        "assert os.getpgid(0) == os.getpid()\n"
+        "if os.environ['MESHRUN_RANK'] == '1':\n"
+        "    time.sleep(1)\n"
+        "    raise RuntimeError('rank 1 fails')\n"
+        "time.sleep(300)\n"
+    )
+    done = meshrun(["-n", "2", str(script)], runs_dir=runs)
+    assert done.code == 1
+    assert "rank 1 raised RuntimeError: rank 1 fails" in done.stderr
+    children = [int((done.run_dir / f"child-{r}").read_text()) for r in (0, 1)]
+    wait_for(lambda: not any(alive(p) for p in children), 5, "grandchildren to be stopped")
