@@ -90,6 +90,7 @@ def main() -> None:
     steps_per_epoch = n // args.batch_size
 
     started = time.perf_counter()
+    in_flight = None
     for step in range(args.steps):
         epoch, i = divmod(step, steps_per_epoch)
         order = np.random.default_rng(args.seed + epoch).permutation(n)
@@ -97,6 +98,12 @@ def main() -> None:
         xb = jax.make_array_from_process_local_data(batch_sharding, x_train[idx], (args.batch_size, x.shape[1]))
         yb = jax.make_array_from_process_local_data(batch_sharding, y_train[idx], (args.batch_size,))
         params, opt_state, loss = train_step(params, opt_state, xb, yb)
+        # At most two steps in flight. With unbounded asynchronous dispatch,
+        # multi-process CPU collectives (gloo) on this 2-core machine hung
+        # now and then, also when launched by hand without meshrun.
+        if in_flight is not None:
+            in_flight.block_until_ready()
+        in_flight = loss
         meshrun.report({"step": step, "loss": loss})
         if ctx.rank == 0 and step % 100 == 0:
             print(f"step {step:4d}  loss {float(loss):.4f}", flush=True)

@@ -38,7 +38,7 @@ def report_failure(exc: BaseException) -> None:
     """Sends the exception and its traceback; waits until it is sent."""
     from meshrun import reporting
 
-    reporting.drain(timeout=2.0)
+    reporting.drain(wait=False)
     if _client is None:
         return
     text = "".join(traceback.format_exception(exc))
@@ -64,6 +64,6 @@ def finish() -> None:
     """The program ended normally: send what is queued, then say goodbye."""
     from meshrun import reporting
 
-    reporting.drain(timeout=30.0)
+    reporting.drain(wait=True)
     if _client is not None:
         _client.close()

@@ -1,26 +1,26 @@
 """``meshrun.report``: record metrics without a barrier and without
 blocking the step.
 
-The caller only puts the record on a queue. A background thread turns
-values into JSON (``float(x)`` on a ``jax.Array`` waits for the device, which
-must not happen in the training loop) and hands the text to the native
-client, whose Rust thread sends it to the controller.
+A metric is often a ``jax.Array`` still being computed; reading it
+(``float(x)``) would wait for the device and stall the training loop. So a
+record waits in a queue until its values are ready, and ready records are
+sent on later calls, oldest first. Values are read on the caller's thread
+only: reading a JAX array from a helper thread while the main thread
+dispatches multi-process CPU collectives was seen to deadlock. The native
+client then sends the record from a Rust thread.
 """
 
 from __future__ import annotations
 
 import json
-import queue
 import threading
 import warnings
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-_queue: queue.SimpleQueue = queue.SimpleQueue()
-_thread: threading.Thread | None = None
+_queue: deque[tuple[int | None, dict[str, Any]]] = deque()
 _lock = threading.Lock()
-_pending = 0
-_idle = threading.Condition(_lock)
 _warned = False
 
 
@@ -33,32 +33,40 @@ def _to_json(value: Any) -> Any:
     return str(value)
 
 
-def _worker() -> None:
-    global _pending
+def _ready(value: Any) -> bool:
+    if isinstance(value, Mapping):
+        return all(_ready(v) for v in value.values())
+    is_ready = getattr(value, "is_ready", None)
+    return is_ready is None or bool(is_ready())
+
+
+def _send(step: int | None, metrics: dict[str, Any]) -> None:
     from meshrun import _runtime
 
-    while True:
-        step, metrics = _queue.get()
-        try:
-            text = json.dumps(metrics, default=_to_json, allow_nan=True)
-            client = _runtime.client()
-            if client is not None:
-                client.report(step, text)
-        except Exception as exc:  # a bad record must not kill reporting
-            warnings.warn(f"meshrun.report: record dropped: {exc}", RuntimeWarning, stacklevel=1)
-        finally:
-            with _lock:
-                _pending -= 1
-                if _pending == 0:
-                    _idle.notify_all()
+    client = _runtime.client()
+    if client is None:
+        return
+    try:
+        text = json.dumps(metrics, default=_to_json, allow_nan=True)
+    except (TypeError, ValueError) as exc:
+        warnings.warn(f"meshrun.report: record of step {step} dropped: {exc}", RuntimeWarning, stacklevel=3)
+        return
+    client.report(step, text)
+
+
+def _send_ready(wait: bool) -> None:
+    """Sends queued records in order; stops at the first one not yet
+    computed unless ``wait``, which reads (and so waits for) every value."""
+    with _lock:
+        while _queue and (wait or _ready(_queue[0][1])):
+            step, metrics = _queue.popleft()
+            _send(step, metrics)
 
 
 def report(metrics: Mapping[str, Any], *, step: int | None = None) -> None:
-    """Records ``metrics`` (rank 0's go to ``metrics.jsonl``). Returns at once.
-
-    ``step`` defaults to ``metrics["step"]`` when present.
-    """
-    global _thread, _pending, _warned
+    """Records ``metrics`` (rank 0's go to ``metrics.jsonl``). Returns without
+    waiting for the device; ``step`` defaults to ``metrics["step"]``."""
+    global _warned
     from meshrun import _runtime
 
     if not isinstance(metrics, Mapping):
@@ -71,19 +79,19 @@ def report(metrics: Mapping[str, Any], *, step: int | None = None) -> None:
     if step is None and isinstance(metrics.get("step"), int):
         step = metrics["step"]
     with _lock:
-        _pending += 1
-        if _thread is None:
-            _thread = threading.Thread(target=_worker, name="meshrun-report", daemon=True)
-            _thread.start()
-    _queue.put((step, dict(metrics)))
+        _queue.append((step, dict(metrics)))
+    _send_ready(wait=False)
 
 
-def drain(timeout: float) -> None:
-    """Waits until every queued record has been handed to the client."""
-    with _lock:
-        _idle.wait_for(lambda: _pending == 0, timeout=timeout)
+def drain(wait: bool) -> None:
+    """Sends what is queued: everything when ``wait`` (the program ended
+    normally), else only what is already computed (after a failure, a value
+    may never be)."""
     from meshrun import _runtime
 
+    _send_ready(wait)
+    with _lock:
+        _queue.clear()
     client = _runtime.client()
     if client is not None:
         client.flush()

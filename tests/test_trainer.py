@@ -1,0 +1,112 @@
+"""Function mode: ``Trainer(train_fn, ...).fit()`` in this process, workers
+in real processes with real jax.distributed."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+from conftest import assert_none_left
+
+import meshrun
+
+
+def psum_fn(config):
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import multihost_utils
+
+    ctx = meshrun.get_context()
+    assert jax.distributed.is_initialized()
+    total = multihost_utils.process_allgather(jnp.array([ctx.rank + 1])).sum()
+    meshrun.report({"step": 0, "sum": int(total), "scale": config["scale"], "world": ctx.get_world_size(), "devices": jax.device_count()})
+
+
+def failing_fn():
+    ctx = meshrun.get_context()
+    if ctx.rank == 1:
+        raise KeyError("missing from rank 1")
+    import time
+
+    time.sleep(120)
+
+
+def test_fit_runs_on_every_worker_and_returns_metrics(tmp_path):
+    trainer = meshrun.Trainer(
+        psum_fn,
+        train_loop_config={"scale": 3},
+        scaling_config=meshrun.ScalingConfig(num_workers=2, devices_per_worker=2),
+        run_config=meshrun.RunConfig(name="fit", storage_path=str(tmp_path / "runs")),
+    )
+    result = trainer.fit()
+    assert result.error is None, result.error
+    assert result.status == "succeeded"
+    assert result.metrics == {"step": 0, "sum": 3, "scale": 3, "world": 2, "devices": 4}
+    assert result.path == str(tmp_path / "runs" / "fit")
+    run = json.loads((tmp_path / "runs" / "fit" / "run.json").read_text())
+    assert run["plan"]["entry"] == {"kind": "function"}
+    assert_none_left(tmp_path / "runs" / "fit")
+
+
+def test_fit_with_two_hosts(tmp_path):
+    result = meshrun.Trainer(
+        psum_fn,
+        train_loop_config={"scale": 1},
+        scaling_config=meshrun.ScalingConfig(num_workers=2, num_hosts=2),
+        run_config=meshrun.RunConfig(name="h2", storage_path=str(tmp_path / "runs")),
+    ).fit()
+    assert result.error is None, result.error
+    assert result.metrics["sum"] == 3 and result.metrics["devices"] == 2
+
+
+def test_failure_is_returned_as_result_error(tmp_path):
+    result = meshrun.Trainer(
+        failing_fn,
+        scaling_config=meshrun.ScalingConfig(num_workers=2),
+        run_config=meshrun.RunConfig(name="bad", storage_path=str(tmp_path / "runs"), tee="none"),
+    ).fit()
+    assert result.status == "failed"
+    assert isinstance(result.error, meshrun.RunFailedError)
+    assert isinstance(result.error, meshrun.MeshrunError)
+    assert "rank 1 raised KeyError: 'missing from rank 1'" in str(result.error)
+    assert result.failure["rank"] == 1
+    assert_none_left(tmp_path / "runs" / "bad")
+
+
+def test_unpicklable_function_is_a_config_error(tmp_path):
+    lock = threading.Lock()
+
+    def uses_lock():
+        with lock:
+            pass
+
+    trainer = meshrun.Trainer(uses_lock, run_config=meshrun.RunConfig(storage_path=str(tmp_path / "runs")))
+    with pytest.raises(meshrun.ConfigError, match="cannot be pickled"):
+        trainer.fit()
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    "scaling, message",
+    [
+        (meshrun.ScalingConfig(num_workers=0), "ScalingConfig.num_workers must be at least 1, got 0"),
+        (meshrun.ScalingConfig(num_workers=3, num_hosts=2), "--hosts 2 does not divide -n 3"),
+        (meshrun.ScalingConfig(num_workers="2"), "ScalingConfig.num_workers must be an integer, got '2'"),
+        (meshrun.ScalingConfig(use_gpu=True), "GPUs on host 0"),
+        (meshrun.ScalingConfig(platform="tpu9"), "platform 'tpu9' is not known"),
+    ],
+)
+def test_bad_scaling_config(tmp_path, scaling, message, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(meshrun.ConfigError, match=message.replace("(", r"\(")):
+        meshrun.Trainer(psum_fn, scaling_config=scaling, run_config=meshrun.RunConfig(storage_path=str(tmp_path / "runs"))).fit()
+    assert not (tmp_path / "runs").exists()
+
+
+def test_context_outside_meshrun(monkeypatch):
+    monkeypatch.setattr(meshrun.reporting, "_warned", False)
+    ctx = meshrun.get_context()
+    assert (ctx.rank, ctx.world_size, ctx.in_meshrun) == (0, 1, False)
+    with pytest.warns(RuntimeWarning, match="not running under meshrun"):
+        meshrun.report({"x": 1})
