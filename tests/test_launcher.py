@@ -37,7 +37,10 @@ def test_env_contract_with_two_hosts(runs):
     envs = [json.loads((done.run_dir / f"env-{r}.json").read_text()) for r in range(4)]
     coordinators = {e["JAX_COORDINATOR_ADDRESS"] for e in envs}
     assert len(coordinators) == 1
-    assert coordinators.pop().startswith("127.0.0.2:")
+    coordinator = coordinators.pop()
+    assert coordinator.startswith("127.0.0.2:")
+    # the coordinator listens on host 0's address only, not every interface
+    assert {e["JAX_COORDINATOR_BIND_ADDRESS"] for e in envs} == {coordinator}
     for rank, e in enumerate(envs):
         assert e["MESHRUN_RANK"] == str(rank)
         assert e["MESHRUN_WORLD_SIZE"] == "4"

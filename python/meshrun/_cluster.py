@@ -9,6 +9,28 @@ also be visible, because meshrun is what placed this process.
 from __future__ import annotations
 
 import os
+import socket
+import time
+
+
+def wait_for_coordinator(address: str, timeout: float = 300.0) -> None:
+    """Blocks until the JAX coordinator at ``address`` accepts connections.
+
+    Ranks other than 0 call this before connecting: JAX's client, when it
+    finds the service not yet up, backs off for about a second before trying
+    again, which made one launch in two a second slower. Polling the port
+    every few milliseconds costs nothing and removes that wait.
+    """
+    if int(os.environ.get("MESHRUN_RANK", "0")) == 0:
+        return
+    host, port = address.rsplit(":", 1)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
+                return
+        except OSError:
+            time.sleep(0.005)
 
 
 def register() -> bool:
@@ -39,6 +61,10 @@ def register() -> bool:
 
         @classmethod
         def get_process_id(cls) -> int:
+            # The last hook JAX calls before it connects (the address itself
+            # comes from JAX_COORDINATOR_ADDRESS without asking us), so the
+            # wait for the coordinator lives here.
+            wait_for_coordinator(os.environ["JAX_COORDINATOR_ADDRESS"])
             return int(os.environ["MESHRUN_RANK"])
 
         @classmethod

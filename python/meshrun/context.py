@@ -75,6 +75,9 @@ def init() -> Context:
         import jax
 
         if not jax.distributed.is_initialized():
+            from meshrun._cluster import wait_for_coordinator
+
+            wait_for_coordinator(ctx.coordinator_address)
             jax.distributed.initialize(
                 coordinator_address=ctx.coordinator_address,
                 num_processes=ctx.world_size,

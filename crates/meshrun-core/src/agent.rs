@@ -38,7 +38,9 @@ pub struct AgentConfig {
 
 /// The runtime an agent process runs on: one thread is plenty.
 pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_current_thread().enable_all().build()
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
 }
 
 /// Runs an agent until the controller says the run is over or goes away.
@@ -81,7 +83,7 @@ pub async fn run(cfg: AgentConfig) -> Result<(), CoreError> {
             msg = from_controller.recv() => match msg {
                 Ok(Message::Launch { workers, .. }) => {
                     for w in workers {
-                        if let Some(pid) = spawn_worker(w.clone(), events_tx.clone()) {
+                        if let Some(pid) = spawn_worker(&w, &events_tx) {
                             live.insert(w.rank, pid);
                         }
                     }
@@ -128,7 +130,7 @@ fn stop(pids: Vec<u32>, grace: Duration) {
 
 /// Starts one worker as the leader of its own process group and returns
 /// its pid; a worker that cannot start is reported, not fatal to the agent.
-fn spawn_worker(w: WorkerLaunch, events: mpsc::UnboundedSender<Message>) -> Option<u32> {
+fn spawn_worker(w: &WorkerLaunch, events: &mpsc::UnboundedSender<Message>) -> Option<u32> {
     let Some((program, args)) = w.argv.split_first() else {
         let _ = events.send(Message::SpawnFailed {
             rank: w.rank,
@@ -157,8 +159,15 @@ fn spawn_worker(w: WorkerLaunch, events: mpsc::UnboundedSender<Message>) -> Opti
     let pid = child.id().unwrap_or_default();
     let _ = events.send(Message::WorkerStarted { rank: w.rank, pid });
     let rank = w.rank;
-    let out = child.stdout.take().map(|s| forward_lines(s, rank, Stream::Stdout, events.clone()));
-    let err = child.stderr.take().map(|s| forward_lines(s, rank, Stream::Stderr, events.clone()));
+    let events = events.clone();
+    let out = child
+        .stdout
+        .take()
+        .map(|s| forward_lines(s, rank, Stream::Stdout, events.clone()));
+    let err = child
+        .stderr
+        .take()
+        .map(|s| forward_lines(s, rank, Stream::Stderr, events.clone()));
     tokio::spawn(async move {
         let exit = match child.wait().await {
             Ok(status) => exit_info(status),
@@ -216,12 +225,11 @@ async fn read_line_capped<R: AsyncBufReadExt + Unpin>(
             return Ok(total);
         }
         let room = cap - buf.len();
-        let (take, done) = match available.iter().take(room).position(|b| *b == b'\n') {
-            Some(i) => (i + 1, true),
-            None => {
-                let n = available.len().min(room);
-                (n, buf.len() + n >= cap)
-            }
+        let (take, done) = if let Some(i) = available.iter().take(room).position(|b| *b == b'\n') {
+            (i + 1, true)
+        } else {
+            let n = available.len().min(room);
+            (n, buf.len() + n >= cap)
         };
         buf.extend_from_slice(&available[..take]);
         reader.consume(take);
@@ -238,7 +246,7 @@ mod tests {
 
     #[tokio::test]
     async fn long_lines_are_cut() {
-        let data = vec![b'x'; 10];
+        let data = [b'x'; 10];
         let mut reader = BufReader::new(&data[..]);
         let mut buf = Vec::new();
         assert_eq!(read_line_capped(&mut reader, &mut buf, 4).await.unwrap(), 4);

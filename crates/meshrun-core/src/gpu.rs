@@ -147,7 +147,10 @@ mod tests {
     #[test]
     fn uuids_are_passed_through() {
         let inv = Inventory::from_visible_devices("GPU-aa, GPU-bb").unwrap();
-        assert_eq!(inv.assign(0, 2, 1).unwrap(), vec![vec!["GPU-aa"], vec!["GPU-bb"]]);
+        assert_eq!(
+            inv.assign(0, 2, 1).unwrap(),
+            vec![vec!["GPU-aa"], vec!["GPU-bb"]]
+        );
     }
 
     #[test]
@@ -157,8 +160,14 @@ mod tests {
         assert!(text.contains("need 2 GPUs on host 0"), "{text}");
         assert!(text.contains("0 are available"), "{text}");
         assert!(text.contains("no NVIDIA GPU detected"), "{text}");
-        let err = Inventory::from_visible_devices("3").unwrap().assign(1, 2, 1).unwrap_err();
-        assert!(err.to_string().contains("CUDA_VISIBLE_DEVICES='3'"), "{err}");
+        let err = Inventory::from_visible_devices("3")
+            .unwrap()
+            .assign(1, 2, 1)
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("CUDA_VISIBLE_DEVICES='3'"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -175,10 +184,20 @@ mod tests {
     #[test]
     fn dev_nodes_are_counted_in_numeric_order() {
         let dir = tempfile::tempdir().unwrap();
-        for name in ["nvidia10", "nvidia2", "nvidiactl", "nvidia-uvm", "nvidia0", "null"] {
+        for name in [
+            "nvidia10",
+            "nvidia2",
+            "nvidiactl",
+            "nvidia-uvm",
+            "nvidia0",
+            "null",
+        ] {
             std::fs::write(dir.path().join(name), b"").unwrap();
         }
-        assert_eq!(Inventory::from_dev_dir(dir.path()).ids, vec!["0", "2", "10"]);
+        assert_eq!(
+            Inventory::from_dev_dir(dir.path()).ids,
+            vec!["0", "2", "10"]
+        );
     }
 
     proptest! {

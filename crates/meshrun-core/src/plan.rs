@@ -134,9 +134,9 @@ impl RunSpec {
         if self.hosts == 0 {
             return Err(UsageError::NoHosts(self.hosts));
         }
-        if self.nprocs % self.hosts != 0 {
+        if !self.nprocs.is_multiple_of(self.hosts) {
             let divisors: Vec<String> = (1..=self.nprocs)
-                .filter(|d| self.nprocs % d == 0)
+                .filter(|d| self.nprocs.is_multiple_of(*d))
                 .map(|d| d.to_string())
                 .collect();
             return Err(UsageError::HostsDoNotDivide {
@@ -248,9 +248,7 @@ fn is_module_name(name: &str) -> bool {
     !name.is_empty()
         && name.split('.').all(|part| {
             let mut chars = part.chars();
-            chars
-                .next()
-                .is_some_and(|c| c.is_alphabetic() || c == '_')
+            chars.next().is_some_and(|c| c.is_alphabetic() || c == '_')
                 && chars.all(|c| c.is_alphanumeric() || c == '_')
         })
 }
@@ -309,10 +307,7 @@ fn check_runs_dir(path: &Path) -> Result<(), UsageError> {
     while let Some(dir) = ancestor {
         if dir.exists() {
             if !dir.is_dir() {
-                return Err(unusable(format!(
-                    "'{}' is not a directory",
-                    dir.display()
-                )));
+                return Err(unusable(format!("'{}' is not a directory", dir.display())));
             }
             let probe = dir.join(format!(".meshrun-probe-{}", std::process::id()));
             return match std::fs::create_dir(&probe) {
@@ -387,7 +382,10 @@ mod tests {
         assert!(msg.contains("1, 2"), "{msg}");
         let mut s = spec(dir.path());
         s.devices_per_proc = Some(0);
-        assert!(check(s).unwrap_err().to_string().contains("--devices-per-proc"));
+        assert!(check(s)
+            .unwrap_err()
+            .to_string()
+            .contains("--devices-per-proc"));
     }
 
     #[test]
@@ -436,10 +434,16 @@ mod tests {
         std::fs::write(&file, b"x").unwrap();
         let mut s = spec(dir.path());
         s.runs_dir = file.clone();
-        assert!(check(s).unwrap_err().to_string().contains("not a directory"));
+        assert!(check(s)
+            .unwrap_err()
+            .to_string()
+            .contains("not a directory"));
         let mut s = spec(dir.path());
         s.runs_dir = file.join("runs");
-        assert!(check(s).unwrap_err().to_string().contains("is not a directory"));
+        assert!(check(s)
+            .unwrap_err()
+            .to_string()
+            .contains("is not a directory"));
     }
 
     #[test]
@@ -450,6 +454,9 @@ mod tests {
             path: "nope.py".into(),
             args: vec![],
         });
-        assert!(check(s).unwrap_err().to_string().contains("'nope.py' not found"));
+        assert!(check(s)
+            .unwrap_err()
+            .to_string()
+            .contains("'nope.py' not found"));
     }
 }

@@ -72,10 +72,12 @@ impl RunDir {
             }
         };
         let mut setup = || -> Result<(File, BufWriter<File>), CoreError> {
-            lock.set_len(0).map_err(CoreError::io("cannot write lock file", &lock_path))?;
+            lock.set_len(0)
+                .map_err(CoreError::io("cannot write lock file", &lock_path))?;
             write!(&mut *lock, "{}", std::process::id())
                 .map_err(CoreError::io("cannot write lock file", &lock_path))?;
-            for sub in ["logs"] {
+            {
+                let sub = "logs";
                 let dir = root.join(sub);
                 fs::create_dir_all(&dir).map_err(CoreError::io("cannot create", &dir))?;
             }
@@ -141,20 +143,25 @@ impl RunDir {
         if let (Some(obj), Value::Object(extra)) = (line.as_object_mut(), fields) {
             obj.extend(extra);
         }
-        writeln!(self.events, "{line}")
-            .map_err(CoreError::io("cannot append to", self.root.join("events.jsonl")))
+        writeln!(self.events, "{line}").map_err(CoreError::io(
+            "cannot append to",
+            self.root.join("events.jsonl"),
+        ))
     }
 
     /// Appends one metrics record; buffered, flushed by [`RunDir::flush`].
     pub fn metrics(&mut self, record: &Value) -> Result<(), CoreError> {
-        writeln!(self.metrics, "{record}")
-            .map_err(CoreError::io("cannot append to", self.root.join("metrics.jsonl")))
+        writeln!(self.metrics, "{record}").map_err(CoreError::io(
+            "cannot append to",
+            self.root.join("metrics.jsonl"),
+        ))
     }
 
     pub fn flush(&mut self) -> Result<(), CoreError> {
-        self.metrics
-            .flush()
-            .map_err(CoreError::io("cannot flush", self.root.join("metrics.jsonl")))
+        self.metrics.flush().map_err(CoreError::io(
+            "cannot flush",
+            self.root.join("metrics.jsonl"),
+        ))
     }
 }
 
@@ -189,7 +196,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let rd = RunDir::open(&dir.path().join("r"), "r").unwrap();
         rd.write_token(&Token::generate().unwrap()).unwrap();
-        let mode = fs::metadata(rd.path().join("token")).unwrap().permissions().mode();
+        let mode = fs::metadata(rd.path().join("token"))
+            .unwrap()
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o777, 0o600);
     }
 

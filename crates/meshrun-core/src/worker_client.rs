@@ -108,12 +108,20 @@ impl WorkerClient {
 
     /// Queues a metrics record; never blocks on the network.
     pub fn report(&self, step: Option<u64>, metrics: serde_json::Value) {
-        let _ = self.tx.send(Outgoing::Msg(Message::Report { step, metrics }));
+        let _ = self
+            .tx
+            .send(Outgoing::Msg(Message::Report { step, metrics }));
     }
 
     /// Sends the user's exception and waits (up to `timeout`) until it has
     /// been written, since the process may be killed right after.
-    pub fn report_failure(&self, kind: String, message: String, traceback: String, timeout: Duration) {
+    pub fn report_failure(
+        &self,
+        kind: String,
+        message: String,
+        traceback: String,
+        timeout: Duration,
+    ) {
         let _ = self.tx.send(Outgoing::Msg(Message::Failure {
             kind,
             message,
@@ -171,14 +179,16 @@ fn write_loop(mut out: BufWriter<TcpStream>, rx: &mpsc::Receiver<Outgoing>) {
             }
         };
         match next {
-            Outgoing::Msg(msg) => match put_frame(&mut out, &msg) {
-                Ok(()) => {}
-                // One oversized record is dropped, not the connection.
-                Err(ProtocolError::TooLarge(n)) => {
-                    eprintln!("meshrun: a report of {n} bytes is over the frame limit and was dropped");
+            Outgoing::Msg(msg) => {
+                match put_frame(&mut out, &msg) {
+                    Ok(()) => {}
+                    // One oversized record is dropped, not the connection.
+                    Err(ProtocolError::TooLarge(n)) => {
+                        eprintln!("meshrun: a report of {n} bytes is over the frame limit and was dropped");
+                    }
+                    Err(_) => return,
                 }
-                Err(_) => return,
-            },
+            }
             Outgoing::Flush(ack) => {
                 let _ = out.flush();
                 let _ = ack.send(());

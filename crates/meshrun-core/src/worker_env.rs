@@ -72,11 +72,20 @@ pub fn worker_env(
         ("MESHRUN_RANK".into(), at.rank.to_string()),
         ("MESHRUN_WORLD_SIZE".into(), at.world_size.to_string()),
         ("MESHRUN_LOCAL_RANK".into(), at.local_rank.to_string()),
-        ("MESHRUN_LOCAL_WORLD_SIZE".into(), at.local_world_size.to_string()),
+        (
+            "MESHRUN_LOCAL_WORLD_SIZE".into(),
+            at.local_world_size.to_string(),
+        ),
         ("MESHRUN_HOST_RANK".into(), at.host.to_string()),
         ("MESHRUN_NUM_HOSTS".into(), at.num_hosts.to_string()),
         ("MESHRUN_HOST_IP".into(), plan.host_ip(at.host).to_string()),
         ("JAX_COORDINATOR_ADDRESS".into(), info.coordinator.into()),
+        // JAX's coordinator binds every interface unless told otherwise;
+        // it should listen where the run said it would, and nowhere else.
+        (
+            "JAX_COORDINATOR_BIND_ADDRESS".into(),
+            info.coordinator.into(),
+        ),
         ("JAX_PLATFORMS".into(), plan.platform.jax_name().into()),
         (
             "JAX_COMPILATION_CACHE_DIR".into(),
@@ -111,9 +120,15 @@ mod tests {
     #[test]
     fn device_count_is_merged_into_user_flags() {
         assert_eq!(
-            merge_xla_flags(Some("--xla_dump_to=/tmp/x --xla_force_host_platform_device_count=8"), 2),
+            merge_xla_flags(
+                Some("--xla_dump_to=/tmp/x --xla_force_host_platform_device_count=8"),
+                2
+            ),
             "--xla_dump_to=/tmp/x --xla_force_host_platform_device_count=2"
         );
-        assert_eq!(merge_xla_flags(None, 4), "--xla_force_host_platform_device_count=4");
+        assert_eq!(
+            merge_xla_flags(None, 4),
+            "--xla_force_host_platform_device_count=4"
+        );
     }
 }

@@ -5,7 +5,9 @@
 use std::sync::mpsc;
 use std::time::Duration;
 
-use meshrun_core::{execute, Entry, ExecOptions, OutcomeStatus, PlatformChoice, RunSpec, StopHandle, Tee};
+use meshrun_core::{
+    execute, Entry, ExecOptions, OutcomeStatus, PlatformChoice, RunSpec, StopHandle, Tee,
+};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -101,7 +103,9 @@ pub fn run<'py>(
                 }
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => {
-                return Err(PyValueError::new_err("the controller thread ended without a result"))
+                return Err(PyValueError::new_err(
+                    "the controller thread ended without a result",
+                ))
             }
         }
     };

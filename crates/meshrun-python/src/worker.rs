@@ -49,7 +49,10 @@ impl WorkerClient {
 
     /// Sends an uncaught exception and waits until it is on the wire.
     fn report_failure(&self, py: Python<'_>, kind: String, message: String, traceback: String) {
-        py.detach(|| self.0.report_failure(kind, message, traceback, Duration::from_secs(2)));
+        py.detach(|| {
+            self.0
+                .report_failure(kind, message, traceback, Duration::from_secs(2));
+        });
     }
 
     /// Waits until everything reported so far has been sent.

@@ -51,7 +51,12 @@ pub enum TeeArg {
 #[command(trailing_var_arg = true)]
 pub struct RunArgs {
     /// Number of worker processes in all.
-    #[arg(short = 'n', long = "nprocs", default_value_t = 1, value_name = "NPROCS")]
+    #[arg(
+        short = 'n',
+        long = "nprocs",
+        default_value_t = 1,
+        value_name = "NPROCS"
+    )]
     pub nprocs: u32,
 
     /// Number of hosts; with the local backend each is an agent process on
@@ -59,7 +64,7 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 1, value_name = "H")]
     pub hosts: u32,
 
-    /// CPU devices per worker (sets --xla_force_host_platform_device_count).
+    /// CPU devices per worker (sets --`xla_force_host_platform_device_count`).
     #[arg(long, value_name = "K")]
     pub devices_per_proc: Option<u32>,
 
@@ -88,7 +93,11 @@ pub struct RunArgs {
     pub module: bool,
 
     /// The script (or, with -m, the module) and its arguments.
-    #[arg(required = true, allow_hyphen_values = true, value_name = "SCRIPT|MODULE [ARGS]")]
+    #[arg(
+        required = true,
+        allow_hyphen_values = true,
+        value_name = "SCRIPT|MODULE [ARGS]"
+    )]
     pub program: Vec<String>,
 }
 

@@ -12,7 +12,7 @@ use crate::{exit, Launcher};
 pub fn dispatch(cli: Cli, launcher: &Launcher) -> i32 {
     match cli.command {
         Command::Run(args) => run(args, launcher),
-        Command::Agent(args) => agent(args),
+        Command::Agent(args) => agent(&args),
     }
 }
 
@@ -26,9 +26,15 @@ pub fn spec(args: RunArgs, launcher: &Launcher) -> RunSpec {
     let first = program.next().unwrap_or_default();
     let rest: Vec<String> = program.collect();
     let entry = if args.module {
-        Entry::Module { name: first, args: rest }
+        Entry::Module {
+            name: first,
+            args: rest,
+        }
     } else {
-        Entry::Script { path: first.into(), args: rest }
+        Entry::Script {
+            path: first.into(),
+            args: rest,
+        }
     };
     RunSpec {
         nprocs: args.nprocs,
@@ -85,7 +91,7 @@ fn run(args: RunArgs, launcher: &Launcher) -> i32 {
     }
 }
 
-fn agent(args: AgentArgs) -> i32 {
+fn agent(args: &AgentArgs) -> i32 {
     let token = match Token::from_hex(&args.token) {
         Ok(t) => t,
         Err(e) => {

@@ -37,7 +37,11 @@ where
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
-            return if e.use_stderr() { exit::USAGE } else { exit::SUCCESS };
+            return if e.use_stderr() {
+                exit::USAGE
+            } else {
+                exit::SUCCESS
+            };
         }
     };
     logging::init(cli.verbose);

@@ -80,7 +80,9 @@ pub enum OutcomeStatus {
     Succeeded,
     Failed,
     /// Stopped by a signal to meshrun (or Ctrl-C in Python).
-    Interrupted { signal: i32 },
+    Interrupted {
+        signal: i32,
+    },
 }
 
 /// How a run ended.

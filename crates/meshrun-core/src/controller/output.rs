@@ -21,7 +21,12 @@ pub struct Output {
 
 impl Output {
     /// Opens every rank's log for appending and writes the attempt header.
-    pub fn open(tee: Tee, paths: &[PathBuf], attempt: u32, started: &str) -> Result<Self, CoreError> {
+    pub fn open(
+        tee: Tee,
+        paths: &[PathBuf],
+        attempt: u32,
+        started: &str,
+    ) -> Result<Self, CoreError> {
         let mut files = Vec::with_capacity(paths.len());
         for (rank, path) in paths.iter().enumerate() {
             let file = OpenOptions::new()
@@ -30,8 +35,11 @@ impl Output {
                 .open(path)
                 .map_err(CoreError::io("cannot open log", path))?;
             let mut file = LineWriter::new(file);
-            writeln!(file, "===== meshrun attempt {attempt}, rank {rank}, started {started} =====")
-                .map_err(CoreError::io("cannot write log", path))?;
+            writeln!(
+                file,
+                "===== meshrun attempt {attempt}, rank {rank}, started {started} ====="
+            )
+            .map_err(CoreError::io("cannot write log", path))?;
             files.push(file);
         }
         Ok(Self {

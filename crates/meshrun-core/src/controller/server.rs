@@ -23,15 +23,35 @@ pub enum Event {
         free_port: u16,
         tx: mpsc::UnboundedSender<Message>,
     },
-    FromAgent { host: u32, msg: Message },
-    AgentLost { host: u32, error: String },
-    WorkerJoined { rank: u32, attempt: u32, pid: u32 },
-    FromWorker { rank: u32, msg: Message },
+    FromAgent {
+        host: u32,
+        msg: Message,
+    },
+    AgentLost {
+        host: u32,
+        error: String,
+    },
+    WorkerJoined {
+        rank: u32,
+        attempt: u32,
+        pid: u32,
+    },
+    FromWorker {
+        rank: u32,
+        msg: Message,
+    },
     /// The worker's connection ended; `clean` when it said goodbye first.
-    WorkerLost { rank: u32, clean: bool },
+    WorkerLost {
+        rank: u32,
+        clean: bool,
+    },
 }
 
-pub fn spawn_accept_loop(listener: TcpListener, token: Token, events: mpsc::UnboundedSender<Event>) {
+pub fn spawn_accept_loop(
+    listener: TcpListener,
+    token: Token,
+    events: mpsc::UnboundedSender<Event>,
+) {
     tokio::spawn(async move {
         loop {
             let Ok((stream, peer)) = listener.accept().await else {
@@ -53,7 +73,9 @@ async fn serve(
     token: &Token,
     events: &mpsc::UnboundedSender<Event>,
 ) -> Result<(), String> {
-    auth::accept(&mut conn, token).await.map_err(|e| e.to_string())?;
+    auth::accept(&mut conn, token)
+        .await
+        .map_err(|e| e.to_string())?;
     let hello = conn
         .recv_timeout(HANDSHAKE_TIMEOUT)
         .await

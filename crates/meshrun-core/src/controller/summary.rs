@@ -28,7 +28,7 @@ pub enum Cause {
 }
 
 impl Cause {
-    /// One line: "raised ValueError: boom", "exit code 3", ...
+    /// One line: "raised `ValueError`: boom", "exit code 3", ...
     pub fn headline(&self) -> String {
         match self {
             Cause::Exception {
@@ -128,7 +128,9 @@ mod tests {
             cause: Cause::Exception {
                 exception: "ValueError".into(),
                 message: "boom".into(),
-                traceback: "Traceback (most recent call last):\n  File \"x.py\", line 3\nValueError: boom".into(),
+                traceback:
+                    "Traceback (most recent call last):\n  File \"x.py\", line 3\nValueError: boom"
+                        .into(),
             },
             exit: None,
         };
@@ -140,9 +142,18 @@ mod tests {
             }),
             stopped_by_meshrun: true,
         }];
-        let text = render("r", &failure, &ranks, &[], Path::new("runs/r/logs/rank-1.log"));
+        let text = render(
+            "r",
+            &failure,
+            &ranks,
+            &[],
+            Path::new("runs/r/logs/rank-1.log"),
+        );
         assert!(text.contains("rank 1 raised ValueError: boom"), "{text}");
         assert!(text.contains("    | ValueError: boom"), "{text}");
-        assert!(text.contains("rank 0 stopped by meshrun (signal 9 (SIGKILL))"), "{text}");
+        assert!(
+            text.contains("rank 0 stopped by meshrun (signal 9 (SIGKILL))"),
+            "{text}"
+        );
     }
 }

@@ -24,7 +24,7 @@ use crate::token::Token;
 use crate::worker_env::AttemptInfo;
 
 /// Every agent must have connected by then.
-const AGENT_JOIN_TIMEOUT: Duration = Duration::from_secs(60);
+const AGENT_JOIN_TIMEOUT: Duration = Duration::from_mins(1);
 
 /// After a stop is sent, how long to wait for exits that an agent should
 /// report before treating the remaining workers as lost.
@@ -181,8 +181,10 @@ pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, Core
             "failure": sup.failure,
         });
     }
-    sup.rundir.write_json("run.json", &run_json(state, &attempts))?;
-    sup.rundir.event("run_ended", json!({ "attempt": attempt, "state": state }))?;
+    sup.rundir
+        .write_json("run.json", &run_json(state, &attempts))?;
+    sup.rundir
+        .event("run_ended", json!({ "attempt": attempt, "state": state }))?;
     sup.rundir.flush()?;
     Ok(Outcome {
         status,
@@ -234,7 +236,7 @@ impl Supervisor {
                 return Ok(());
             }
             let deadline = self.stop_deadline.unwrap_or(if self.launched {
-                Instant::now() + Duration::from_secs(3600)
+                Instant::now() + Duration::from_hours(1)
             } else {
                 join_deadline
             });
@@ -387,16 +389,14 @@ impl Supervisor {
             return Ok(());
         }
         match msg {
-            Message::Report { step, metrics } => {
-                if rank == 0 {
-                    self.rundir.metrics(&json!({
-                        "time": unix_time(),
-                        "attempt": self.attempt,
-                        "step": step,
-                        "metrics": metrics,
-                    }))?;
-                    self.last_metrics = Some(metrics);
-                }
+            Message::Report { step, metrics } if rank == 0 => {
+                self.rundir.metrics(&json!({
+                    "time": unix_time(),
+                    "attempt": self.attempt,
+                    "step": step,
+                    "metrics": metrics,
+                }))?;
+                self.last_metrics = Some(metrics);
             }
             Message::Failure {
                 kind,
@@ -441,12 +441,16 @@ impl Supervisor {
                     }
                     return self.fail(
                         host * self.plan.procs_per_host,
-                        Cause::SpawnFailed { error: e.to_string() },
+                        Cause::SpawnFailed {
+                            error: e.to_string(),
+                        },
                     );
                 }
             }
         }
-        let paths: Vec<_> = (0..self.plan.nprocs).map(|r| self.rundir.log_path(r)).collect();
+        let paths: Vec<_> = (0..self.plan.nprocs)
+            .map(|r| self.rundir.log_path(r))
+            .collect();
         self.output = Some(Output::open(
             self.plan.tee,
             &paths,
@@ -522,18 +526,24 @@ impl Supervisor {
             StopReason::Failure => "failure".to_string(),
             StopReason::Signal(s) => format!("signal {s}"),
         };
-        self.rundir
-            .event("stopping", json!({ "attempt": self.attempt, "reason": why }))
+        self.rundir.event(
+            "stopping",
+            json!({ "attempt": self.attempt, "reason": why }),
+        )
     }
 
     fn status(&self) -> OutcomeStatus {
         match self.stop {
             Some(StopReason::Signal(signal)) => OutcomeStatus::Interrupted { signal },
-            Some(StopReason::Failure) => OutcomeStatus::Failed,
-            None if self.ranks.iter().all(|r| r.exit.is_some_and(|e| e.success())) => {
+            None if self
+                .ranks
+                .iter()
+                .all(|r| r.exit.is_some_and(|e| e.success())) =>
+            {
                 OutcomeStatus::Succeeded
             }
-            None => OutcomeStatus::Failed,
+            // A failure, or workers lost without a reported exit.
+            Some(StopReason::Failure) | None => OutcomeStatus::Failed,
         }
     }
 

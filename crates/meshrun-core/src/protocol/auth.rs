@@ -78,7 +78,11 @@ pub async fn connect(conn: &mut Connection, token: &Token) -> Result<(), Protoco
         nonce: client_nonce.clone(),
     })
     .await?;
-    check_welcome(&conn.recv_timeout(HANDSHAKE_TIMEOUT).await?, token, &client_nonce)
+    check_welcome(
+        &conn.recv_timeout(HANDSHAKE_TIMEOUT).await?,
+        token,
+        &client_nonce,
+    )
 }
 
 /// Client side, blocking (worker). The stream should have a read timeout.
@@ -109,7 +113,9 @@ fn check_welcome(msg: &Message, token: &Token, client_nonce: &str) -> Result<(),
     match msg {
         Message::Welcome { mac } if verify(token, b"server", client_nonce, mac) => Ok(()),
         Message::Welcome { .. } => Err(ProtocolError::Auth("server does not know the run token")),
-        _ => Err(ProtocolError::Unexpected { expected: "welcome" }),
+        _ => Err(ProtocolError::Unexpected {
+            expected: "welcome",
+        }),
     }
 }
 
@@ -118,7 +124,10 @@ mod tests {
     use super::*;
     use tokio::net::{TcpListener, TcpStream};
 
-    async fn pair(server_token: Token, client_token: Token) -> (Result<(), ProtocolError>, Result<(), ProtocolError>) {
+    async fn pair(
+        server_token: Token,
+        client_token: Token,
+    ) -> (Result<(), ProtocolError>, Result<(), ProtocolError>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let server = tokio::spawn(async move {
@@ -141,7 +150,10 @@ mod tests {
     #[tokio::test]
     async fn wrong_token_is_refused() {
         let (s, c) = pair(Token::generate().unwrap(), Token::generate().unwrap()).await;
-        assert!(matches!(s, Err(ProtocolError::Auth("wrong run token"))), "{s:?}");
+        assert!(
+            matches!(s, Err(ProtocolError::Auth("wrong run token"))),
+            "{s:?}"
+        );
         assert!(c.is_err());
     }
 }

@@ -191,7 +191,10 @@ mod tests {
     fn wrong_version_is_refused() {
         let mut body = encode(&Message::Heartbeat).to_vec();
         body[0] = 99;
-        assert!(matches!(decode(&body), Err(ProtocolError::Version { seen: 99 })));
+        assert!(matches!(
+            decode(&body),
+            Err(ProtocolError::Version { seen: 99 })
+        ));
     }
 
     #[test]

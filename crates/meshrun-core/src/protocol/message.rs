@@ -32,8 +32,7 @@ impl fmt::Display for ExitInfo {
             (Some(code), _) => write!(f, "exit code {code}"),
             (None, Some(sig)) => {
                 let name = nix::sys::signal::Signal::try_from(sig)
-                    .map(|s| s.as_str().to_string())
-                    .unwrap_or_else(|_| format!("signal {sig}"));
+                    .map_or_else(|_| format!("signal {sig}"), |s| s.as_str().to_string());
                 write!(f, "signal {sig} ({name})")
             }
             (None, None) => f.write_str("unknown exit"),
@@ -55,11 +54,18 @@ pub struct WorkerLaunch {
 pub enum Message {
     // --- handshake (see `auth`) ---
     /// Server to client: prove you know the token.
-    Challenge { nonce: String },
+    Challenge {
+        nonce: String,
+    },
     /// Client to server: the proof, and the client's own challenge.
-    Auth { mac: String, nonce: String },
+    Auth {
+        mac: String,
+        nonce: String,
+    },
     /// Server to client: the server's proof; the connection is open.
-    Welcome { mac: String },
+    Welcome {
+        mac: String,
+    },
 
     // --- agent <-> controller ---
     AgentHello {
@@ -77,21 +83,36 @@ pub enum Message {
         workers: Vec<WorkerLaunch>,
     },
     /// Stop every worker: SIGTERM to its process group, SIGKILL after the grace.
-    Stop { grace_ms: u64 },
+    Stop {
+        grace_ms: u64,
+    },
     /// The run is over; the agent exits.
     Shutdown,
-    WorkerStarted { rank: u32, pid: u32 },
+    WorkerStarted {
+        rank: u32,
+        pid: u32,
+    },
     /// A worker could not be started at all.
-    SpawnFailed { rank: u32, error: String },
+    SpawnFailed {
+        rank: u32,
+        error: String,
+    },
     Log {
         rank: u32,
         stream: Stream,
         line: String,
     },
-    WorkerExited { rank: u32, exit: ExitInfo },
+    WorkerExited {
+        rank: u32,
+        exit: ExitInfo,
+    },
 
     // --- worker <-> controller ---
-    WorkerHello { rank: u32, attempt: u32, pid: u32 },
+    WorkerHello {
+        rank: u32,
+        attempt: u32,
+        pid: u32,
+    },
     Heartbeat,
     Report {
         step: Option<u64>,
