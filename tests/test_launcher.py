@@ -222,3 +222,21 @@ def test_processes_are_group_leaders(runs, tmp_path):
     assert "rank 1 raised RuntimeError: rank 1 fails" in done.stderr
     children = [int((done.run_dir / f"child-{r}").read_text()) for r in (0, 1)]
     wait_for(lambda: not any(alive(p) for p in children), 5, "grandchildren to be stopped")
+
+
+def test_wrong_token_is_refused_while_the_run_goes_on(runs):
+    from meshrun import _native
+
+    proc = start(["-n", "1", str(SCRIPTS / "sleeper.py")], runs_dir=runs, name="guarded")
+    run_dir = runs / "guarded"
+    try:
+        wait_for(lambda: (run_dir / "ready-0").exists(), 90, "the run to start")
+        addr = json.loads((run_dir / "run.json").read_text())["control"]["bind"]
+        with pytest.raises(_native.ControlError):
+            _native.WorkerClient(addr, "ab" * 32, 0, 1, False)
+        assert proc.poll() is None, "the run was harmed by a refused client"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=20)
+        stop(proc)
+    assert_none_left(run_dir)

@@ -6,8 +6,9 @@
 
 use std::io::{BufWriter, Write};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError, SyncSender, TryRecvError};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -31,6 +32,9 @@ enum Outgoing {
 pub struct WorkerClient {
     tx: mpsc::Sender<Outgoing>,
     writer: Mutex<Option<JoinHandle<()>>>,
+    /// Set once the worker itself closes, so the reader knows the end of
+    /// the stream that follows is expected.
+    closing: Arc<AtomicBool>,
 }
 
 /// What the worker does when the controller's connection ends unasked.
@@ -82,6 +86,8 @@ impl WorkerClient {
         out.flush().map_err(ProtocolError::from)?;
 
         let (tx, rx) = mpsc::channel();
+        let closing = Arc::new(AtomicBool::new(false));
+        let closing_seen = Arc::clone(&closing);
         let writer = std::thread::Builder::new()
             .name("meshrun-writer".into())
             .spawn(move || write_loop(out, &rx))
@@ -92,7 +98,9 @@ impl WorkerClient {
                 // Nothing is sent to workers yet beyond closing; any end of
                 // the stream that we did not ask for means the controller is gone.
                 while read_frame(&mut reader).is_ok() {}
-                if on_loss == OnControllerLoss::KillProcessGroup && !closing_requested() {
+                if on_loss == OnControllerLoss::KillProcessGroup
+                    && !closing_seen.load(Ordering::SeqCst)
+                {
                     let _ = nix::sys::signal::killpg(
                         nix::unistd::getpgrp(),
                         nix::sys::signal::Signal::SIGKILL,
@@ -103,6 +111,7 @@ impl WorkerClient {
         Ok(Self {
             tx,
             writer: Mutex::new(Some(writer)),
+            closing,
         })
     }
 
@@ -140,7 +149,7 @@ impl WorkerClient {
 
     /// Says goodbye and closes the connection, after everything queued.
     pub fn close(&self, timeout: Duration) {
-        CLOSING.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.closing.store(true, Ordering::SeqCst);
         let (ack_tx, ack_rx) = mpsc::sync_channel(1);
         if self.tx.send(Outgoing::Close(ack_tx)).is_ok() {
             let _ = ack_rx.recv_timeout(timeout);
@@ -151,14 +160,6 @@ impl WorkerClient {
             }
         }
     }
-}
-
-/// Set once the worker itself closes, so the reader knows the end of the
-/// stream that follows is expected.
-static CLOSING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-fn closing_requested() -> bool {
-    CLOSING.load(std::sync::atomic::Ordering::SeqCst)
 }
 
 fn write_loop(mut out: BufWriter<TcpStream>, rx: &mpsc::Receiver<Outgoing>) {

@@ -136,7 +136,10 @@ pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, Core
         json!({ "attempt": attempt, "nprocs": plan.nprocs, "hosts": plan.hosts, "control_addr": addr.to_string() }),
     )?;
 
-    let mut agent_procs = agents::start(&plan, addr, &token)?;
+    let mut agent_procs = match agents::start(&plan, addr, &token) {
+        Ok(agents) => agents,
+        Err(e) => return Err(errored(&mut rundir, &run_json, &mut attempts, e)),
+    };
     let mut sup = Supervisor {
         ranks: vec![RankState::default(); plan.nprocs as usize],
         plan: plan.clone(),
@@ -160,7 +163,9 @@ pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, Core
         let _ = link.tx.send(Message::Shutdown);
     }
     agent_procs.finish().await;
-    result?;
+    if let Err(e) = result {
+        return Err(errored(&mut sup.rundir, &run_json, &mut attempts, e));
+    }
 
     let status = sup.status();
     let state = match status {
@@ -194,6 +199,28 @@ pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, Core
         summary,
         last_metrics: sup.last_metrics.take(),
     })
+}
+
+/// Records that the attempt ended in an engine error (not a worker's
+/// failure), so `run.json` never claims a dead run is running; returns the
+/// error for the caller.
+fn errored(
+    rundir: &mut RunDir,
+    run_json: &dyn Fn(&str, &[Value]) -> Value,
+    attempts: &mut [Value],
+    error: CoreError,
+) -> CoreError {
+    if let Some(last) = attempts.last_mut() {
+        last["state"] = json!("errored");
+        last["error"] = json!(error.to_string());
+        last["ended"] = json!(utc_rfc3339(SystemTime::now()));
+    }
+    let _ = rundir.write_json("run.json", &run_json("errored", attempts));
+    let _ = rundir.event(
+        "run_ended",
+        json!({ "state": "errored", "error": error.to_string() }),
+    );
+    error
 }
 
 fn new_run_id() -> String {
