@@ -1,0 +1,239 @@
+"""A small byte-level GPT (Flax NNX), trained with FSDP and tensor
+parallelism across processes on the Python standard library's own source.
+
+    meshrun run -n 2 --devices-per-proc 2 examples/gpt.py --fsdp 2 --tensor 2
+
+The mesh is (data, fsdp, tensor). Rules shard attention heads and the MLP
+hidden dimension over ``tensor`` (Megatron style: q/k/v and the MLP's first
+layer by columns, the attention output and the MLP's second layer by rows)
+and every other large weight over ``fsdp``; layer norms stay replicated.
+The global batch is split over ``data`` and ``fsdp``. The training corpus is
+built once, offline, from the interpreter's own ``.py`` files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sysconfig
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import meshrun
+from meshrun import sharding
+
+RULES = [
+    (r"attn/(q|k|v)/kernel", P("fsdp", "tensor")),
+    (r"attn/(q|k|v)/bias", P("tensor")),
+    (r"attn/o/kernel", P("tensor", "fsdp")),
+    (r"mlp/fc/kernel", P("fsdp", "tensor")),
+    (r"mlp/fc/bias", P("tensor")),
+    (r"mlp/proj/kernel", P("tensor", "fsdp")),
+    (r"(wte|wpe)/embedding", P(None, "fsdp")),
+    (r"lm_head/kernel", P("fsdp", None)),
+]
+BATCH = P(("data", "fsdp"))
+
+
+@dataclass(frozen=True)
+class Config:
+    vocab: int = 256
+    seq_len: int = 128
+    d_model: int = 128
+    layers: int = 4
+    heads: int = 4
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: Config, rngs: nnx.Rngs):
+        self.heads = cfg.heads
+        self.q = nnx.Linear(cfg.d_model, cfg.d_model, rngs=rngs)
+        self.k = nnx.Linear(cfg.d_model, cfg.d_model, rngs=rngs)
+        self.v = nnx.Linear(cfg.d_model, cfg.d_model, rngs=rngs)
+        self.o = nnx.Linear(cfg.d_model, cfg.d_model, rngs=rngs)
+
+    def __call__(self, x):
+        b, t, d = x.shape
+        split = lambda y: y.reshape(b, t, self.heads, d // self.heads)
+        y = jax.nn.dot_product_attention(split(self.q(x)), split(self.k(x)), split(self.v(x)), is_causal=True)
+        return self.o(y.reshape(b, t, d))
+
+
+class Mlp(nnx.Module):
+    def __init__(self, cfg: Config, rngs: nnx.Rngs):
+        self.fc = nnx.Linear(cfg.d_model, 4 * cfg.d_model, rngs=rngs)
+        self.proj = nnx.Linear(4 * cfg.d_model, cfg.d_model, rngs=rngs)
+
+    def __call__(self, x):
+        return self.proj(jax.nn.gelu(self.fc(x)))
+
+
+class Block(nnx.Module):
+    def __init__(self, cfg: Config, rngs: nnx.Rngs):
+        self.ln1 = nnx.LayerNorm(cfg.d_model, rngs=rngs)
+        self.attn = Attention(cfg, rngs)
+        self.ln2 = nnx.LayerNorm(cfg.d_model, rngs=rngs)
+        self.mlp = Mlp(cfg, rngs)
+
+    def __call__(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nnx.Module):
+    def __init__(self, cfg: Config, rngs: nnx.Rngs):
+        self.wte = nnx.Embed(cfg.vocab, cfg.d_model, rngs=rngs)
+        self.wpe = nnx.Embed(cfg.seq_len, cfg.d_model, rngs=rngs)
+        self.blocks = nnx.List([Block(cfg, rngs) for _ in range(cfg.layers)])
+        self.ln_f = nnx.LayerNorm(cfg.d_model, rngs=rngs)
+        self.lm_head = nnx.Linear(cfg.d_model, cfg.vocab, use_bias=False, rngs=rngs)
+
+    def __call__(self, tokens):
+        x = self.wte(tokens) + self.wpe(jnp.arange(tokens.shape[1]))
+        for block in self.blocks:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
+
+
+def build_corpus(out: Path) -> tuple[Path, Path]:
+    """The standard library's .py files as bytes, 95% train / 5% validation,
+    written once (atomically: every process may try at the same time)."""
+    train, val = out / "train.bin", out / "val.bin"
+    if train.exists() and val.exists():
+        return train, val
+    out.mkdir(parents=True, exist_ok=True)
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in stdlib.rglob("*.py") if "site-packages" not in p.parts and "test" not in p.parts)
+    data = b"\n".join(p.read_bytes() for p in files)
+    split = int(len(data) * 0.95)
+    for path, chunk in ((train, data[:split]), (val, data[split:])):
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_bytes(chunk)
+        os.replace(tmp, path)
+    return train, val
+
+
+def windows(tokens: np.ndarray, starts: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    idx = starts[:, None] + np.arange(seq_len + 1)[None, :]
+    w = tokens[idx].astype(np.int32)
+    return w[:, :-1], w[:, 1:]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--batch-size", type=int, default=16, help="global batch size (sequences)")
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--d-model", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--data", type=int, default=-1, help="mesh data axis (-1: the rest)")
+    parser.add_argument("--fsdp", type=int, default=1)
+    parser.add_argument("--tensor", type=int, default=1)
+    parser.add_argument("--eval-every", type=int, default=100)
+    parser.add_argument("--eval-batches", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--data-dir", default="data/stdlib-bytes")
+    parser.add_argument("--describe", action="store_true", help="print the parameter table and exit")
+    args = parser.parse_args()
+
+    ctx = meshrun.init()
+    mesh = sharding.make_mesh(data=args.data, fsdp=args.fsdp, tensor=args.tensor)
+    cfg = Config(seq_len=args.seq_len, d_model=args.d_model, layers=args.layers, heads=args.heads)
+    train_tokens, val_tokens = (np.memmap(p, dtype=np.uint8, mode="r") for p in build_corpus(Path(args.data_dir)))
+
+    # The model is created directly in its shards: no process holds it whole.
+    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: GPT(cfg, nnx.Rngs(args.seed))))
+    params = sharding.init_sharded(lambda: nnx.split(GPT(cfg, nnx.Rngs(args.seed)))[1], RULES, mesh)
+    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(args.lr, b2=0.99, weight_decay=0.01))
+    opt_shardings = sharding.shardings_for(jax.eval_shape(tx.init, params), RULES, mesh)
+    opt_state = jax.jit(tx.init, out_shardings=opt_shardings)(params)
+    if args.describe:
+        if ctx.rank == 0:
+            print(sharding.describe({"params": params, "opt": opt_state}), flush=True)
+        return
+
+    param_shardings = sharding.shardings_for(params, RULES, mesh)
+    batch_sharding = NamedSharding(mesh, BATCH)
+    replicated = NamedSharding(mesh, P())
+
+    def loss_fn(params, x, y):
+        logits = nnx.merge(graphdef, params)(x)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+    @jax.jit
+    def train_step(params, opt_state, x, y):
+        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    train_step = jax.jit(
+        train_step,
+        in_shardings=(param_shardings, opt_shardings, batch_sharding, batch_sharding),
+        out_shardings=(param_shardings, opt_shardings, replicated),
+        donate_argnums=(0, 1),
+    )
+    eval_loss = jax.jit(loss_fn, in_shardings=(param_shardings, batch_sharding, batch_sharding), out_shardings=replicated)
+
+    B, T = args.batch_size, args.seq_len
+    if B % ctx.world_size:
+        raise SystemExit(f"--batch-size {B} must be divisible by the number of processes {ctx.world_size}")
+    lo, hi = ctx.rank * B // ctx.world_size, (ctx.rank + 1) * B // ctx.world_size
+
+    def batch(tokens, starts):
+        x, y = windows(tokens, starts[lo:hi], T)
+        return sharding.global_batch((x, y), mesh, BATCH)
+
+    val_starts = np.linspace(0, len(val_tokens) - T - 2, args.eval_batches * B).astype(np.int64).reshape(args.eval_batches, B)
+
+    def val_bpb() -> float:
+        losses = [eval_loss(params, *batch(val_tokens, s)) for s in val_starts]
+        return float(np.mean([float(l) for l in losses])) / math.log(2)
+
+    bpb_start = val_bpb()
+    if ctx.rank == 0:
+        print(f"gpt: {sum(x.size for x in jax.tree.leaves(params)):,} parameters, mesh {dict(mesh.shape)}, "
+              f"{ctx.world_size} process(es); validation {bpb_start:.3f} bits/byte at start", flush=True)
+    meshrun.report({"step": 0, "val_bpb": bpb_start})
+
+    started, in_flight = None, None
+    bpb = bpb_start
+    for step in range(args.steps):
+        rng = np.random.default_rng((args.seed, step))
+        x, y = batch(train_tokens, rng.integers(0, len(train_tokens) - T - 1, size=B))
+        params, opt_state, loss = train_step(params, opt_state, x, y)
+        # At most two steps in flight (see examples/digits_dp.py).
+        if in_flight is not None:
+            in_flight.block_until_ready()
+        in_flight = loss
+        if step == 0:
+            loss.block_until_ready()
+            started = time.perf_counter()  # after the first step's compile
+        record = {"step": step + 1, "loss": loss}
+        if started is not None and step > 0:
+            record["tokens_per_s"] = step * B * T / (time.perf_counter() - started)
+        if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
+            bpb = val_bpb()
+            record["val_bpb"] = bpb
+            if ctx.rank == 0:
+                print(f"step {step + 1:5d}  loss {float(loss):.3f}  val {bpb:.3f} bits/byte  "
+                      f"{record.get('tokens_per_s', 0):,.0f} tokens/s", flush=True)
+        meshrun.report(record)
+    if ctx.rank == 0:
+        print(f"gpt: validation {bpb_start:.3f} -> {bpb:.3f} bits/byte over {args.steps} steps; "
+              f"run files in {ctx.run_dir}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

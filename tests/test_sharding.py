@@ -1,0 +1,134 @@
+"""meshrun.sharding in this process, on 4 CPU devices."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+
+import jax
+
+jax.config.update("jax_num_cpu_devices", 4)
+
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+import pytest  # noqa: E402
+from conftest import ROOT  # noqa: E402
+from flax import nnx  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+from meshrun import ConfigError, sharding  # noqa: E402
+
+
+def load_gpt():
+    spec = importlib.util.spec_from_file_location("gpt_example", ROOT / "examples" / "gpt.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpt_example"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_make_mesh_fills_the_minus_one_axis():
+    mesh = sharding.make_mesh(fsdp=2)
+    assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 1}
+    # tensor varies fastest, then fsdp: neighbouring devices share a tensor group
+    mesh = sharding.make_mesh(data=1, fsdp=2, tensor=2)
+    ids = np.vectorize(lambda d: d.id)(mesh.devices)
+    assert ids.tolist() == [[[0, 1], [2, 3]]]
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"data": 3, "fsdp": 1}, "mesh data=3 x fsdp=1 x tensor=1 has 3 devices, but the run has 4"),
+        ({"fsdp": 3}, "the other axes multiply to 3, which does not divide the 4 devices"),
+        ({"data": -1, "fsdp": -1}, "only one mesh axis may be -1"),
+        ({"tensor": 0}, "mesh axis tensor=0 must be a positive integer or -1"),
+    ],
+)
+def test_make_mesh_errors_name_the_counts(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        sharding.make_mesh(**kwargs)
+
+
+def test_first_matching_rule_wins_and_default_applies():
+    rules = [(r"attn/q", P("fsdp")), (r"attn", P("tensor")), (r"kernel", P(None, "fsdp"))]
+    assert sharding.spec_for("blocks/0/attn/q/kernel", rules) == P("fsdp")
+    assert sharding.spec_for("blocks/0/attn/k/kernel", rules) == P("tensor")
+    assert sharding.spec_for("mlp/kernel", rules) == P(None, "fsdp")
+    assert sharding.spec_for("ln/scale", rules) == P()
+    assert sharding.spec_for("ln/scale", rules, default=P("data")) == P("data")
+
+
+def test_indivisible_dimension_names_parameter_shape_and_axis():
+    mesh = sharding.make_mesh(data=1, fsdp=4)
+    tree = {"layer": {"kernel": jax.ShapeDtypeStruct((6, 8), np.float32)}}
+    with pytest.raises(ConfigError, match=r"parameter 'layer/kernel' of shape \(6, 8\): dimension 0 \(size 6\) is not divisible by mesh axis fsdp of size 4"):
+        sharding.shardings_for(tree, [(r"kernel", P("fsdp", None))], mesh)
+
+
+def test_unknown_axis_and_too_long_spec_are_errors():
+    mesh = sharding.make_mesh(data=1, fsdp=4)
+    tree = {"b": jax.ShapeDtypeStruct((8,), np.float32)}
+    with pytest.raises(ConfigError, match="names mesh axis 'model'"):
+        sharding.shardings_for(tree, [("b", P("model"))], mesh)
+    with pytest.raises(ConfigError, match="has 1 dimension"):
+        sharding.shardings_for(tree, [("b", P("fsdp", None))], mesh)
+
+
+def test_optimizer_state_follows_its_parameter():
+    gpt = load_gpt()
+    mesh = sharding.make_mesh(data=1, fsdp=2, tensor=2)
+    cfg = gpt.Config(d_model=32, layers=1, heads=2, seq_len=16)
+    params = sharding.init_sharded(lambda: nnx.split(gpt.GPT(cfg, nnx.Rngs(0)))[1], gpt.RULES, mesh)
+    opt = optax.adam(1e-3)
+    opt_sh = sharding.shardings_for(jax.eval_shape(opt.init, params), gpt.RULES, mesh)
+    opt_state = jax.jit(opt.init, out_shardings=opt_sh)(params)
+    param_specs = {sharding.path_str(p): leaf.sharding.spec for p, leaf in jax.tree_util.tree_flatten_with_path(params)[0]}
+    moments = 0
+    for path, leaf in jax.tree_util.tree_flatten_with_path(opt_state)[0]:
+        name = sharding.path_str(path)
+        for prefix in ("0/mu/", "0/nu/"):
+            if name.startswith(prefix):
+                assert leaf.sharding.spec == param_specs[name[len(prefix):]], name
+                moments += 1
+    assert moments == 2 * len(param_specs)
+    q = params["blocks"][0]["attn"]["q"]["kernel"][...]
+    assert q.sharding.spec == P("fsdp", "tensor")
+    assert opt_state[0].count.sharding.spec == P()
+
+
+def test_plain_pytree_shard_and_global_batch():
+    mesh = sharding.make_mesh(data=2, fsdp=2)
+    tree = {"w": np.arange(32, dtype=np.float32).reshape(8, 4), "b": np.ones(4, np.float32)}
+    placed = sharding.shard(tree, [("w", P("fsdp", None))], mesh)
+    assert placed["w"].sharding.spec == P("fsdp", None)
+    np.testing.assert_array_equal(np.asarray(placed["w"]), tree["w"])
+    batch = sharding.global_batch(np.arange(8 * 3).reshape(8, 3), mesh)
+    assert batch.shape == (8, 3) and batch.sharding.spec == P(("data", "fsdp"))
+
+
+def test_fsdp_memory_is_a_quarter_plus_replicated_leftovers():
+    gpt = load_gpt()
+    mesh = sharding.make_mesh(data=1, fsdp=4)
+    cfg = gpt.Config(d_model=64, layers=2, heads=4, seq_len=32)
+    params = sharding.init_sharded(lambda: nnx.split(gpt.GPT(cfg, nnx.Rngs(0)))[1], gpt.RULES, mesh)
+    opt = optax.adamw(1e-3)
+    opt_state = jax.jit(opt.init, out_shardings=sharding.shardings_for(jax.eval_shape(opt.init, params), gpt.RULES, mesh))(params)
+    tree = {"params": params, "opt": opt_state}
+    table = sharding.describe(tree)
+    # What each device really holds, from the arrays' own shards.
+    held = {d: 0 for d in jax.devices()}
+    for leaf in jax.tree.leaves(tree):
+        for shard in leaf.addressable_shards:
+            held[shard.device] += shard.data.nbytes
+    largest = max(held.values())
+    replicated = table.replicated_bytes_per_device
+    assert replicated > 0, "layer norms and counters are replicated and must be listed"
+    assert largest <= (table.total_bytes - replicated) / 4 + replicated
+    assert largest == table.bytes_per_device
+    assert largest < table.total_bytes / 2
+    text = str(table)
+    assert "blocks/0/attn/q/kernel" in text and "('fsdp', 'tensor')" in text
+    assert "total per device" in text
+    assert math.isclose(table.total_bytes, sum(x.nbytes for x in jax.tree.leaves(tree)))
