@@ -10,7 +10,7 @@ DEPS_STAMP := $(VENV)/.deps-installed
 BUILD_STAMP := $(VENV)/.meshrun-built
 RUST_SOURCES := $(shell find crates -name '*.rs' -o -name 'Cargo.toml') Cargo.toml $(wildcard Cargo.lock) pyproject.toml
 
-.PHONY: help install demo test test-rust test-python lint bench-startup clean
+.PHONY: help install demo test test-rust test-python lint bench-startup bench-step-parity clean
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -29,8 +29,8 @@ $(BUILD_STAMP): $(DEPS_STAMP) $(RUST_SOURCES)
 
 install: $(BUILD_STAMP)  ## Create .venv, install pinned dependencies, build meshrun into it.
 
-demo: install  ## Set up, then run the main job (data-parallel digits on 2 processes x 2 devices).
-	$(VENV)/bin/meshrun run -n 2 --devices-per-proc 2 examples/digits_dp.py
+demo: install  ## Set up, then run the main job: the sharded GPT on 2 processes x 2 devices (fsdp=2, tensor=2).
+	$(VENV)/bin/meshrun run -n 2 --devices-per-proc 2 examples/gpt.py --fsdp 2 --tensor 2 --steps 150 --eval-every 50
 
 test: install  ## Set up, then run the Rust and Python test suites.
 	cargo test --workspace --quiet
@@ -48,6 +48,9 @@ lint: install  ## rustfmt, clippy.
 
 bench-startup: install  ## Startup overhead of `meshrun run` against a hand launch.
 	$(PY) bench/startup.py
+
+bench-step-parity: install  ## Demo GPT step time under `meshrun run` against a hand launch.
+	$(PY) bench/step_parity.py
 
 clean:  ## Remove build outputs and the virtualenv.
 	rm -rf $(VENV) target

@@ -14,6 +14,7 @@ built once, offline, from the interpreter's own ``.py`` files.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sysconfig
@@ -146,9 +147,17 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data-dir", default="data/stdlib-bytes")
     parser.add_argument("--describe", action="store_true", help="print the parameter table and exit")
+    parser.add_argument("--step-times", type=Path, help="write rank 0's per-step wall times (JSON) here")
+    # Only for launching by hand without meshrun (bench/step_parity.py compares the two).
+    parser.add_argument("--coordinator", help="explicit jax.distributed coordinator address")
+    parser.add_argument("--num-processes", type=int)
+    parser.add_argument("--process-id", type=int)
     args = parser.parse_args()
 
+    if args.coordinator:
+        jax.distributed.initialize(args.coordinator, args.num_processes, args.process_id)
     ctx = meshrun.init()
+    rank, nprocs = jax.process_index(), jax.process_count()
     mesh = sharding.make_mesh(data=args.data, fsdp=args.fsdp, tensor=args.tensor)
     cfg = Config(seq_len=args.seq_len, d_model=args.d_model, layers=args.layers, heads=args.heads)
     train_tokens, val_tokens = (np.memmap(p, dtype=np.uint8, mode="r") for p in build_corpus(Path(args.data_dir)))
@@ -160,7 +169,7 @@ def main() -> None:
     opt_shardings = sharding.shardings_for(jax.eval_shape(tx.init, params), RULES, mesh)
     opt_state = jax.jit(tx.init, out_shardings=opt_shardings)(params)
     if args.describe:
-        if ctx.rank == 0:
+        if rank == 0:
             print(sharding.describe({"params": params, "opt": opt_state}), flush=True)
         return
 
@@ -187,9 +196,9 @@ def main() -> None:
     eval_loss = jax.jit(loss_fn, in_shardings=(param_shardings, batch_sharding, batch_sharding), out_shardings=replicated)
 
     B, T = args.batch_size, args.seq_len
-    if B % ctx.world_size:
-        raise SystemExit(f"--batch-size {B} must be divisible by the number of processes {ctx.world_size}")
-    lo, hi = ctx.rank * B // ctx.world_size, (ctx.rank + 1) * B // ctx.world_size
+    if B % nprocs:
+        raise SystemExit(f"--batch-size {B} must be divisible by the number of processes {nprocs}")
+    lo, hi = rank * B // nprocs, (rank + 1) * B // nprocs
 
     def batch(tokens, starts):
         x, y = windows(tokens, starts[lo:hi], T)
@@ -202,13 +211,15 @@ def main() -> None:
         return float(np.mean([float(l) for l in losses])) / math.log(2)
 
     bpb_start = val_bpb()
-    if ctx.rank == 0:
+    if rank == 0:
         print(f"gpt: {sum(x.size for x in jax.tree.leaves(params)):,} parameters, mesh {dict(mesh.shape)}, "
-              f"{ctx.world_size} process(es); validation {bpb_start:.3f} bits/byte at start", flush=True)
+              f"{nprocs} process(es); validation {bpb_start:.3f} bits/byte at start", flush=True)
     meshrun.report({"step": 0, "val_bpb": bpb_start})
 
     started, in_flight = None, None
     bpb = bpb_start
+    step_times: list[float] = []
+    last = time.perf_counter()
     for step in range(args.steps):
         rng = np.random.default_rng((args.seed, step))
         x, y = batch(train_tokens, rng.integers(0, len(train_tokens) - T - 1, size=B))
@@ -217,6 +228,9 @@ def main() -> None:
         if in_flight is not None:
             in_flight.block_until_ready()
         in_flight = loss
+        now = time.perf_counter()
+        step_times.append(now - last)
+        last = now
         if step == 0:
             loss.block_until_ready()
             started = time.perf_counter()  # after the first step's compile
@@ -226,13 +240,15 @@ def main() -> None:
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
             bpb = val_bpb()
             record["val_bpb"] = bpb
-            if ctx.rank == 0:
+            if rank == 0:
                 print(f"step {step + 1:5d}  loss {float(loss):.3f}  val {bpb:.3f} bits/byte  "
                       f"{record.get('tokens_per_s', 0):,.0f} tokens/s", flush=True)
         meshrun.report(record)
-    if ctx.rank == 0:
-        print(f"gpt: validation {bpb_start:.3f} -> {bpb:.3f} bits/byte over {args.steps} steps; "
-              f"run files in {ctx.run_dir}", flush=True)
+    if rank == 0 and args.step_times:
+        args.step_times.write_text(json.dumps(step_times))
+    if rank == 0:
+        where = f"; run files in {ctx.run_dir}" if ctx.run_dir else ""
+        print(f"gpt: validation {bpb_start:.3f} -> {bpb:.3f} bits/byte over {args.steps} steps{where}", flush=True)
 
 
 if __name__ == "__main__":

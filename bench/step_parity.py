@@ -1,0 +1,92 @@
+"""Step-time parity: the demo GPT under ``meshrun run`` against the same
+script launched by hand with explicit ``jax.distributed`` arguments,
+alternately, in one run. Reports the median step time of each (steps after
+the first few, which compile) and parity = by-hand / meshrun (goal >= 0.98).
+
+    python bench/step_parity.py [--rounds 3] [--steps 60] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+GPT = ROOT / "examples" / "gpt.py"
+MESHRUN = Path(sys.executable).parent / "meshrun"
+WARMUP = 5
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def gpt_args(steps: int, out: Path, data: Path) -> list[str]:
+    return [str(GPT), "--fsdp", "2", "--tensor", "2", "--steps", str(steps), "--eval-every", "100000", "--eval-batches", "1", "--step-times", str(out), "--data-dir", str(data)]
+
+
+def by_hand(steps: int, tmp: Path, i: int) -> list[float]:
+    out = tmp / f"hand-{i}.json"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "PYTHONUNBUFFERED": "1"}
+    addr = f"127.0.0.1:{free_port()}"
+    procs = [
+        subprocess.Popen([sys.executable, *gpt_args(steps, out, tmp / "data"), "--coordinator", addr, "--num-processes", "2", "--process-id", str(r)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for r in range(2)
+    ]
+    assert [p.wait(timeout=900) for p in procs] == [0, 0]
+    return json.loads(out.read_text())[WARMUP:]
+
+
+def with_meshrun(steps: int, tmp: Path, i: int) -> list[float]:
+    out = tmp / f"meshrun-{i}.json"
+    proc = subprocess.run(
+        [str(MESHRUN), "run", "-n", "2", "--devices-per-proc", "2", "--platform", "cpu", "--tee", "none", "--runs-dir", str(tmp / "runs"), "--name", f"p{i}", *gpt_args(steps, out, tmp / "data")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(out.read_text())[WARMUP:]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    hand: list[float] = []
+    mesh: list[float] = []
+    with tempfile.TemporaryDirectory() as t:
+        tmp = Path(t)
+        for i in range(args.rounds):
+            runs = [(hand, by_hand), (mesh, with_meshrun)]
+            for store, run in runs if i % 2 else reversed(runs):
+                store.extend(run(args.steps, tmp, i))
+    result = {
+        "rounds": args.rounds,
+        "steps_per_run": args.steps,
+        "hand_median_step_s": statistics.median(hand),
+        "meshrun_median_step_s": statistics.median(mesh),
+        "parity": statistics.median(hand) / statistics.median(mesh),
+    }
+    print(f"step parity, demo GPT (2 processes x 2 CPU devices, fsdp=2 tensor=2), {args.rounds} runs each, steps {WARMUP + 1}..{args.steps}")
+    print("| launch | median step (s) |")
+    print("| --- | --- |")
+    print(f"| by hand, explicit jax.distributed arguments | {result['hand_median_step_s']:.4f} |")
+    print(f"| meshrun run | {result['meshrun_median_step_s']:.4f} |")
+    print(f"parity (by hand / meshrun): {result['parity']:.3f}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+"""Short forms of the benchmarks, so the scripts keep working; the figures
+themselves come from `make bench-*` and are recorded in docs/benchmarks.md."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from conftest import ROOT
+
+
+def run_bench(tmp_path, script, *args):
+    out = tmp_path / "out.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args, "--json", str(out)], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(out.read_text()), proc.stdout
+
+
+def test_startup_bench_short(tmp_path):
+    result, text = run_bench(tmp_path, "startup.py", "--rounds", "1")
+    assert result["hand_median_s"] > 0 and result["meshrun_median_s"] > 0
+    assert "ratio meshrun / by hand" in text
+
+
+def test_step_parity_bench_short(tmp_path):
+    result, text = run_bench(tmp_path, "step_parity.py", "--rounds", "1", "--steps", "8")
+    assert result["hand_median_step_s"] > 0 and result["meshrun_median_step_s"] > 0
+    assert "parity" in text
