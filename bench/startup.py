@@ -12,9 +12,7 @@ and reports the median wall time of each and their ratio (goal: <= 1.10).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -22,15 +20,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from common import free_port, publish
+
 HERE = Path(__file__).resolve().parent
 JOB = HERE / "startup_job.py"
 MESHRUN = Path(sys.executable).parent / "meshrun"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def by_hand() -> float:
@@ -86,16 +80,14 @@ def main() -> None:
         "hand_s": hand,
         "meshrun_s": mesh,
     }
-    print(f"startup, 2 processes x 2 CPU devices, 10 jitted steps, {args.rounds} rounds each")
-    print("| launch | median wall (s) |")
-    print("| --- | --- |")
-    print(f"| by hand, explicit jax.distributed arguments | {result['hand_median_s']:.2f} |")
-    print(f"| meshrun run | {result['meshrun_median_s']:.2f} |")
-    print(f"ratio meshrun / by hand: {result['ratio_of_medians']:.3f} (median of per-round ratios {result['median_of_pair_ratios']:.3f})")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2))
-
+    publish(
+        f"startup, 2 processes x 2 CPU devices, 10 jitted steps, {args.rounds} rounds each",
+        ("launch", "median wall (s)"),
+        [("by hand, explicit jax.distributed arguments", f"{result['hand_median_s']:.2f}"), ("meshrun run", f"{result['meshrun_median_s']:.2f}")],
+        f"ratio meshrun / by hand: {result['ratio_of_medians']:.3f} (median of per-round ratios {result['median_of_pair_ratios']:.3f})",
+        result,
+        args.json,
+    )
 
 if __name__ == "__main__":
     main()

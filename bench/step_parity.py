@@ -11,23 +11,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from common import free_port, publish
+
 ROOT = Path(__file__).resolve().parent.parent
 GPT = ROOT / "examples" / "gpt.py"
 MESHRUN = Path(sys.executable).parent / "meshrun"
 WARMUP = 5
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def gpt_args(steps: int, out: Path, data: Path) -> list[str]:
@@ -77,16 +72,14 @@ def main() -> None:
         "meshrun_median_step_s": statistics.median(mesh),
         "parity": statistics.median(hand) / statistics.median(mesh),
     }
-    print(f"step parity, demo GPT (2 processes x 2 CPU devices, fsdp=2 tensor=2), {args.rounds} runs each, steps {WARMUP + 1}..{args.steps}")
-    print("| launch | median step (s) |")
-    print("| --- | --- |")
-    print(f"| by hand, explicit jax.distributed arguments | {result['hand_median_step_s']:.4f} |")
-    print(f"| meshrun run | {result['meshrun_median_step_s']:.4f} |")
-    print(f"parity (by hand / meshrun): {result['parity']:.3f}")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2))
-
+    publish(
+        f"step parity, demo GPT (2 processes x 2 CPU devices, fsdp=2 tensor=2), {args.rounds} runs each, steps {WARMUP + 1}..{args.steps}",
+        ("launch", "median step (s)"),
+        [("by hand, explicit jax.distributed arguments", f"{result['hand_median_step_s']:.4f}"), ("meshrun run", f"{result['meshrun_median_step_s']:.4f}")],
+        f"parity (by hand / meshrun): {result['parity']:.3f}",
+        result,
+        args.json,
+    )
 
 if __name__ == "__main__":
     main()
