@@ -6,7 +6,7 @@ The package stays light on import (no JAX), because every worker and the
 
 from meshrun._native import __version__
 from meshrun.context import Context, get_context, init
-from meshrun.errors import ConfigError, ControlError, MeshrunError, RunFailedError
+from meshrun.errors import ConfigError, ControlError, DataError, MeshrunError, RunFailedError
 from meshrun.reporting import report
 from meshrun.trainer import Result, RunConfig, ScalingConfig, Trainer
 
@@ -14,6 +14,7 @@ __all__ = [
     "ConfigError",
     "Context",
     "ControlError",
+    "DataError",
     "MeshrunError",
     "Result",
     "RunConfig",

@@ -1,6 +1,7 @@
 //! The one Python exception hierarchy and the one conversion into it.
 
 use meshrun_core::CoreError;
+use meshrun_data::DataError as LoaderError;
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
@@ -25,6 +26,12 @@ create_exception!(
 );
 create_exception!(
     meshrun,
+    DataError,
+    MeshrunError,
+    "A data file is missing, truncated, corrupt or does not match the request."
+);
+create_exception!(
+    meshrun,
     ControlError,
     MeshrunError,
     "The control plane failed: the controller, an agent or a connection."
@@ -36,6 +43,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ConfigError", py.get_type::<ConfigError>())?;
     m.add("ControlError", py.get_type::<ControlError>())?;
     m.add("RunFailedError", py.get_type::<RunFailedError>())?;
+    m.add("DataError", py.get_type::<DataError>())?;
     Ok(())
 }
 
@@ -50,5 +58,30 @@ pub fn to_py(err: &CoreError) -> PyErr {
         | CoreError::AgentTimeout { .. }
         | CoreError::AgentSpawn { .. }
         | CoreError::AgentGone { .. } => ControlError::new_err(text),
+    }
+}
+
+/// Data errors: a request that cannot work is a `ConfigError`, a file that
+/// is missing or wrong is a `DataError`.
+pub fn data_to_py(err: &LoaderError) -> PyErr {
+    let text = err.to_string();
+    match err {
+        LoaderError::BatchNotDivisible { .. }
+        | LoaderError::NotPositive(..)
+        | LoaderError::BadRank { .. }
+        | LoaderError::BadDtype(..)
+        | LoaderError::BadSeqLen(_)
+        | LoaderError::BatchLargerThanData { .. } => ConfigError::new_err(text),
+        LoaderError::Io { .. }
+        | LoaderError::Missing(_)
+        | LoaderError::NoMatch(_)
+        | LoaderError::Truncated { .. }
+        | LoaderError::TooShort { .. }
+        | LoaderError::Parquet { .. }
+        | LoaderError::MissingColumn { .. }
+        | LoaderError::BadColumnType { .. }
+        | LoaderError::Npy { .. }
+        | LoaderError::Empty(_)
+        | LoaderError::Fingerprint { .. } => DataError::new_err(text),
     }
 }

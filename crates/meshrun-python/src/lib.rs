@@ -1,6 +1,7 @@
 //! `meshrun._native`: converts Python values to engine types and back, and
 //! releases the GIL around every engine call. No logic of its own.
 
+mod data;
 mod errors;
 mod run;
 mod worker;
@@ -23,6 +24,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cli, m)?)?;
     m.add_function(wrap_pyfunction!(run::run, m)?)?;
     m.add_class::<worker::WorkerClient>()?;
+    m.add_class::<data::DataSource>()?;
+    m.add_class::<data::DataLoader>()?;
     errors::register(m)?;
     Ok(())
 }

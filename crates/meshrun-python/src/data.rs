@@ -1,0 +1,156 @@
+//! The data loader for Python: sources, and a loader whose batches arrive
+//! as numpy arrays over the buffers Rust filled (no copy).
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use meshrun_data::source::{NpySource, ParquetSource, TokenFile};
+use meshrun_data::{Loader, LoaderConfig, Source};
+use numpy::PyArray1;
+use pyo3::prelude::*;
+
+use crate::errors::data_to_py;
+
+#[pyclass(frozen, module = "meshrun._native")]
+pub struct DataSource(Arc<dyn Source>);
+
+#[pymethods]
+impl DataSource {
+    #[staticmethod]
+    fn tokens(py: Python<'_>, path: PathBuf, dtype: &str, seq_len: u64) -> PyResult<Self> {
+        let src = py
+            .detach(|| TokenFile::open(&path, dtype, seq_len))
+            .map_err(|e| data_to_py(&e))?;
+        Ok(Self(Arc::new(src)))
+    }
+
+    #[staticmethod]
+    fn npy(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
+        let src = py
+            .detach(|| NpySource::open(&path))
+            .map_err(|e| data_to_py(&e))?;
+        Ok(Self(Arc::new(src)))
+    }
+
+    #[staticmethod]
+    #[pyo3(signature = (paths, columns, seq_len=None))]
+    fn parquet(
+        py: Python<'_>,
+        paths: Vec<String>,
+        columns: Vec<String>,
+        seq_len: Option<u64>,
+    ) -> PyResult<Self> {
+        let src = py
+            .detach(|| ParquetSource::open(&paths, &columns, seq_len))
+            .map_err(|e| data_to_py(&e))?;
+        Ok(Self(Arc::new(src)))
+    }
+
+    #[getter]
+    fn records(&self) -> u64 {
+        self.0.records()
+    }
+
+    #[getter]
+    fn fingerprint(&self) -> &str {
+        self.0.fingerprint()
+    }
+
+    /// `[(name, numpy dtype name, per-record shape), ...]`
+    #[getter]
+    fn fields(&self) -> Vec<(String, &'static str, Vec<usize>)> {
+        self.0
+            .fields()
+            .iter()
+            .map(|f| (f.name.clone(), f.dtype.numpy_name(), f.shape.clone()))
+            .collect()
+    }
+}
+
+/// One batch as Python gets it: step, epoch, a flat uint8 array per field
+/// (viewed as the field's dtype and shape by the Python layer), the mask
+/// and the record indices.
+type PyBatch<'py> = (
+    u64,
+    u64,
+    Vec<Bound<'py, PyArray1<u8>>>,
+    Bound<'py, PyArray1<u8>>,
+    Bound<'py, PyArray1<i64>>,
+);
+
+#[pyclass(frozen, module = "meshrun._native")]
+pub struct DataLoader(Mutex<Loader>);
+
+#[pymethods]
+impl DataLoader {
+    #[new]
+    #[pyo3(signature = (source, *, global_batch, rank, processes, seed, shuffle, drop_last, prefetch, threads, offset, epochs))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        source: &DataSource,
+        global_batch: u64,
+        rank: u64,
+        processes: u64,
+        seed: u64,
+        shuffle: bool,
+        drop_last: bool,
+        prefetch: usize,
+        threads: usize,
+        offset: u64,
+        epochs: Option<u64>,
+    ) -> PyResult<Self> {
+        let cfg = LoaderConfig {
+            global_batch,
+            rank,
+            processes,
+            seed,
+            shuffle,
+            drop_last,
+            prefetch,
+            threads,
+            start_offset: offset,
+            epochs,
+        };
+        Loader::start(Arc::clone(&source.0), cfg)
+            .map(|l| Self(Mutex::new(l)))
+            .map_err(|e| data_to_py(&e))
+    }
+
+    /// The next batch, or None after the last epoch. Waits without the GIL
+    /// and checks for Ctrl-C every 100 ms.
+    fn next<'py>(&self, py: Python<'py>) -> PyResult<Option<PyBatch<'py>>> {
+        loop {
+            let got = py.detach(|| {
+                self.0
+                    .lock()
+                    .expect("loader lock")
+                    .next_timeout(Duration::from_millis(100))
+            });
+            match got {
+                Ok(Some(b)) => {
+                    let fields = b
+                        .fields
+                        .into_iter()
+                        .map(|v| PyArray1::from_vec(py, v))
+                        .collect();
+                    return Ok(Some((
+                        b.step,
+                        b.epoch,
+                        fields,
+                        PyArray1::from_vec(py, b.mask),
+                        PyArray1::from_vec(py, b.indices),
+                    )));
+                }
+                Ok(None) => return Ok(None),
+                Err(()) => py.check_signals()?,
+            }
+        }
+    }
+
+    /// Global samples consumed so far.
+    #[getter]
+    fn offset(&self) -> u64 {
+        self.0.lock().expect("loader lock").offset()
+    }
+}
