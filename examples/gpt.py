@@ -8,7 +8,9 @@ hidden dimension over ``tensor`` (Megatron style: q/k/v and the MLP's first
 layer by columns, the attention output and the MLP's second layer by rows)
 and every other large weight over ``fsdp``; layer norms stay replicated.
 The global batch is split over ``data`` and ``fsdp``. The training corpus is
-built once, offline, from the interpreter's own ``.py`` files.
+built once, offline, from the interpreter's own ``.py`` files, and read by
+meshrun's Rust data loader: each process gets its slice of every global
+batch, in an order that does not depend on the number of processes.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import meshrun
-from meshrun import sharding
+from meshrun import data, sharding
 
 RULES = [
     (r"attn/(q|k|v)/kernel", P("fsdp", "tensor")),
@@ -124,12 +126,6 @@ def build_corpus(out: Path) -> tuple[Path, Path]:
     return train, val
 
 
-def windows(tokens: np.ndarray, starts: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
-    idx = starts[:, None] + np.arange(seq_len + 1)[None, :]
-    w = tokens[idx].astype(np.int32)
-    return w[:, :-1], w[:, 1:]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
@@ -160,7 +156,7 @@ def main() -> None:
     rank, nprocs = jax.process_index(), jax.process_count()
     mesh = sharding.make_mesh(data=args.data, fsdp=args.fsdp, tensor=args.tensor)
     cfg = Config(seq_len=args.seq_len, d_model=args.d_model, layers=args.layers, heads=args.heads)
-    train_tokens, val_tokens = (np.memmap(p, dtype=np.uint8, mode="r") for p in build_corpus(Path(args.data_dir)))
+    train_path, val_path = build_corpus(Path(args.data_dir))
 
     # The model is created directly in its shards: no process holds it whole.
     graphdef, abstract = nnx.split(nnx.eval_shape(lambda: GPT(cfg, nnx.Rngs(args.seed))))
@@ -177,37 +173,33 @@ def main() -> None:
     batch_sharding = NamedSharding(mesh, BATCH)
     replicated = NamedSharding(mesh, P())
 
-    def loss_fn(params, x, y):
-        logits = nnx.merge(graphdef, params)(x)
-        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+    def loss_fn(params, tokens):
+        logits = nnx.merge(graphdef, params)(tokens[:, :-1])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:].astype(jnp.int32)).mean()
 
-    @jax.jit
-    def train_step(params, opt_state, x, y):
-        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+    def train_step(params, opt_state, tokens):
+        loss, grads = jax.value_and_grad(loss_fn)(params, tokens)
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
     train_step = jax.jit(
         train_step,
-        in_shardings=(param_shardings, opt_shardings, batch_sharding, batch_sharding),
+        in_shardings=(param_shardings, opt_shardings, batch_sharding),
         out_shardings=(param_shardings, opt_shardings, replicated),
         donate_argnums=(0, 1),
     )
-    eval_loss = jax.jit(loss_fn, in_shardings=(param_shardings, batch_sharding, batch_sharding), out_shardings=replicated)
+    eval_loss = jax.jit(loss_fn, in_shardings=(param_shardings, batch_sharding), out_shardings=replicated)
 
     B, T = args.batch_size, args.seq_len
     if B % nprocs:
         raise SystemExit(f"--batch-size {B} must be divisible by the number of processes {nprocs}")
-    lo, hi = rank * B // nprocs, (rank + 1) * B // nprocs
-
-    def batch(tokens, starts):
-        x, y = windows(tokens, starts[lo:hi], T)
-        return sharding.global_batch((x, y), mesh, BATCH)
-
-    val_starts = np.linspace(0, len(val_tokens) - T - 2, args.eval_batches * B).astype(np.int64).reshape(args.eval_batches, B)
+    train = data.Loader(data.tokens(train_path, "uint8", T), B, seed=args.seed, mesh=mesh, spec=BATCH, rank=rank, num_processes=nprocs)
+    # The same validation windows every time: a fixed random sample of them.
+    val = data.Loader(data.tokens(val_path, "uint8", T), B, seed=12345, num_epochs=1, mesh=mesh, spec=BATCH, rank=rank, num_processes=nprocs)
+    val_batches = [batch["tokens"] for _, batch in zip(range(args.eval_batches), val)]
 
     def val_bpb() -> float:
-        losses = [eval_loss(params, *batch(val_tokens, s)) for s in val_starts]
+        losses = [eval_loss(params, tokens) for tokens in val_batches]
         return float(np.mean([float(l) for l in losses])) / math.log(2)
 
     bpb_start = val_bpb()
@@ -221,9 +213,7 @@ def main() -> None:
     step_times: list[float] = []
     last = time.perf_counter()
     for step in range(args.steps):
-        rng = np.random.default_rng((args.seed, step))
-        x, y = batch(train_tokens, rng.integers(0, len(train_tokens) - T - 1, size=B))
-        params, opt_state, loss = train_step(params, opt_state, x, y)
+        params, opt_state, loss = train_step(params, opt_state, next(train)["tokens"])
         # At most two steps in flight (see examples/digits_dp.py).
         if in_flight is not None:
             in_flight.block_until_ready()

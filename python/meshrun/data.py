@@ -94,7 +94,9 @@ class Loader:
     run. Iterating yields dicts: one array per field (shape
     ``(global_batch_size // num_processes, *record_shape)``), plus ``mask``
     (bool) when ``drop_last=False``, and ``index`` (the record ids, -1 for
-    padding).
+    padding). With ``mesh``, the fields and the mask are global
+    ``jax.Array`` s sharded by ``spec`` (default: the batch over data and
+    fsdp); ``index`` stays a numpy array of this process's rows.
     """
 
     def __init__(
@@ -191,10 +193,11 @@ class Loader:
             batch[name] = raw.view(dtype).reshape((self._local, *shape))
         if not self.drop_last:
             batch["mask"] = mask.view(np.bool_)
-        batch["index"] = index
         if self.mesh is not None:
             from meshrun import sharding
 
             spec = self.spec if self.spec is not None else sharding.P(("data", "fsdp"))
-            return sharding.global_batch(batch, self.mesh, spec)
+            batch = sharding.global_batch(batch, self.mesh, spec)
+        # This process's record ids stay on the host: they are bookkeeping.
+        batch["index"] = index
         return batch

@@ -1,0 +1,191 @@
+"""meshrun.data: the Rust loader seen from Python."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import meshrun
+from meshrun import data
+
+
+@pytest.fixture
+def token_file(tmp_path):
+    path = tmp_path / "tokens.bin"
+    np.arange(20_000, dtype=np.uint16).tofile(path)
+    return path
+
+
+def epoch(source, batch, processes, **kw):
+    """Every process's batches of one epoch: {rank: [batch, ...]}."""
+    return {r: list(data.Loader(source, batch, rank=r, num_processes=processes, num_epochs=1, **kw)) for r in range(processes)}
+
+
+def test_token_windows_overlap_by_one(token_file):
+    src = data.tokens(token_file, np.uint16, seq_len=15)
+    assert src.records == (20_000 - 1) // 15
+    batch = next(iter(data.Loader(src, 4, shuffle=False)))
+    np.testing.assert_array_equal(batch["tokens"][1], np.arange(15, 31, dtype=np.uint16))
+    assert batch["tokens"].dtype == np.uint16 and not batch["tokens"].flags.owndata
+
+
+def test_every_record_exactly_once_per_epoch(token_file):
+    src = data.tokens(token_file, "uint16", 16)
+    runs = epoch(src, 48, 4, seed=3)
+    seen = np.concatenate([b["index"] for batches in runs.values() for b in batches])
+    n_full = (src.records // 48) * 48
+    assert len(seen) == n_full and len(np.unique(seen)) == n_full
+    # the records of each row are the windows they claim to be
+    b = runs[2][5]
+    for row, idx in zip(b["tokens"], b["index"]):
+        np.testing.assert_array_equal(row, np.arange(idx * 16, idx * 16 + 17, dtype=np.uint16))
+
+
+def test_global_batches_identical_for_1_2_4_processes(token_file):
+    src = data.tokens(token_file, "uint16", 16)
+    one = epoch(src, 32, 1, seed=5)[0]
+    for p in (2, 4):
+        parts = epoch(src, 32, p, seed=5)
+        for step, whole in enumerate(one):
+            joined = np.concatenate([parts[r][step]["tokens"] for r in range(p)])
+            np.testing.assert_array_equal(joined, whole["tokens"])
+
+
+@pytest.mark.parametrize("processes_after", [1, 2, 4])
+def test_resume_mid_epoch_equals_uninterrupted(token_file, processes_after):
+    src = data.tokens(token_file, "uint16", 16)
+    straight = list(data.Loader(src, 16, seed=9, num_epochs=3, rank=0, num_processes=1))
+    first = data.Loader(src, 16, seed=9, num_epochs=3, rank=0, num_processes=2)
+    for _ in range(37):  # well into the first epoch... and past it below
+        next(first)
+    state = first.state()
+    assert state["offset"] == 37 * 16 and state["epoch"] == 0
+    resumed = [list(data.Loader(src, 16, seed=9, num_epochs=3, state=state, rank=r, num_processes=processes_after)) for r in range(processes_after)]
+    for step, whole in enumerate(straight[37:]):
+        joined = np.concatenate([resumed[r][step]["tokens"] for r in range(processes_after)])
+        np.testing.assert_array_equal(joined, whole["tokens"], err_msg=f"step {37 + step}")
+
+
+def test_drop_last_false_pads_with_a_mask(token_file):
+    src = data.tokens(token_file, "uint16", 1000)  # 19 records
+    batches = list(data.Loader(src, 8, shuffle=False, drop_last=False, num_epochs=1))
+    assert len(batches) == 3
+    assert batches[-1]["mask"].tolist() == [True, True, True, False, False, False, False, False]
+    assert (batches[-1]["tokens"][3:] == 0).all()
+
+
+def test_parquet_packing_matches_the_equivalent_token_file(tmp_path):
+    rng = np.random.default_rng(0)
+    lists = [rng.integers(0, 50_000, size=rng.integers(1, 300), dtype=np.uint16) for _ in range(400)]
+    table = pa.table({"tokens": pa.array(lists, type=pa.list_(pa.uint16())), "label": pa.array(np.arange(400, dtype=np.int32))})
+    pq.write_table(table, tmp_path / "a.parquet", row_group_size=50)
+    flat = np.concatenate(lists)
+    flat.tofile(tmp_path / "flat.bin")
+    packed = list(data.Loader(data.parquet(tmp_path / "a.parquet", ["tokens"], seq_len=31), 8, seed=1, num_epochs=1))
+    plain = list(data.Loader(data.tokens(tmp_path / "flat.bin", "uint16", 31), 8, seed=1, num_epochs=1))
+    assert len(packed) == len(plain) > 0
+    for a, b in zip(packed, plain):
+        np.testing.assert_array_equal(a["tokens"], b["tokens"])
+    # plain columns: one value per row, files given as a glob
+    pq.write_table(table, tmp_path / "b.parquet", row_group_size=64)
+    cols = data.parquet(str(tmp_path / "[ab].parquet"), ["label"])
+    assert cols.records == 800
+    rows = np.concatenate([b["label"] for b in data.Loader(cols, 100, shuffle=False, num_epochs=1)])
+    np.testing.assert_array_equal(rows, np.concatenate([np.arange(400), np.arange(400)]))
+
+
+def test_npy_rows_are_records(tmp_path):
+    x = np.arange(60, dtype=np.float32).reshape(20, 3)
+    np.save(tmp_path / "x.npy", x)
+    batch = next(iter(data.Loader(data.npy(tmp_path / "x.npy"), 5, shuffle=False)))
+    np.testing.assert_array_equal(batch["x"], x[:5])
+
+
+def test_fingerprint_mismatch_is_refused(token_file, tmp_path):
+    loader = data.Loader(data.tokens(token_file, "uint16", 16), 8)
+    next(loader)
+    state = loader.state()
+    other = tmp_path / "other.bin"
+    np.arange(20_000, dtype=np.uint16)[::-1].copy().tofile(other)
+    with pytest.raises(meshrun.DataError, match="another data set"):
+        data.Loader(data.tokens(other, "uint16", 16), 8, state=state)
+    with pytest.raises(meshrun.ConfigError, match="seed=0, this loader seed=1"):
+        data.Loader(data.tokens(token_file, "uint16", 16), 8, state=state, seed=1)
+
+
+def test_bad_inputs_name_the_file_and_the_problem(tmp_path, token_file):
+    with pytest.raises(meshrun.DataError, match=r"'.*missing\.bin' does not exist"):
+        data.tokens(tmp_path / "missing.bin", "uint16", 8)
+    odd = tmp_path / "odd.bin"
+    odd.write_bytes(b"\x00" * 1001)
+    with pytest.raises(meshrun.DataError, match=r"odd\.bin' is 1001 bytes, not a multiple of 2"):
+        data.tokens(odd, "uint16", 8)
+    with pytest.raises(meshrun.DataError, match="holds 20000 tokens, fewer than one window of seq_len \\+ 1 = 20001"):
+        data.tokens(token_file, "uint16", 20_000)
+    with pytest.raises(meshrun.ConfigError, match="unsupported dtype 'float32'"):
+        data.tokens(token_file, "float32", 8)
+    with pytest.raises(meshrun.ConfigError, match="global batch size 10 is not divisible by the 4 processes"):
+        data.Loader(data.tokens(token_file, "uint16", 8), 10, rank=0, num_processes=4)
+
+    table = pa.table({"tokens": pa.array([[1, 2, 3]] * 1000, type=pa.list_(pa.int32()))})
+    good = tmp_path / "good.parquet"
+    pq.write_table(table, good, row_group_size=100, compression="snappy")
+    with pytest.raises(meshrun.DataError, match=r"good\.parquet' has no column 'text'; its columns are: tokens"):
+        data.parquet(good, ["text"], seq_len=4)
+    raw = good.read_bytes()
+    cut = tmp_path / "cut.parquet"
+    cut.write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(meshrun.DataError, match=r"Parquet file '.*cut\.parquet' cannot be read"):
+        data.parquet(cut, ["tokens"], seq_len=4)
+    # a damaged data page inside a row group: the footer still reads
+    meta = pq.ParquetFile(good).metadata
+    col = meta.row_group(3).column(0)
+    start = col.data_page_offset
+    damaged = bytearray(raw)
+    damaged[start + 10 : start + 40] = b"\xff" * 30
+    bad_group = tmp_path / "bad_group.parquet"
+    bad_group.write_bytes(bytes(damaged))
+    with pytest.raises(meshrun.DataError, match=r"bad_group\.parquet"):
+        data.parquet(bad_group, ["tokens"], seq_len=4)
+
+
+def test_ctrl_c_during_iteration_returns_promptly(tmp_path):
+    # Batches big enough that the consumer waits on the reader threads.
+    big = tmp_path / "big.bin"
+    np.zeros(64 * 1024 * 1024, dtype=np.uint16).tofile(big)
+    script = tmp_path / "iterate.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, time
+        from meshrun import data
+        loader = data.Loader(data.tokens({str(big)!r}, "uint16", 1024), 8192, threads=1, prefetch=1)
+        print("ready", flush=True)
+        try:
+            for batch in loader:
+                pass
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+            sys.exit(0)
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(1.0)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=10)
+        elapsed = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0 and "interrupted" in out
+    assert elapsed < 2.0, f"took {elapsed:.2f}s to stop"
