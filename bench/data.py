@@ -16,7 +16,8 @@ samples/s and MB/s delivered (MB = bytes of the batches / 1e6) are reported:
     ``mm[starts[:, None] + np.arange(1025)]`` per batch, in the main thread
   - Grain, in process:    MapDataset.source(windows of the memmap)
     .shuffle(seed=0).repeat().batch(32), read by one prefetch thread
-  - Grain, 2 processes:   the same pipeline with mp_prefetch(num_workers=2)
+  - Grain, 2 processes:   the same pipeline with mp_prefetch(num_workers=2,
+    per_worker_buffer_size=4)
   - Ray Data:             ray.data.range(windows).random_shuffle(seed=0)
     .map_batches(gather the windows from the memmap), then
     iter_batches(batch_size=32, batch_format="numpy"); Ray on loopback with
@@ -35,6 +36,7 @@ tokens, ``--parquet-mb`` MB of tokens, several row groups).
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import statistics
 import sys
@@ -211,7 +213,7 @@ def grain_pipeline(path: Path, batch: int, workers: int):
 
             if not flags.FLAGS.is_parsed():
                 flags.FLAGS(sys.argv[:1])
-            it_ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=0)).mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
+            it_ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=0)).mp_prefetch(grain.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=4))
         else:
             it_ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=4))
         it = iter(it_ds)
@@ -234,6 +236,7 @@ def ray_data(path: Path, batch: int):
 
         ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False, logging_level="ERROR")
         ray.data.DataContext.get_current().enable_progress_bars = False
+        logging.getLogger("ray.data").setLevel(logging.ERROR)
         n = (os.path.getsize(path) // 2 - 1) // SEQ_LEN
 
         def gen():
@@ -244,7 +247,13 @@ def ray_data(path: Path, batch: int):
                     yield b["tokens"]
                 epoch += 1
 
-        return gen(), ray.shutdown
+        it = gen()
+
+        def close() -> None:
+            it.close()  # stop Ray's iterator while Ray is still up
+            ray.shutdown()
+
+        return it, close
 
     return make
 

@@ -146,7 +146,9 @@ class Loader:
         )
         n = source.records
         self.steps_per_epoch = n // global_batch_size if drop_last else -(-n // global_batch_size)
-        self._local = global_batch_size // self.num_processes
+        local = global_batch_size // self.num_processes
+        # (name, numpy dtype, batch shape) of every field, resolved once.
+        self._fields = [(name, np.dtype(dtype), (local, *shape)) for name, dtype, shape in source.fields]
 
     def _check_state(self, state: dict[str, Any]) -> int:
         if state.get("fingerprint") != self.source.fingerprint:
@@ -189,8 +191,8 @@ class Loader:
             raise StopIteration
         _step, _epoch, raws, mask, index = got
         batch: dict[str, Any] = {}
-        for (name, dtype, shape), raw in zip(self.source.fields, raws):
-            batch[name] = raw.view(dtype).reshape((self._local, *shape))
+        for (name, dtype, shape), raw in zip(self._fields, raws):
+            batch[name] = raw.view(dtype).reshape(shape)
         if not self.drop_last:
             batch["mask"] = mask.view(np.bool_)
         if self.mesh is not None:

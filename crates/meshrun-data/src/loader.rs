@@ -223,6 +223,24 @@ impl Loader {
         }
     }
 
+    /// The next batch if it is already built; `Err(())` if it is not yet
+    /// (then wait with [`Loader::next_timeout`]).
+    #[allow(clippy::result_unit_err)]
+    pub fn try_next(&mut self) -> Result<Option<Batch>, ()> {
+        if self.end_step.is_some_and(|end| self.next_step >= end) {
+            return Ok(None);
+        }
+        let w = ((self.next_step - self.start_step) % self.channels.len() as u64) as usize;
+        match self.channels[w].try_recv() {
+            Ok(batch) => {
+                self.next_step += 1;
+                Ok(Some(batch))
+            }
+            Err(mpsc::TryRecvError::Empty) => Err(()),
+            Err(mpsc::TryRecvError::Disconnected) => Ok(None),
+        }
+    }
+
     /// Global samples consumed so far: the loader's whole state.
     pub fn offset(&self) -> u64 {
         self.next_step * self.global_batch

@@ -79,6 +79,22 @@ type PyBatch<'py> = (
     Bound<'py, PyArray1<i64>>,
 );
 
+/// Hands each buffer to numpy, which takes ownership of the `Vec`.
+fn to_python(py: Python<'_>, b: meshrun_data::Batch) -> PyBatch<'_> {
+    let fields = b
+        .fields
+        .into_iter()
+        .map(|v| PyArray1::from_vec(py, v))
+        .collect();
+    (
+        b.step,
+        b.epoch,
+        fields,
+        PyArray1::from_vec(py, b.mask),
+        PyArray1::from_vec(py, b.indices),
+    )
+}
+
 #[pyclass(frozen, module = "meshrun._native")]
 pub struct DataLoader(Mutex<Loader>);
 
@@ -120,6 +136,12 @@ impl DataLoader {
     /// The next batch, or None after the last epoch. Waits without the GIL
     /// and checks for Ctrl-C every 100 ms.
     fn next<'py>(&self, py: Python<'py>) -> PyResult<Option<PyBatch<'py>>> {
+        // Most of the time the batch is ready: take it without giving up
+        // the GIL, which costs more than the take itself.
+        let ready = self.0.lock().expect("loader lock").try_next();
+        if let Ok(got) = ready {
+            return Ok(got.map(|b| to_python(py, b)));
+        }
         loop {
             let got = py.detach(|| {
                 self.0
