@@ -123,7 +123,7 @@ pub struct Loader {
 }
 
 impl Loader {
-    pub fn start(source: Arc<dyn Source>, cfg: LoaderConfig) -> Result<Self, DataError> {
+    pub fn start(source: Arc<dyn Source>, cfg: &LoaderConfig) -> Result<Self, DataError> {
         let n = source.records();
         for (name, v) in [
             ("global_batch_size", cfg.global_batch),
@@ -141,7 +141,7 @@ impl Loader {
                 processes: cfg.processes,
             });
         }
-        if cfg.global_batch % cfg.processes != 0 {
+        if !cfg.global_batch.is_multiple_of(cfg.processes) {
             return Err(DataError::BatchNotDivisible {
                 batch: cfg.global_batch,
                 processes: cfg.processes,
@@ -189,7 +189,7 @@ impl Loader {
                         end_step,
                         &tx,
                         &stop,
-                    )
+                    );
                 })
                 .map_err(DataError::io("cannot start loader thread", "meshrun-data"))?;
             threads.push(handle);
@@ -255,12 +255,12 @@ fn produce(
     tx: &SyncSender<Batch>,
     stop: &AtomicBool,
 ) {
-    let mut step = first;
-    while !stop.load(Ordering::Relaxed) && end.is_none_or(|e| step < e) {
-        if tx.send(plan.build(step)).is_err() {
+    let mut next = first;
+    while !stop.load(Ordering::Relaxed) && end.is_none_or(|e| next < e) {
+        if tx.send(plan.build(next)).is_err() {
             return;
         }
-        step += stride;
+        next += stride;
     }
 }
 
@@ -284,7 +284,7 @@ mod tests {
     struct Counting(u64, Vec<Field>);
 
     impl Counting {
-        fn new(n: u64) -> Arc<dyn Source> {
+        fn with_records(n: u64) -> Arc<dyn Source> {
             Arc::new(Self(
                 n,
                 vec![Field {
@@ -306,7 +306,7 @@ mod tests {
         fn read(&self, index: u64, out: &mut [&mut [u8]]) {
             out[0].copy_from_slice(&(index as u32).to_le_bytes());
         }
-        fn fingerprint(&self) -> &str {
+        fn fingerprint(&self) -> &'static str {
             "counting"
         }
     }
@@ -327,7 +327,7 @@ mod tests {
     }
 
     fn drain(source: &Arc<dyn Source>, c: LoaderConfig) -> Vec<Vec<i64>> {
-        let mut l = Loader::start(Arc::clone(source), c).unwrap();
+        let mut l = Loader::start(Arc::clone(source), &c).unwrap();
         let mut out = Vec::new();
         while let Some(b) = l.next_timeout(Duration::from_secs(10)).unwrap() {
             out.push(b.indices);
@@ -337,7 +337,7 @@ mod tests {
 
     #[test]
     fn every_record_once_per_epoch_across_processes() {
-        let src = Counting::new(1000);
+        let src = Counting::with_records(1000);
         let mut seen: Vec<i64> = (0..4)
             .flat_map(|r| drain(&src, cfg(40, r, 4)).concat())
             .collect();
@@ -347,7 +347,7 @@ mod tests {
 
     #[test]
     fn global_batches_do_not_depend_on_process_count() {
-        let src = Counting::new(500);
+        let src = Counting::with_records(500);
         let one = drain(&src, cfg(20, 0, 1));
         for p in [2, 4] {
             let parts: Vec<Vec<Vec<i64>>> = (0..p).map(|r| drain(&src, cfg(20, r, p))).collect();
@@ -360,7 +360,7 @@ mod tests {
 
     #[test]
     fn resume_equals_the_uninterrupted_stream() {
-        let src = Counting::new(300);
+        let src = Counting::with_records(300);
         let mut c = cfg(10, 0, 1);
         c.epochs = Some(2);
         let whole = drain(&src, c.clone());
@@ -371,10 +371,10 @@ mod tests {
 
     #[test]
     fn padding_is_masked() {
-        let src = Counting::new(25);
+        let src = Counting::with_records(25);
         let mut c = cfg(10, 0, 1);
         c.drop_last = false;
-        let mut l = Loader::start(Arc::clone(&src), c).unwrap();
+        let mut l = Loader::start(Arc::clone(&src), &c).unwrap();
         let mut last = None;
         while let Some(b) = l.next_timeout(Duration::from_secs(5)).unwrap() {
             last = Some(b);
@@ -386,13 +386,13 @@ mod tests {
 
     #[test]
     fn bad_requests_are_refused() {
-        let src = Counting::new(25);
-        let e = Loader::start(Arc::clone(&src), cfg(10, 0, 3))
+        let src = Counting::with_records(25);
+        let e = Loader::start(Arc::clone(&src), &cfg(10, 0, 3))
             .err()
             .unwrap()
             .to_string();
         assert!(e.contains("not divisible by the 3 processes"), "{e}");
-        let e = Loader::start(Arc::clone(&src), cfg(30, 0, 1))
+        let e = Loader::start(Arc::clone(&src), &cfg(30, 0, 1))
             .err()
             .unwrap()
             .to_string();

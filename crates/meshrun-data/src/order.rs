@@ -72,13 +72,13 @@ mod tests {
 
     fn is_bijection(n: u64, seed: u64, epoch: u64) -> bool {
         let p = Permutation::new(n, seed, epoch);
-        let mut seen = vec![false; n as usize];
+        let mut hit = vec![false; n as usize];
         for i in 0..n {
             let j = p.get(i) as usize;
-            if j >= n as usize || seen[j] {
+            if j >= n as usize || hit[j] {
                 return false;
             }
-            seen[j] = true;
+            hit[j] = true;
         }
         true
     }

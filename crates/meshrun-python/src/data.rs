@@ -1,6 +1,9 @@
 //! The data loader for Python: sources, and a loader whose batches arrive
 //! as numpy arrays over the buffers Rust filled (no copy).
 
+// PyO3 hands arguments over as owned values.
+#![allow(clippy::needless_pass_by_value)]
+
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -128,7 +131,7 @@ impl DataLoader {
             start_offset: offset,
             epochs,
         };
-        Loader::start(Arc::clone(&source.0), cfg)
+        Loader::start(Arc::clone(&source.0), &cfg)
             .map(|l| Self(Mutex::new(l)))
             .map_err(|e| data_to_py(&e))
     }

@@ -42,7 +42,8 @@ fn layout_as<T: ndarray_npy::ViewElement>(
 fn layout(bytes: &[u8]) -> Result<Layout, ViewNpyError> {
     // The header names one element type; every other type's attempt fails
     // with WrongDescriptor before touching the data.
-    let attempts: [fn(&[u8]) -> Result<Layout, ViewNpyError>; 11] = [
+    type Attempt = fn(&[u8]) -> Result<Layout, ViewNpyError>;
+    let attempts: [Attempt; 11] = [
         |b| layout_as::<u8>(b, Dtype::U8),
         |b| layout_as::<i8>(b, Dtype::I8),
         |b| layout_as::<u16>(b, Dtype::U16),

@@ -237,23 +237,20 @@ impl ParquetSource {
                             append_values(&mut buffers[c], &values, *d);
                         }
                         Kind::Tokens(d) => {
-                            let values = match array.data_type() {
-                                DataType::List(_) => {
-                                    let l = array.as_list::<i32>();
-                                    let (a, b) = (
-                                        l.value_offsets()[0] as usize,
-                                        l.value_offsets()[l.len()] as usize,
-                                    );
-                                    l.values().slice(a, b - a)
-                                }
-                                _ => {
-                                    let l = array.as_list::<i64>();
-                                    let (a, b) = (
-                                        l.value_offsets()[0] as usize,
-                                        l.value_offsets()[l.len()] as usize,
-                                    );
-                                    l.values().slice(a, b - a)
-                                }
+                            let values = if let DataType::List(_) = array.data_type() {
+                                let l = array.as_list::<i32>();
+                                let (a, b) = (
+                                    l.value_offsets()[0] as usize,
+                                    l.value_offsets()[l.len()] as usize,
+                                );
+                                l.values().slice(a, b - a)
+                            } else {
+                                let l = array.as_list::<i64>();
+                                let (a, b) = (
+                                    l.value_offsets()[0] as usize,
+                                    l.value_offsets()[l.len()] as usize,
+                                );
+                                l.values().slice(a, b - a)
                             };
                             append_values(&mut buffers[c], &values, *d);
                         }
@@ -266,8 +263,8 @@ impl ParquetSource {
         let description = format!("parquet:{columns:?}:{seq_len:?}");
         let paths: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();
         let fingerprint = fingerprint(&description, &paths)?;
-        let (fields, records, window) = match (&kinds[0], seq_len) {
-            (Kind::Tokens(d), Some(seq_len)) => {
+        let (fields, records, window) =
+            if let (Kind::Tokens(d), Some(seq_len)) = (&kinds[0], seq_len) {
                 let tokens = (buffers[0].len() / d.itemsize()) as u64;
                 if tokens < seq_len + 1 {
                     return Err(DataError::TooShort {
@@ -282,8 +279,7 @@ impl ParquetSource {
                     shape: vec![seq_len as usize + 1],
                 };
                 (vec![field], (tokens - 1) / seq_len, Some(seq_len))
-            }
-            _ => {
+            } else {
                 let fields = kinds
                     .iter()
                     .zip(columns)
@@ -302,8 +298,7 @@ impl ParquetSource {
                     })
                     .collect();
                 (fields, rows, None)
-            }
-        };
+            };
         if records == 0 {
             return Err(DataError::Empty(patterns.join(", ")));
         }
