@@ -27,3 +27,9 @@ def test_step_parity_bench_short(tmp_path):
     result, text = run_bench(tmp_path, "step_parity.py", "--rounds", "1", "--steps", "8")
     assert result["hand_median_step_s"] > 0 and result["meshrun_median_step_s"] > 0
     assert "parity" in text
+
+
+def test_data_bench_short(tmp_path):
+    result, text = run_bench(tmp_path, "data.py", "--small", "--dir", str(tmp_path / "files"))
+    assert "numpy memmap loop" in text and "meshrun" in text
+    assert result
