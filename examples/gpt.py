@@ -159,7 +159,7 @@ def main() -> None:
     train_path, val_path = build_corpus(Path(args.data_dir))
 
     # The model is created directly in its shards: no process holds it whole.
-    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: GPT(cfg, nnx.Rngs(args.seed))))
+    graphdef, _ = nnx.split(nnx.eval_shape(lambda: GPT(cfg, nnx.Rngs(args.seed))))
     params = sharding.init_sharded(lambda: nnx.split(GPT(cfg, nnx.Rngs(args.seed)))[1], RULES, mesh)
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(args.lr, b2=0.99, weight_decay=0.01))
     opt_shardings = sharding.shardings_for(jax.eval_shape(tx.init, params), RULES, mesh)
@@ -191,8 +191,6 @@ def main() -> None:
     eval_loss = jax.jit(loss_fn, in_shardings=(param_shardings, batch_sharding), out_shardings=replicated)
 
     B, T = args.batch_size, args.seq_len
-    if B % nprocs:
-        raise SystemExit(f"--batch-size {B} must be divisible by the number of processes {nprocs}")
     train = data.Loader(data.tokens(train_path, "uint8", T), B, seed=args.seed, mesh=mesh, spec=BATCH, rank=rank, num_processes=nprocs)
     # The same validation windows every time: a fixed random sample of them.
     val = data.Loader(data.tokens(val_path, "uint8", T), B, seed=12345, num_epochs=1, mesh=mesh, spec=BATCH, rank=rank, num_processes=nprocs)

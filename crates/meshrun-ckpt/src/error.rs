@@ -1,0 +1,60 @@
+//! What can go wrong with a checkpoint; every message names the file, the
+//! tensor or the path in the tree.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CkptError {
+    #[error("{what} '{path}': {source}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("'{path}' is not a valid safetensors shard file: {message}")]
+    Format { path: PathBuf, message: String },
+    #[error("dtype '{0}' cannot be checkpointed; supported: {1}")]
+    Dtype(String, &'static str),
+    #[error(
+        "checksum mismatch in '{path}', tensor '{tensor}' (leaf '{leaf}'), bytes {start}..{end}: \
+         the file is corrupt"
+    )]
+    Crc {
+        path: PathBuf,
+        tensor: String,
+        leaf: String,
+        start: usize,
+        end: usize,
+    },
+    #[error("'{0}' has no manifest.json: it is not a committed checkpoint")]
+    NotCommitted(PathBuf),
+    #[error("manifest '{path}' cannot be read: {message}")]
+    Manifest { path: PathBuf, message: String },
+    #[error("checkpoint has no leaf '{0}'")]
+    NoLeaf(String),
+    #[error("leaf '{leaf}': the checkpoint holds {saved}, the target asks for {target}")]
+    Mismatch {
+        leaf: String,
+        saved: String,
+        target: String,
+    },
+    #[error("leaf '{leaf}': the stored shards do not cover region {region:?} of the target")]
+    Incomplete {
+        leaf: String,
+        region: Vec<(usize, usize)>,
+    },
+    #[error("shard of leaf '{leaf}' has {got} bytes, expected {expected} for region {region:?}")]
+    ShardSize {
+        leaf: String,
+        got: usize,
+        expected: usize,
+        region: Vec<(usize, usize)>,
+    },
+}
+
+impl CkptError {
+    pub fn io(what: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Self {
+        let path = path.into();
+        move |source| CkptError::Io { what, path, source }
+    }
+}

@@ -1,0 +1,60 @@
+//! `manifest.json`: the commit record of a checkpoint. It lists every leaf
+//! of the saved tree with its global shape and dtype, and every stored shard
+//! with the file, tensor and region it holds.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::CkptError;
+
+pub const MANIFEST: &str = "manifest.json";
+pub const FORMAT_VERSION: u32 = 1;
+
+/// One stored shard: where it is and which region of its leaf it holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardRecord {
+    pub file: String,
+    pub tensor: String,
+    pub region: Vec<(usize, usize)>,
+}
+
+/// One leaf of the saved tree.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Leaf {
+    pub path: String,
+    pub dtype: String,
+    pub shape: Vec<usize>,
+    pub shards: Vec<ShardRecord>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format: u32,
+    pub step: u64,
+    pub leaves: Vec<Leaf>,
+    /// Everything else the run saves with the step (tree structure,
+    /// metrics, loader state, RNG), as the Python layer gives it.
+    pub extra: serde_json::Value,
+}
+
+impl Manifest {
+    pub fn read(dir: &Path) -> Result<Self, CkptError> {
+        let path = dir.join(MANIFEST);
+        if !path.exists() {
+            return Err(CkptError::NotCommitted(dir.to_path_buf()));
+        }
+        let text = std::fs::read_to_string(&path).map_err(CkptError::io("cannot read", &path))?;
+        serde_json::from_str(&text).map_err(|e| CkptError::Manifest {
+            path,
+            message: e.to_string(),
+        })
+    }
+
+    pub fn leaf(&self, path: &str) -> Result<&Leaf, CkptError> {
+        self.leaves
+            .iter()
+            .find(|l| l.path == path)
+            .ok_or_else(|| CkptError::NoLeaf(path.to_string()))
+    }
+}
