@@ -164,7 +164,7 @@ impl Reader {
             // Which CRC chunks the copy touches, checked once each.
             let mut spans = Vec::new();
             runs(&shard.region, region, &overlap, size, |src, _, len| {
-                spans.push((src, len))
+                spans.push((src, len));
             });
             let chunks: HashSet<usize> = spans
                 .iter()
