@@ -6,11 +6,14 @@ The package stays light on import (no JAX), because every worker and the
 
 from meshrun._native import __version__
 from meshrun.context import Context, get_context, init
-from meshrun.errors import ConfigError, ControlError, DataError, MeshrunError, RunFailedError
+from meshrun.checkpoint import Checkpoint, get_checkpoint, restore, save
+from meshrun.errors import CheckpointError, ConfigError, ControlError, DataError, MeshrunError, RunFailedError
 from meshrun.reporting import report
 from meshrun.trainer import Result, RunConfig, ScalingConfig, Trainer
 
 __all__ = [
+    "Checkpoint",
+    "CheckpointError",
     "ConfigError",
     "Context",
     "ControlError",
@@ -22,7 +25,10 @@ __all__ = [
     "ScalingConfig",
     "Trainer",
     "__version__",
+    "get_checkpoint",
     "get_context",
     "init",
     "report",
+    "restore",
+    "save",
 ]

@@ -65,5 +65,8 @@ def finish() -> None:
     from meshrun import reporting
 
     reporting.drain(wait=True)
+    from meshrun import checkpoint
+
+    checkpoint.wait()
     if _client is not None:
         _client.close()

@@ -4,6 +4,6 @@ They are defined by the native engine, so an engine error arrives in Python
 as exactly one of these.
 """
 
-from meshrun._native import ConfigError, ControlError, DataError, MeshrunError, RunFailedError
+from meshrun._native import CheckpointError, ConfigError, ControlError, DataError, MeshrunError, RunFailedError
 
-__all__ = ["ConfigError", "ControlError", "DataError", "MeshrunError", "RunFailedError"]
+__all__ = ["CheckpointError", "ConfigError", "ControlError", "DataError", "MeshrunError", "RunFailedError"]

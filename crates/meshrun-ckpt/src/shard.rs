@@ -55,11 +55,15 @@ pub fn chunk_crcs(data: &[u8]) -> Vec<u32> {
 
 /// Writes `rank-<rank>.safetensors` into `dir`, syncs it to disk, and
 /// returns the manifest records of its shards (leaf path first).
+/// A rank that owns no shard (all it holds are replicas) writes no file.
 pub fn write_rank_file(
     dir: &Path,
     rank: u32,
     shards: &[ShardIn<'_>],
 ) -> Result<Vec<(String, ShardRecord)>, CkptError> {
+    if shards.is_empty() {
+        return Ok(Vec::new());
+    }
     let file_name = format!("rank-{rank}.safetensors");
     let path = dir.join(&file_name);
     let mut views = Vec::with_capacity(shards.len());

@@ -87,6 +87,8 @@ pub enum CoreError {
     },
     #[error(transparent)]
     Token(#[from] crate::token::TokenError),
+    #[error(transparent)]
+    Checkpoint(#[from] meshrun_ckpt::CkptError),
     #[error("agent of host {host} {what} before the run started")]
     AgentGone { host: u32, what: String },
 }

@@ -122,6 +122,20 @@ impl WorkerClient {
             .send(Outgoing::Msg(Message::Report { step, metrics }));
     }
 
+    /// Tells the controller this rank's shards of checkpoint `step` are on disk.
+    pub fn checkpoint_written(
+        &self,
+        step: u64,
+        leaves: Vec<meshrun_ckpt::manifest::Leaf>,
+        extra: Option<serde_json::Value>,
+    ) {
+        let _ = self.tx.send(Outgoing::Msg(Message::CheckpointWritten {
+            step,
+            leaves,
+            extra,
+        }));
+    }
+
     /// Sends the user's exception and waits (up to `timeout`) until it has
     /// been written, since the process may be killed right after.
     pub fn report_failure(

@@ -326,8 +326,8 @@ mod tests {
         }
     }
 
-    fn drain(source: &Arc<dyn Source>, c: LoaderConfig) -> Vec<Vec<i64>> {
-        let mut l = Loader::start(Arc::clone(source), &c).unwrap();
+    fn drain(source: &Arc<dyn Source>, c: &LoaderConfig) -> Vec<Vec<i64>> {
+        let mut l = Loader::start(Arc::clone(source), c).unwrap();
         let mut out = Vec::new();
         while let Some(b) = l.next_timeout(Duration::from_secs(10)).unwrap() {
             out.push(b.indices);
@@ -339,7 +339,7 @@ mod tests {
     fn every_record_once_per_epoch_across_processes() {
         let src = Counting::with_records(1000);
         let mut seen: Vec<i64> = (0..4)
-            .flat_map(|r| drain(&src, cfg(40, r, 4)).concat())
+            .flat_map(|r| drain(&src, &cfg(40, r, 4)).concat())
             .collect();
         seen.sort_unstable();
         assert_eq!(seen, (0..1000).collect::<Vec<_>>());
@@ -348,9 +348,9 @@ mod tests {
     #[test]
     fn global_batches_do_not_depend_on_process_count() {
         let src = Counting::with_records(500);
-        let one = drain(&src, cfg(20, 0, 1));
+        let one = drain(&src, &cfg(20, 0, 1));
         for p in [2, 4] {
-            let parts: Vec<Vec<Vec<i64>>> = (0..p).map(|r| drain(&src, cfg(20, r, p))).collect();
+            let parts: Vec<Vec<Vec<i64>>> = (0..p).map(|r| drain(&src, &cfg(20, r, p))).collect();
             for (step, whole) in one.iter().enumerate() {
                 let joined: Vec<i64> = parts.iter().flat_map(|r| r[step].clone()).collect();
                 assert_eq!(&joined, whole, "step {step} with {p} processes");
@@ -363,9 +363,9 @@ mod tests {
         let src = Counting::with_records(300);
         let mut c = cfg(10, 0, 1);
         c.epochs = Some(2);
-        let whole = drain(&src, c.clone());
+        let whole = drain(&src, &c);
         c.start_offset = 170;
-        let resumed = drain(&src, c);
+        let resumed = drain(&src, &c);
         assert_eq!(resumed, whole[17..]);
     }
 

@@ -32,6 +32,12 @@ create_exception!(
 );
 create_exception!(
     meshrun,
+    CheckpointError,
+    MeshrunError,
+    "A checkpoint is missing, corrupt, or does not match the target tree."
+);
+create_exception!(
+    meshrun,
     ControlError,
     MeshrunError,
     "The control plane failed: the controller, an agent or a connection."
@@ -44,6 +50,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ControlError", py.get_type::<ControlError>())?;
     m.add("RunFailedError", py.get_type::<RunFailedError>())?;
     m.add("DataError", py.get_type::<DataError>())?;
+    m.add("CheckpointError", py.get_type::<CheckpointError>())?;
     Ok(())
 }
 
@@ -52,7 +59,9 @@ pub fn to_py(err: &CoreError) -> PyErr {
     let text = err.to_string();
     match err {
         CoreError::Usage(_) => ConfigError::new_err(text),
-        CoreError::Io { .. } | CoreError::Token(_) => MeshrunError::new_err(text),
+        CoreError::Io { .. } | CoreError::Token(_) | CoreError::Checkpoint(_) => {
+            MeshrunError::new_err(text)
+        }
         CoreError::Net { .. }
         | CoreError::Protocol(_)
         | CoreError::AgentTimeout { .. }

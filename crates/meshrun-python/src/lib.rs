@@ -1,6 +1,7 @@
 //! `meshrun._native`: converts Python values to engine types and back, and
 //! releases the GIL around every engine call. No logic of its own.
 
+mod checkpoint;
 mod data;
 mod errors;
 mod run;
@@ -25,6 +26,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(run::run, m)?)?;
     m.add_class::<worker::WorkerClient>()?;
     m.add_class::<data::DataSource>()?;
+    m.add_class::<checkpoint::CheckpointReader>()?;
+    m.add_function(wrap_pyfunction!(checkpoint::write_shards, m)?)?;
     m.add_class::<data::DataLoader>()?;
     errors::register(m)?;
     Ok(())

@@ -47,6 +47,25 @@ impl WorkerClient {
         Ok(())
     }
 
+    /// Tells the controller this rank's shards of `step` are written;
+    /// `leaves_json` is what `write_shards` returned.
+    #[pyo3(signature = (step, leaves_json, extra_json=None))]
+    fn checkpoint_written(
+        &self,
+        step: u64,
+        leaves_json: &str,
+        extra_json: Option<&str>,
+    ) -> PyResult<()> {
+        let leaves = serde_json::from_str(leaves_json)
+            .map_err(|e| PyValueError::new_err(format!("leaves are not valid: {e}")))?;
+        let extra = extra_json
+            .map(serde_json::from_str)
+            .transpose()
+            .map_err(|e| PyValueError::new_err(format!("extra is not JSON: {e}")))?;
+        self.0.checkpoint_written(step, leaves, extra);
+        Ok(())
+    }
+
     /// Sends an uncaught exception and waits until it is on the wire.
     fn report_failure(&self, py: Python<'_>, kind: String, message: String, traceback: String) {
         py.detach(|| {

@@ -9,6 +9,7 @@
 //! [`supervisor`] is the state machine that ties them together.
 
 mod agents;
+mod checkpoints;
 mod launch;
 mod output;
 mod server;

@@ -11,6 +11,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 
 use super::agents::{self, Agents};
+use super::checkpoints::Checkpoints;
 use super::launch::{host_launches, FUNCTION_FILE};
 use super::output::Output;
 use super::server::{bind_loopback, spawn_accept_loop, Event};
@@ -66,6 +67,7 @@ struct Supervisor {
     stop_deadline: Option<Instant>,
     last_metrics: Option<Value>,
     launched: bool,
+    checkpoints: Checkpoints,
 }
 
 /// SIGINT and SIGTERM, when this run handles them. Installed before
@@ -136,6 +138,19 @@ pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, Core
         json!({ "attempt": attempt, "nprocs": plan.nprocs, "hosts": plan.hosts, "control_addr": addr.to_string() }),
     )?;
 
+    let (checkpoints, removed) = match Checkpoints::open(&plan.run_dir, plan.nprocs) {
+        Ok(found) => found,
+        Err(e) => {
+            let e = CoreError::Checkpoint(e);
+            return Err(errored(&mut rundir, &run_json, &mut attempts, e));
+        }
+    };
+    for path in removed {
+        rundir.event(
+            "checkpoint_discarded",
+            json!({ "path": path.display().to_string(), "reason": "not committed" }),
+        )?;
+    }
     let mut agent_procs = match agents::start(&plan, addr, &token) {
         Ok(agents) => agents,
         Err(e) => return Err(errored(&mut rundir, &run_json, &mut attempts, e)),
@@ -155,6 +170,7 @@ pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, Core
         stop_deadline: None,
         last_metrics: None,
         launched: false,
+        checkpoints,
     };
     let result = sup
         .run(&mut events, &mut agent_procs, &opts, &mut signals)
@@ -425,6 +441,21 @@ impl Supervisor {
                 }))?;
                 self.last_metrics = Some(metrics);
             }
+            Message::CheckpointWritten {
+                step,
+                leaves,
+                extra,
+            } => match self.checkpoints.written(rank, step, leaves, extra) {
+                Ok(Some(path)) => self.rundir.event(
+                    "checkpoint_committed",
+                    json!({ "attempt": self.attempt, "step": step, "path": path.display().to_string() }),
+                )?,
+                Ok(None) => {}
+                Err(e) => self.rundir.event(
+                    "checkpoint_failed",
+                    json!({ "attempt": self.attempt, "step": step, "error": e.to_string() }),
+                )?,
+            },
             Message::Failure {
                 kind,
                 message,

@@ -124,6 +124,13 @@ pub enum Message {
         message: String,
         traceback: String,
     },
+    /// This rank has written and synced its shards of checkpoint `step`
+    /// into `checkpoints/tmp-<step>`; `extra` comes from rank 0 only.
+    CheckpointWritten {
+        step: u64,
+        leaves: Vec<meshrun_ckpt::manifest::Leaf>,
+        extra: Option<serde_json::Value>,
+    },
     /// The worker's program finished; its connection closes next.
     Bye,
 }

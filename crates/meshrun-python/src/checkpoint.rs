@@ -1,0 +1,139 @@
+//! Checkpoint shards for Python: writing one rank's file (GIL released),
+//! and reading regions of a committed checkpoint into numpy arrays.
+
+// PyO3 hands arguments over as owned values.
+#![allow(clippy::needless_pass_by_value)]
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use meshrun_ckpt::boxes::elements;
+use meshrun_ckpt::manifest::Leaf;
+use meshrun_ckpt::read::{itemsize, Reader};
+use meshrun_ckpt::shard::{write_rank_file, ShardIn};
+use numpy::{PyArray1, PyReadonlyArray1};
+use pyo3::prelude::*;
+
+use crate::errors::CheckpointError;
+
+fn to_py(e: &meshrun_ckpt::CkptError) -> PyErr {
+    CheckpointError::new_err(e.to_string())
+}
+
+/// One shard from Python: (leaf path, dtype, global shape, region, bytes).
+type PyShard<'py> = (
+    String,
+    String,
+    Vec<usize>,
+    Vec<(usize, usize)>,
+    PyReadonlyArray1<'py, u8>,
+);
+
+/// The same, borrowed: (leaf, dtype, global shape, region, bytes).
+type ShardView<'a> = (
+    &'a str,
+    &'a str,
+    &'a [usize],
+    &'a [(usize, usize)],
+    &'a [u8],
+);
+
+/// Writes `rank-<rank>.safetensors` in `dir` (synced) and returns this
+/// rank's leaves with their shard records, as JSON for the controller.
+#[pyfunction]
+pub fn write_shards(
+    py: Python<'_>,
+    dir: PathBuf,
+    rank: u32,
+    shards: Vec<PyShard<'_>>,
+) -> PyResult<String> {
+    let mut leaves: BTreeMap<String, Leaf> = BTreeMap::new();
+    let views: Vec<ShardView<'_>> = shards
+        .iter()
+        .map(|(leaf, dtype, shape, region, data)| -> PyResult<_> {
+            Ok((
+                leaf.as_str(),
+                dtype.as_str(),
+                shape.as_slice(),
+                region.as_slice(),
+                data.as_slice()?,
+            ))
+        })
+        .collect::<PyResult<_>>()?;
+    for (leaf, dtype, shape, _, _) in &views {
+        leaves.entry((*leaf).to_string()).or_insert_with(|| Leaf {
+            path: (*leaf).to_string(),
+            dtype: (*dtype).to_string(),
+            shape: shape.to_vec(),
+            shards: vec![],
+        });
+    }
+    let records = py
+        .detach(|| {
+            let inputs: Vec<ShardIn<'_>> = views
+                .iter()
+                .map(|(leaf, dtype, _, region, data)| ShardIn {
+                    leaf: (*leaf).to_string(),
+                    dtype: (*dtype).to_string(),
+                    region: region.to_vec(),
+                    data,
+                })
+                .collect();
+            std::fs::create_dir_all(&dir)
+                .map_err(meshrun_ckpt::CkptError::io("cannot create", &dir))?;
+            write_rank_file(&dir, rank, &inputs)
+        })
+        .map_err(|e| to_py(&e))?;
+    for (leaf, record) in records {
+        if let Some(l) = leaves.get_mut(&leaf) {
+            l.shards.push(record);
+        }
+    }
+    let list: Vec<Leaf> = leaves.into_values().collect();
+    Ok(serde_json::to_string(&list).expect("leaves serialize"))
+}
+
+#[pyclass(frozen, module = "meshrun._native")]
+pub struct CheckpointReader(Mutex<Reader>);
+
+#[pymethods]
+impl CheckpointReader {
+    #[new]
+    fn new(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
+        py.detach(|| Reader::open(&path))
+            .map(|r| Self(Mutex::new(r)))
+            .map_err(|e| to_py(&e))
+    }
+
+    /// The manifest, as JSON text.
+    fn manifest_json(&self) -> String {
+        serde_json::to_string(self.0.lock().expect("reader lock").manifest())
+            .expect("manifest serializes")
+    }
+
+    /// `region` of leaf `path` as a flat uint8 array (row-major).
+    fn read<'py>(
+        &self,
+        py: Python<'py>,
+        path: &str,
+        region: Vec<(usize, usize)>,
+    ) -> PyResult<Bound<'py, PyArray1<u8>>> {
+        let bytes = py
+            .detach(|| {
+                let mut reader = self.0.lock().expect("reader lock");
+                let dtype = reader.manifest().leaf(path)?.dtype.clone();
+                let mut out = vec![0u8; elements(&region) * itemsize(&dtype)?];
+                reader.read_region(path, &region, &mut out)?;
+                Ok(out)
+            })
+            .map_err(|e: meshrun_ckpt::CkptError| to_py(&e))?;
+        Ok(PyArray1::from_vec(py, bytes))
+    }
+
+    /// Checks every CRC; returns the number of tensors checked.
+    fn verify(&self, py: Python<'_>) -> PyResult<usize> {
+        py.detach(|| self.0.lock().expect("reader lock").verify_all())
+            .map_err(|e| to_py(&e))
+    }
+}

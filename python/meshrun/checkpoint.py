@@ -1,0 +1,177 @@
+"""Sharded, asynchronous checkpoints: ``meshrun.save``, ``meshrun.restore``,
+``meshrun.get_checkpoint``.
+
+``save`` copies the shards this process owns (replica 0 of each addressable
+shard of every ``jax.Array``; numpy arrays and scalars on rank 0) to host
+memory and returns; a background thread hands the bytes to Rust, which
+writes ``checkpoints/tmp-<step>/rank-<r>.safetensors`` with a CRC per 1 MiB
+chunk and syncs it, then tells the controller. When every rank has
+written, the controller writes ``manifest.json`` and renames the folder to
+``step-<step>``: the commit. A save asked for while the previous one is
+still writing waits for it first.
+
+``restore(target)`` reads, for every leaf of ``target`` (arrays, or
+``jax.ShapeDtypeStruct`` s with a sharding), exactly the region each local
+device needs, from whichever stored shards overlap it, so a checkpoint
+restores onto another process count, mesh or partitioning.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from meshrun import _native, _runtime
+from meshrun.context import get_context
+from meshrun.errors import CheckpointError, ConfigError
+
+_writer: threading.Thread | None = None
+_writer_error: BaseException | None = None
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A committed checkpoint: its folder and step."""
+
+    path: str
+    step: int
+
+    def manifest(self) -> dict[str, Any]:
+        return json.loads(_native.CheckpointReader(self.path).manifest_json())
+
+
+def _root() -> Path:
+    ctx = get_context()
+    if ctx.run_dir is None:
+        raise ConfigError("checkpoints need a run: start the program with `meshrun run` or Trainer.fit()")
+    return Path(ctx.run_dir) / "checkpoints"
+
+
+def _leaf_paths(tree: Any) -> list[tuple[str, Any]]:
+    import jax
+
+    from meshrun.sharding import path_str
+
+    return [(path_str(p), leaf) for p, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
+def _region(index: tuple[slice, ...], shape: tuple[int, ...]) -> list[tuple[int, int]]:
+    return [(s.start or 0, dim if s.stop is None else s.stop) for s, dim in zip(index, shape)]
+
+
+def _owned_shards(tree: Any, rank: int) -> list[tuple[str, str, list[int], list[tuple[int, int]], np.ndarray]]:
+    """(leaf, dtype, global shape, region, host bytes) of every shard this
+    process writes. Device-to-host copies happen here, before save returns."""
+    import jax
+
+    out = []
+    for path, leaf in _leaf_paths(tree):
+        if isinstance(leaf, jax.Array):
+            shape = tuple(leaf.shape)
+            for shard in leaf.addressable_shards:
+                if shard.replica_id != 0:
+                    continue
+                host = np.asarray(shard.data, order="C")
+                out.append((path, host.dtype.name, list(shape), _region(shard.index, shape), host))
+        elif rank == 0:
+            host = np.asarray(leaf, order="C")
+            out.append((path, host.dtype.name, list(host.shape), [(0, d) for d in host.shape], host))
+    return [(p, d, s, r, h.reshape(-1).view(np.uint8)) for p, d, s, r, h in out]
+
+
+def wait() -> None:
+    """Waits until this process's last save has been written."""
+    global _writer, _writer_error
+    if _writer is not None:
+        _writer.join()
+        _writer = None
+    if _writer_error is not None:
+        err, _writer_error = _writer_error, None
+        raise err
+
+
+def save(step: int, state: Any, *, metrics: dict[str, Any] | None = None, extra: dict[str, Any] | None = None) -> None:
+    """Checkpoints ``state`` (any pytree of arrays and scalars) as ``step``.
+    Returns once the shards are on the host; writing goes on behind."""
+    global _writer
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ConfigError(f"checkpoint step must be a non-negative integer, got {step!r}")
+    root = _root()
+    ctx = get_context()
+    wait()
+    shards = _owned_shards(state, ctx.rank)
+    info = None
+    if ctx.rank == 0:
+        info = json.dumps({"paths": [p for p, _ in _leaf_paths(state)], "metrics": metrics or {}, "user": extra or {}}, default=str)
+    client = _runtime.client()
+
+    def write() -> None:
+        global _writer_error
+        try:
+            leaves = _native.write_shards(str(root / f"tmp-{step}"), ctx.rank, shards)
+            if client is not None:
+                client.checkpoint_written(step, leaves, info)
+        except BaseException as exc:  # surfaced by the next save or wait()
+            _writer_error = exc
+
+    _writer = threading.Thread(target=write, name=f"meshrun-save-{step}", daemon=True)
+    _writer.start()
+
+
+def get_checkpoint() -> Checkpoint | None:
+    """The newest committed checkpoint of this run, or None."""
+    root = _root()
+    best = None
+    for entry in root.glob("step-*") if root.exists() else []:
+        if (entry / "manifest.json").exists():
+            step = int(entry.name.removeprefix("step-"))
+            if best is None or step > best.step:
+                best = Checkpoint(str(entry), step)
+    return best
+
+
+def restore(target: Any, checkpoint: Checkpoint | str | os.PathLike | None = None) -> Any:
+    """``target``'s tree with every leaf read from the checkpoint (default:
+    the newest), placed by the target leaf's sharding."""
+    import jax
+
+    if checkpoint is None:
+        checkpoint = get_checkpoint()
+        if checkpoint is None:
+            raise CheckpointError(f"no committed checkpoint in {_root()}")
+    path = checkpoint.path if isinstance(checkpoint, Checkpoint) else os.fspath(checkpoint)
+    reader = _native.CheckpointReader(path)
+    saved = {leaf["path"]: leaf for leaf in json.loads(reader.manifest_json())["leaves"]}
+
+    def one(key_path, leaf):
+        from meshrun.sharding import path_str
+
+        name = path_str(key_path)
+        entry = saved.get(name)
+        if entry is None:
+            raise CheckpointError(f"leaf '{name}' of the target is not in checkpoint {path}; it holds: {', '.join(sorted(saved)) or 'nothing'}")
+        shape = tuple(getattr(leaf, "shape", np.shape(leaf)))
+        dtype = np.dtype(getattr(leaf, "dtype", np.asarray(leaf).dtype))
+        if tuple(entry["shape"]) != shape or entry["dtype"] != dtype.name:
+            raise CheckpointError(
+                f"leaf '{name}': the checkpoint holds {entry['dtype']}{list(entry['shape'])}, the target asks for {dtype.name}{list(shape)}"
+            )
+        sharding = getattr(leaf, "sharding", None)
+        if sharding is None:
+            flat = reader.read(name, [(0, d) for d in shape])
+            return flat.view(dtype).reshape(shape)
+        arrays = []
+        for device, index in sharding.addressable_devices_indices_map(shape).items():
+            region = _region(index, shape)
+            flat = reader.read(name, region)
+            local = flat.view(dtype).reshape([b - a for a, b in region])
+            arrays.append(jax.device_put(local, device))
+        return jax.make_array_from_single_device_arrays(shape, sharding, arrays)
+
+    return jax.tree_util.tree_map_with_path(one, target)
