@@ -2,7 +2,7 @@
 //! in place (ndarray-npy reads the header); each record is one contiguous
 //! row, copied straight into the batch.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use memmap2::Mmap;
 use ndarray::ArrayViewD;
@@ -18,7 +18,6 @@ pub struct NpySource {
     records: u64,
     fields: Vec<Field>,
     fingerprint: String,
-    path: PathBuf,
 }
 
 /// The data's element type, offset in the file and shape, and whether it is
@@ -105,12 +104,7 @@ impl NpySource {
             fields: vec![field],
             mmap,
             offset,
-            path: path.to_path_buf(),
         })
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
     }
 }
 

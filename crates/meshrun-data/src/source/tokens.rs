@@ -4,7 +4,7 @@
 //! share one token and every token but the last is a target exactly once
 //! per epoch.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use memmap2::Mmap;
 
@@ -12,7 +12,6 @@ use super::{check_exists, fingerprint, Dtype, Field, Source};
 use crate::error::DataError;
 
 pub struct TokenFile {
-    path: PathBuf,
     mmap: Mmap,
     seq_len: u64,
     itemsize: usize,
@@ -63,7 +62,6 @@ impl TokenFile {
         let description = format!("tokens:{}:{seq_len}", dtype.numpy_name());
         Ok(Self {
             fingerprint: fingerprint(&description, &[path])?,
-            path: path.to_path_buf(),
             mmap,
             seq_len,
             itemsize,
@@ -74,10 +72,6 @@ impl TokenFile {
                 shape: vec![seq_len as usize + 1],
             }],
         })
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
     }
 }
 
@@ -105,7 +99,7 @@ impl Source for TokenFile {
 mod tests {
     use super::*;
 
-    fn write(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
+    fn write(dir: &Path, name: &str, bytes: &[u8]) -> std::path::PathBuf {
         let p = dir.join(name);
         std::fs::write(&p, bytes).unwrap();
         p
