@@ -49,3 +49,37 @@ def test_flipped_byte_is_caught_naming_file_and_tensor(saved, tmp_path):
     shard.write_bytes(bytes(raw))
     with pytest.raises(CheckpointError, match=r"checksum mismatch in '.*rank-0\.safetensors', tensor '"):
         _native.CheckpointReader(str(copy)).verify()
+
+
+def ckpt_cli(*args):
+    import subprocess
+
+    from conftest import MESHRUN
+
+    return subprocess.run([str(MESHRUN), "ckpt", *map(str, args)], capture_output=True, text=True, timeout=60)
+
+
+def test_ckpt_cli_ls_inspect_verify_export(saved, tmp_path):
+    import numpy as np
+    from safetensors import safe_open
+
+    step = saved / "ck" / "checkpoints" / "step-5"
+    ls = ckpt_cli("ls", "ck", "--runs-dir", saved)
+    assert ls.returncode == 0 and f"5\t6\t855\t{step}" in ls.stdout
+    inspect = ckpt_cli("inspect", step)
+    assert inspect.returncode == 0
+    assert 'metrics: {"loss":1.5}' in inspect.stdout
+    assert "w\tfloat32\t[8, 16]\t512\t2" in inspect.stdout
+    assert "total: 6 leaves, 855 bytes" in inspect.stdout
+    assert "every CRC matches" in ckpt_cli("verify", step).stdout
+    out = tmp_path / "model.safetensors"
+    assert ckpt_cli("export", step, out).returncode == 0
+    with safe_open(str(out), framework="numpy") as f:
+        assert sorted(f.keys()) == ["b16", "bytes", "ids", "nested/mask", "nested/step", "w"]
+        np.testing.assert_array_equal(f.get_tensor("w"), np.arange(128, dtype=np.float32).reshape(8, 16) / 7)
+        np.testing.assert_array_equal(f.get_tensor("ids"), np.arange(16, dtype=np.int32).reshape(4, 4) - 5)
+        assert f.get_slice("b16").get_dtype() == "BF16"  # numpy has no bfloat16; the data is there for torch/jax
+    missing = ckpt_cli("ls", "nope", "--runs-dir", saved)
+    assert missing.returncode == 2 and "no run 'nope'" in missing.stderr
+    uncommitted = ckpt_cli("verify", tmp_path)
+    assert uncommitted.returncode == 2 and "has no manifest.json: it is not a committed checkpoint" in uncommitted.stderr

@@ -28,6 +28,25 @@ pub enum Command {
     /// Run a host's agent (started by `meshrun run`, not by hand).
     #[command(hide = true)]
     Agent(AgentArgs),
+    /// List, inspect, verify and export checkpoints.
+    #[command(subcommand)]
+    Ckpt(CkptCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CkptCommand {
+    /// The committed checkpoints of a run (a run name or its folder).
+    Ls {
+        run: String,
+        #[arg(long, default_value = "runs", value_name = "DIR")]
+        runs_dir: PathBuf,
+    },
+    /// Step, metrics, and every leaf's shape, dtype and bytes.
+    Inspect { path: PathBuf },
+    /// Check every CRC of every shard.
+    Verify { path: PathBuf },
+    /// Write one plain safetensors file with every leaf whole.
+    Export { path: PathBuf, out: PathBuf },
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

@@ -6,6 +6,7 @@ use meshrun_core::agent::{self, AgentConfig};
 use meshrun_core::token::Token;
 use meshrun_core::{execute, Entry, ExecOptions, PlatformChoice, RunSpec, Tee};
 
+use crate::ckpt;
 use crate::cli::{AgentArgs, Cli, Command, PlatformArg, RunArgs, TeeArg};
 use crate::{exit, Launcher};
 
@@ -13,10 +14,17 @@ pub fn dispatch(cli: Cli, launcher: &Launcher) -> i32 {
     match cli.command {
         Command::Run(args) => run(args, launcher),
         Command::Agent(args) => agent(&args),
+        Command::Ckpt(cmd) => match ckpt::run(cmd) {
+            Ok(()) => exit::SUCCESS,
+            Err(e) => {
+                error(&e);
+                e.exit_code()
+            }
+        },
     }
 }
 
-fn error(text: impl std::fmt::Display) {
+pub(crate) fn error(text: impl std::fmt::Display) {
     let _ = writeln!(std::io::stderr().lock(), "meshrun: error: {text}");
 }
 

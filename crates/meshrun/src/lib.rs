@@ -2,6 +2,7 @@
 //! only hand their arguments to [`main`]; parsing is in [`cli`], each
 //! command in [`commands`].
 
+mod ckpt;
 pub mod cli;
 pub mod commands;
 mod logging;
