@@ -83,3 +83,30 @@ def test_ckpt_cli_ls_inspect_verify_export(saved, tmp_path):
     assert missing.returncode == 2 and "no run 'nope'" in missing.stderr
     uncommitted = ckpt_cli("verify", tmp_path)
     assert uncommitted.returncode == 2 and "has no manifest.json: it is not a committed checkpoint" in uncommitted.stderr
+
+
+@pytest.mark.parametrize(
+    "flags, kept",
+    [
+        (["--keep-checkpoints", "2", "--keep-every-n-steps", "3"], [3, 5, 6]),
+        (["--keep-checkpoints", "1", "--checkpoint-score", "loss", "--checkpoint-score-order", "min"], [2, 6]),
+        ([], [1, 2, 3, 4, 5, 6]),
+    ],
+)
+def test_retention_after_each_commit(tmp_path, flags, kept):
+    losses = ["5", "1", "4", "3", "2", "6"]
+    done = meshrun(["-n", "2", "--devices-per-proc", "2", *flags, str(SCRIPTS / "save_steps.py"), *losses], runs_dir=tmp_path / "runs", name="keep")
+    assert done.code == 0, done.stderr
+    steps = sorted(int(p.name.removeprefix("step-")) for p in (done.run_dir / "checkpoints").glob("step-*"))
+    assert steps == kept
+    assert [e["step"] for e in done.events() if e["event"] == "checkpoint_committed"] == [1, 2, 3, 4, 5, 6]
+
+
+def test_retention_flags_are_checked(tmp_path):
+    import subprocess
+
+    from conftest import MESHRUN
+
+    proc = subprocess.run([str(MESHRUN), "run", "--runs-dir", str(tmp_path / "runs"), "--keep-checkpoints", "0", str(SCRIPTS / "hello.py")], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--keep-checkpoints must be at least 1" in proc.stderr
+    assert not (tmp_path / "runs").exists()

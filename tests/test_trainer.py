@@ -110,3 +110,16 @@ def test_context_outside_meshrun(monkeypatch):
     assert (ctx.rank, ctx.world_size, ctx.in_meshrun) == (0, 1, False)
     with pytest.warns(RuntimeWarning, match="not running under meshrun"):
         meshrun.report({"x": 1})
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        (meshrun.CheckpointConfig(num_to_keep=0), "CheckpointConfig.num_to_keep must be at least 1, got 0"),
+        (meshrun.CheckpointConfig(num_to_keep=2, score_order="best"), "score_order must be 'max' or 'min', got 'best'"),
+    ],
+)
+def test_bad_checkpoint_config(tmp_path, config, message):
+    with pytest.raises(meshrun.ConfigError, match=message):
+        meshrun.Trainer(psum_fn, run_config=meshrun.RunConfig(storage_path=str(tmp_path / "runs"), checkpoint_config=config)).fit()
+    assert not (tmp_path / "runs").exists()

@@ -9,10 +9,11 @@ from meshrun.context import Context, get_context, init
 from meshrun.checkpoint import Checkpoint, get_checkpoint, restore, save
 from meshrun.errors import CheckpointError, ConfigError, ControlError, DataError, MeshrunError, RunFailedError
 from meshrun.reporting import report
-from meshrun.trainer import Result, RunConfig, ScalingConfig, Trainer
+from meshrun.trainer import CheckpointConfig, Result, RunConfig, ScalingConfig, Trainer
 
 __all__ = [
     "Checkpoint",
+    "CheckpointConfig",
     "CheckpointError",
     "ConfigError",
     "Context",

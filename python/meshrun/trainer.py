@@ -41,13 +41,45 @@ class ScalingConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    """Which committed checkpoints the controller keeps after each commit:
+    ``num_to_keep`` most recent (or best by ``score_attribute``, a metric
+    saved with the checkpoint, ``score_order`` "max" or "min"), plus every
+    step divisible by ``keep_every_n_steps``. The newest is always kept."""
+
+    num_to_keep: int | None = None
+    keep_every_n_steps: int | None = None
+    score_attribute: str | None = None
+    score_order: str = "max"
+
+    def _json(self) -> str | None:
+        if self.num_to_keep is None and self.keep_every_n_steps is None:
+            return None
+        if self.num_to_keep is not None:
+            _count("CheckpointConfig.num_to_keep", self.num_to_keep)
+        if self.keep_every_n_steps is not None:
+            _count("CheckpointConfig.keep_every_n_steps", self.keep_every_n_steps)
+        if self.score_order not in ("max", "min"):
+            raise ConfigError(f"CheckpointConfig.score_order must be 'max' or 'min', got {self.score_order!r}")
+        return json.dumps(
+            {
+                "num_to_keep": self.num_to_keep,
+                "keep_every_n_steps": self.keep_every_n_steps,
+                "score_attribute": self.score_attribute,
+                "score_order": self.score_order,
+            }
+        )
+
+
+@dataclass
 class RunConfig:
-    """Where the run is kept and what it is called."""
+    """Where the run is kept, what it is called, and which checkpoints stay."""
 
     name: str | None = None
     storage_path: str = "runs"
     tee: str = "rank0"
     env: dict[str, str] = field(default_factory=dict)
+    checkpoint_config: CheckpointConfig | None = None
 
 
 @dataclass
@@ -125,6 +157,7 @@ class Trainer:
             agent_command=[sys.executable, "-m", "meshrun"],
             env=sorted(env.items()),
             payload=payload,
+            retention_json=self.run.checkpoint_config._json() if self.run.checkpoint_config else None,
         )
         error = None
         if out["status"] != "succeeded":

@@ -14,6 +14,7 @@ pub mod commit;
 pub mod error;
 pub mod manifest;
 pub mod read;
+pub mod retention;
 pub mod shard;
 
 pub use error::CkptError;

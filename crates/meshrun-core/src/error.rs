@@ -55,6 +55,10 @@ pub enum UsageError {
         pid: String,
         path: PathBuf,
     },
+    #[error("--keep-checkpoints must be at least 1 (the newest checkpoint is always kept), got 0")]
+    KeepNone,
+    #[error("--keep-every-n-steps must be at least 1, got 0")]
+    KeepEveryZero,
     #[error("cannot determine the working directory: {0}")]
     NoCwd(io::Error),
 }

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::UsageError;
 use crate::gpu::Inventory;
+pub use meshrun_ckpt::retention::{Retention, ScoreOrder};
 
 /// The most hosts the local backend simulates: one loopback address each.
 pub const MAX_LOCAL_HOSTS: u32 = 250;
@@ -82,6 +83,8 @@ pub struct RunSpec {
     pub agent_command: Vec<String>,
     /// Extra environment for every worker (the Python API's `env=`).
     pub env: Vec<(String, String)>,
+    /// Which committed checkpoints to keep.
+    pub retention: Option<Retention>,
 }
 
 /// A validated run: every field is known to be usable.
@@ -103,6 +106,7 @@ pub struct RunPlan {
     pub python: PathBuf,
     pub agent_command: Vec<String>,
     pub env: Vec<(String, String)>,
+    pub retention: Option<Retention>,
 }
 
 impl RunPlan {
@@ -157,6 +161,14 @@ impl RunSpec {
         if let Some(0) = self.gpus_per_proc {
             return Err(UsageError::NoGpus(0));
         }
+        if let Some(r) = &self.retention {
+            if r.num_to_keep == Some(0) {
+                return Err(UsageError::KeepNone);
+            }
+            if r.keep_every_n_steps == Some(0) {
+                return Err(UsageError::KeepEveryZero);
+            }
+        }
         let procs_per_host = self.nprocs / self.hosts;
         let platform = self.resolve_platform(procs_per_host, inventory)?;
         let cwd = std::env::current_dir().map_err(UsageError::NoCwd)?;
@@ -207,6 +219,7 @@ impl RunSpec {
             python: self.python,
             agent_command: self.agent_command,
             env: self.env,
+            retention: self.retention,
         })
     }
 
@@ -349,6 +362,7 @@ mod tests {
             python: "python3".into(),
             agent_command: vec![],
             env: vec![],
+            retention: None,
         }
     }
 

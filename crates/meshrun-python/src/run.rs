@@ -37,7 +37,7 @@ fn tee(name: &str) -> PyResult<Tee> {
 }
 
 #[pyfunction]
-#[pyo3(signature = (*, nprocs, hosts, devices_per_proc, gpus_per_proc, platform_name, name, runs_dir, tee_name, python, agent_command, env, payload))]
+#[pyo3(signature = (*, nprocs, hosts, devices_per_proc, gpus_per_proc, platform_name, name, runs_dir, tee_name, python, agent_command, env, payload, retention_json=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn run<'py>(
     py: Python<'py>,
@@ -53,7 +53,12 @@ pub fn run<'py>(
     agent_command: Vec<String>,
     env: Vec<(String, String)>,
     payload: Vec<u8>,
+    retention_json: Option<&str>,
 ) -> PyResult<Bound<'py, PyDict>> {
+    let retention = retention_json
+        .map(serde_json::from_str)
+        .transpose()
+        .map_err(|e| ConfigError::new_err(format!("CheckpointConfig is not valid: {e}")))?;
     let spec = RunSpec {
         nprocs,
         hosts,
@@ -67,6 +72,7 @@ pub fn run<'py>(
         python: python.into(),
         agent_command,
         env,
+        retention,
     };
     let plan = py
         .detach(|| spec.validate())

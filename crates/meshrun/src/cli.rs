@@ -57,6 +57,12 @@ pub enum PlatformArg {
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum ScoreOrderArg {
+    Max,
+    Min,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum TeeArg {
     /// Rank 0's output only.
     Rank0,
@@ -106,6 +112,22 @@ pub struct RunArgs {
     /// Which ranks' output is shown on the terminal.
     #[arg(long, value_enum, default_value_t = TeeArg::Rank0)]
     pub tee: TeeArg,
+
+    /// Keep at most this many committed checkpoints (the newest always stays).
+    #[arg(long, value_name = "N")]
+    pub keep_checkpoints: Option<usize>,
+
+    /// Also keep every checkpoint whose step is a multiple of K.
+    #[arg(long, value_name = "K")]
+    pub keep_every_n_steps: Option<u64>,
+
+    /// Rank checkpoints by this reported metric instead of recency.
+    #[arg(long, value_name = "METRIC")]
+    pub checkpoint_score: Option<String>,
+
+    /// Whether a higher or lower --checkpoint-score is better.
+    #[arg(long, value_enum, default_value_t = ScoreOrderArg::Max)]
+    pub checkpoint_score_order: ScoreOrderArg,
 
     /// Run PROGRAM as a module (like python -m) instead of a script path.
     #[arg(short = 'm', long = "module")]

@@ -3,11 +3,12 @@
 use std::io::Write;
 
 use meshrun_core::agent::{self, AgentConfig};
+use meshrun_core::plan::{Retention, ScoreOrder};
 use meshrun_core::token::Token;
 use meshrun_core::{execute, Entry, ExecOptions, PlatformChoice, RunSpec, Tee};
 
 use crate::ckpt;
-use crate::cli::{AgentArgs, Cli, Command, PlatformArg, RunArgs, TeeArg};
+use crate::cli::{AgentArgs, Cli, Command, PlatformArg, RunArgs, ScoreOrderArg, TeeArg};
 use crate::{exit, Launcher};
 
 pub fn dispatch(cli: Cli, launcher: &Launcher) -> i32 {
@@ -30,6 +31,16 @@ pub(crate) fn error(text: impl std::fmt::Display) {
 
 /// Builds the run's spec from the command line.
 pub fn spec(args: RunArgs, launcher: &Launcher) -> RunSpec {
+    let retention =
+        (args.keep_checkpoints.is_some() || args.keep_every_n_steps.is_some()).then(|| Retention {
+            num_to_keep: args.keep_checkpoints,
+            keep_every_n_steps: args.keep_every_n_steps,
+            score_attribute: args.checkpoint_score.clone(),
+            score_order: match args.checkpoint_score_order {
+                ScoreOrderArg::Max => ScoreOrder::Max,
+                ScoreOrderArg::Min => ScoreOrder::Min,
+            },
+        });
     let mut program = args.program.into_iter();
     let first = program.next().unwrap_or_default();
     let rest: Vec<String> = program.collect();
@@ -69,6 +80,7 @@ pub fn spec(args: RunArgs, launcher: &Launcher) -> RunSpec {
             .unwrap_or_else(|| "python3".into()),
         agent_command: launcher.agent_command.clone(),
         env: vec![],
+        retention,
     }
 }
 

@@ -6,8 +6,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use meshrun_ckpt::commit::{clean_uncommitted, commit};
+use meshrun_ckpt::commit::{clean_uncommitted, commit, committed};
 use meshrun_ckpt::manifest::{Leaf, Manifest, FORMAT_VERSION};
+use meshrun_ckpt::retention::{to_delete, Candidate, Retention};
 use meshrun_ckpt::CkptError;
 
 #[derive(Default)]
@@ -20,13 +21,18 @@ struct Pending {
 pub struct Checkpoints {
     root: PathBuf,
     world: u32,
+    retention: Option<Retention>,
     pending: BTreeMap<u64, Pending>,
 }
 
 impl Checkpoints {
     /// Opens `run_dir/checkpoints`, removing uncommitted folders; returns
     /// them for the record.
-    pub fn open(run_dir: &Path, world: u32) -> Result<(Self, Vec<PathBuf>), CkptError> {
+    pub fn open(
+        run_dir: &Path,
+        world: u32,
+        retention: Option<Retention>,
+    ) -> Result<(Self, Vec<PathBuf>), CkptError> {
         let root = run_dir.join("checkpoints");
         std::fs::create_dir_all(&root).map_err(CkptError::io("cannot create", &root))?;
         let removed = clean_uncommitted(&root)?;
@@ -34,6 +40,7 @@ impl Checkpoints {
             Self {
                 root,
                 world,
+                retention,
                 pending: BTreeMap::new(),
             },
             removed,
@@ -75,5 +82,37 @@ impl Checkpoints {
             extra: p.extra.unwrap_or(serde_json::Value::Null),
         };
         commit(&self.root, &manifest).map(Some)
+    }
+}
+
+impl Checkpoints {
+    /// Applies the retention rules to the committed checkpoints; returns the
+    /// steps deleted.
+    pub fn retain(&self) -> Result<Vec<u64>, CkptError> {
+        let Some(policy) = &self.retention else {
+            return Ok(Vec::new());
+        };
+        let all = committed(&self.root);
+        let candidates: Vec<Candidate> = all
+            .iter()
+            .map(|(step, path)| Candidate {
+                step: *step,
+                score: policy.score_attribute.as_ref().and_then(|attr| {
+                    Manifest::read(path)
+                        .ok()?
+                        .extra
+                        .get("metrics")?
+                        .get(attr)?
+                        .as_f64()
+                }),
+            })
+            .collect();
+        let doomed = to_delete(policy, &candidates);
+        for (step, path) in &all {
+            if doomed.contains(step) {
+                std::fs::remove_dir_all(path).map_err(CkptError::io("cannot delete", path))?;
+            }
+        }
+        Ok(doomed)
     }
 }

@@ -138,13 +138,14 @@ pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, Core
         json!({ "attempt": attempt, "nprocs": plan.nprocs, "hosts": plan.hosts, "control_addr": addr.to_string() }),
     )?;
 
-    let (checkpoints, removed) = match Checkpoints::open(&plan.run_dir, plan.nprocs) {
-        Ok(found) => found,
-        Err(e) => {
-            let e = CoreError::Checkpoint(e);
-            return Err(errored(&mut rundir, &run_json, &mut attempts, e));
-        }
-    };
+    let (checkpoints, removed) =
+        match Checkpoints::open(&plan.run_dir, plan.nprocs, plan.retention.clone()) {
+            Ok(found) => found,
+            Err(e) => {
+                let e = CoreError::Checkpoint(e);
+                return Err(errored(&mut rundir, &run_json, &mut attempts, e));
+            }
+        };
     for path in removed {
         rundir.event(
             "checkpoint_discarded",
@@ -446,10 +447,22 @@ impl Supervisor {
                 leaves,
                 extra,
             } => match self.checkpoints.written(rank, step, leaves, extra) {
-                Ok(Some(path)) => self.rundir.event(
-                    "checkpoint_committed",
-                    json!({ "attempt": self.attempt, "step": step, "path": path.display().to_string() }),
-                )?,
+                Ok(Some(path)) => {
+                    self.rundir.event(
+                        "checkpoint_committed",
+                        json!({ "attempt": self.attempt, "step": step, "path": path.display().to_string() }),
+                    )?;
+                    match self.checkpoints.retain() {
+                        Ok(deleted) if deleted.is_empty() => {}
+                        Ok(deleted) => self.rundir.event(
+                            "checkpoints_deleted",
+                            json!({ "steps": deleted, "reason": "retention" }),
+                        )?,
+                        Err(e) => self
+                            .rundir
+                            .event("retention_failed", json!({ "error": e.to_string() }))?,
+                    }
+                }
                 Ok(None) => {}
                 Err(e) => self.rundir.event(
                     "checkpoint_failed",
