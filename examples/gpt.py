@@ -143,6 +143,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data-dir", default="data/stdlib-bytes")
     parser.add_argument("--describe", action="store_true", help="print the parameter table and exit")
+    parser.add_argument("--ckpt-every", type=int, default=0, help="checkpoint every N steps (0: never); a run started again under the same name resumes from the newest")
     parser.add_argument("--step-times", type=Path, help="write rank 0's per-step wall times (JSON) here")
     # Only for launching by hand without meshrun (bench/step_parity.py compares the two).
     parser.add_argument("--coordinator", help="explicit jax.distributed coordinator address")
@@ -191,7 +192,18 @@ def main() -> None:
     eval_loss = jax.jit(loss_fn, in_shardings=(param_shardings, batch_sharding), out_shardings=replicated)
 
     B, T = args.batch_size, args.seq_len
-    train = data.Loader(data.tokens(train_path, "uint8", T), B, seed=args.seed, mesh=mesh, spec=BATCH, rank=rank, num_processes=nprocs)
+    # Resume: parameters, optimizer state and the loader's position, from the
+    # newest committed checkpoint of this run (restored into the current
+    # shardings, whatever layout saved them).
+    first_step, loader_state = 0, None
+    ckpt = meshrun.get_checkpoint() if ctx.run_dir else None
+    if ckpt is not None:
+        restored = meshrun.restore({"params": params, "opt": opt_state}, ckpt)
+        params, opt_state = restored["params"], restored["opt"]
+        first_step, loader_state = ckpt.step, ckpt.extra["loader"]
+        if rank == 0:
+            print(f"gpt: resumed from step {first_step} ({ckpt.path})", flush=True)
+    train = data.Loader(data.tokens(train_path, "uint8", T), B, seed=args.seed, mesh=mesh, spec=BATCH, rank=rank, num_processes=nprocs, state=loader_state)
     # The same validation windows every time: a fixed random sample of them.
     val = data.Loader(data.tokens(val_path, "uint8", T), B, seed=12345, num_epochs=1, mesh=mesh, spec=BATCH, rank=rank, num_processes=nprocs)
     val_batches = [batch["tokens"] for _, batch in zip(range(args.eval_batches), val)]
@@ -210,7 +222,7 @@ def main() -> None:
     bpb = bpb_start
     step_times: list[float] = []
     last = time.perf_counter()
-    for step in range(args.steps):
+    for step in range(first_step, args.steps):
         params, opt_state, loss = train_step(params, opt_state, next(train)["tokens"])
         # At most two steps in flight (see examples/digits_dp.py).
         if in_flight is not None:
@@ -219,19 +231,22 @@ def main() -> None:
         now = time.perf_counter()
         step_times.append(now - last)
         last = now
-        if step == 0:
+        if step == first_step:
             loss.block_until_ready()
             started = time.perf_counter()  # after the first step's compile
         record = {"step": step + 1, "loss": loss}
-        if started is not None and step > 0:
-            record["tokens_per_s"] = step * B * T / (time.perf_counter() - started)
+        if started is not None and step > first_step:
+            record["tokens_per_s"] = (step - first_step) * B * T / (time.perf_counter() - started)
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
             bpb = val_bpb()
             record["val_bpb"] = bpb
             if rank == 0:
                 print(f"step {step + 1:5d}  loss {float(loss):.3f}  val {bpb:.3f} bits/byte  "
                       f"{record.get('tokens_per_s', 0):,.0f} tokens/s", flush=True)
-        meshrun.report(record)
+        if args.ckpt_every and (step + 1) % args.ckpt_every == 0:
+            meshrun.report(record, checkpoint={"params": params, "opt": opt_state}, extra={"loader": train.state()})
+        else:
+            meshrun.report(record)
     if rank == 0 and args.step_times:
         args.step_times.write_text(json.dumps(step_times))
     if rank == 0:

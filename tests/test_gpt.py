@@ -50,3 +50,24 @@ def test_mesh_puts_tensor_then_fsdp_within_a_host(tmp_path):
     assert done.code == 0, done.stderr
     procs = json.loads((done.run_dir / "layout.json").read_text())["processes"]
     assert procs == [[[0, 0], [1, 1]]]
+
+
+def test_checkpoint_resume_equals_the_uninterrupted_run(tmp_path):
+    base = [*SMALL[2:], "--fsdp", "2", "--tensor", "2", "--ckpt-every", "10", "--data-dir", str(tmp_path / "data")]
+    launch = ["-n", "2", "--devices-per-proc", "2", "--tee", "none"]
+    runs = tmp_path / "runs"
+    straight = meshrun([*launch, EXAMPLE, "--steps", "20", *base], runs_dir=runs, name="straight", timeout=400)
+    assert straight.code == 0, straight.stderr
+    first = meshrun([*launch, EXAMPLE, "--steps", "10", *base], runs_dir=runs, name="resumed", timeout=400)
+    assert first.code == 0, first.stderr
+    second = meshrun([*launch, EXAMPLE, "--steps", "20", *base], runs_dir=runs, name="resumed", timeout=400)
+    assert second.code == 0, second.stderr
+    assert "gpt: resumed from step 10" in second.log(0)
+
+    def losses(done, attempt):
+        return {r["step"]: r["metrics"]["loss"] for r in done.metrics() if "loss" in r["metrics"] and r["attempt"] == attempt}
+
+    whole, resumed = losses(straight, 1), losses(second, 2)
+    assert sorted(resumed) == list(range(11, 21))
+    assert all(resumed[s] == whole[s] for s in resumed), "resumed losses differ from the uninterrupted run"
+    assert [e["step"] for e in second.events() if e["event"] == "checkpoint_committed"] == [10, 20]

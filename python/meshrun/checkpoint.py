@@ -45,6 +45,16 @@ class Checkpoint:
     def manifest(self) -> dict[str, Any]:
         return json.loads(_native.CheckpointReader(self.path).manifest_json())
 
+    @property
+    def metrics(self) -> dict[str, Any]:
+        """The metrics saved with this step."""
+        return (self.manifest().get("extra") or {}).get("metrics", {})
+
+    @property
+    def extra(self) -> dict[str, Any]:
+        """What was passed as ``extra=`` when saving (e.g. the loader's state)."""
+        return (self.manifest().get("extra") or {}).get("user", {})
+
 
 def _root() -> Path:
     ctx = get_context()
@@ -156,8 +166,9 @@ def restore(target: Any, checkpoint: Checkpoint | str | os.PathLike | None = Non
         entry = saved.get(name)
         if entry is None:
             raise CheckpointError(f"leaf '{name}' of the target is not in checkpoint {path}; it holds: {', '.join(sorted(saved)) or 'nothing'}")
-        shape = tuple(getattr(leaf, "shape", np.shape(leaf)))
-        dtype = np.dtype(getattr(leaf, "dtype", np.asarray(leaf).dtype))
+        if not hasattr(leaf, "shape"):  # a Python scalar
+            leaf = np.asarray(leaf)
+        shape, dtype = tuple(leaf.shape), np.dtype(leaf.dtype)
         if tuple(entry["shape"]) != shape or entry["dtype"] != dtype.name:
             raise CheckpointError(
                 f"leaf '{name}': the checkpoint holds {entry['dtype']}{list(entry['shape'])}, the target asks for {dtype.name}{list(shape)}"

@@ -63,14 +63,26 @@ def _send_ready(wait: bool) -> None:
             _send(step, metrics)
 
 
-def report(metrics: Mapping[str, Any], *, step: int | None = None) -> None:
+def report(metrics: Mapping[str, Any], *, step: int | None = None, checkpoint: Any = None, extra: Mapping[str, Any] | None = None) -> None:
     """Records ``metrics`` (rank 0's go to ``metrics.jsonl``). Returns without
-    waiting for the device; ``step`` defaults to ``metrics["step"]``."""
+    waiting for the device; ``step`` defaults to ``metrics["step"]``.
+
+    With ``checkpoint`` (a pytree), also saves it as that step, with the
+    metrics and ``extra`` (for example the data loader's state) in its
+    manifest: see :func:`meshrun.save`."""
     global _warned
     from meshrun import _runtime
 
     if not isinstance(metrics, Mapping):
         raise TypeError(f"meshrun.report expects a dict of metrics, got {type(metrics).__name__}")
+    if checkpoint is not None:
+        from meshrun import checkpoint as ckpt
+
+        at = step if step is not None else metrics.get("step")
+        if not isinstance(at, int):
+            raise TypeError("meshrun.report(checkpoint=...) needs the step: pass step= or a metrics['step'] integer")
+        plain = json.loads(json.dumps(dict(metrics), default=_to_json))
+        ckpt.save(at, checkpoint, metrics=plain, extra=extra)
     if _runtime.client() is None:
         if not _warned:
             _warned = True
