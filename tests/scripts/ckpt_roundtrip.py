@@ -5,7 +5,6 @@ import os
 import sys
 
 import jax
-import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 from jax.sharding import NamedSharding
