@@ -10,7 +10,7 @@ DEPS_STAMP := $(VENV)/.deps-installed
 BUILD_STAMP := $(VENV)/.meshrun-built
 RUST_SOURCES := $(shell find crates -name '*.rs' -o -name 'Cargo.toml') Cargo.toml $(wildcard Cargo.lock) pyproject.toml
 
-.PHONY: help install demo test test-rust test-python lint bench-startup bench-step-parity bench-data clean
+.PHONY: help install demo test test-rust test-python lint bench-startup bench-step-parity bench-data bench-ckpt clean
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -54,6 +54,9 @@ bench-step-parity: install  ## Demo GPT step time under `meshrun run` against a 
 
 bench-data: install  ## Loader throughput against numpy memmap, Grain and Ray Data (writes a 1 GB file under bench/out).
 	$(PY) bench/data.py --json bench/out/data.json
+
+bench-ckpt: install  ## Checkpoint save/restore of a 1 GiB sharded pytree against Orbax, and the disk's fsync bandwidth.
+	$(PY) bench/ckpt.py --rounds 5 --json bench/out/ckpt.json
 
 clean:  ## Remove build outputs and the virtualenv.
 	rm -rf $(VENV) target

@@ -33,3 +33,10 @@ def test_data_bench_short(tmp_path):
     result, text = run_bench(tmp_path, "data.py", "--small", "--dir", str(tmp_path / "files"))
     assert "numpy memmap loop" in text and "meshrun" in text
     assert result["ratio_meshrun_t2_over_numpy"] > 0
+
+
+def test_ckpt_bench_short(tmp_path):
+    result, text = run_bench(tmp_path, "ckpt.py", "--mib", "16", "--rounds", "1", "--dir", str(tmp_path / "files"))
+    assert "dd conv=fsync" in text and "Orbax" in text
+    assert result["median"]["meshrun"]["save"] > 0 and result["median"]["orbax"]["restore"] > 0
+    assert not list((tmp_path / "files").iterdir()), "the benchmark leaves its checkpoints behind"

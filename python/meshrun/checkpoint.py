@@ -71,6 +71,20 @@ def _leaf_paths(tree: Any) -> list[tuple[str, Any]]:
     return [(path_str(p), leaf) for p, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]]
 
 
+def _host_buffer(nbytes: int) -> np.ndarray:
+    """An uninitialised uint8 buffer aligned to 64 bytes: on CPU, JAX then
+    adopts it as the device buffer instead of copying it."""
+    raw = np.empty(nbytes + 64, np.uint8)
+    offset = -raw.ctypes.data % 64
+    return raw[offset : offset + nbytes]
+
+
+def _read(reader: Any, name: str, region: list[tuple[int, int]], dtype: np.dtype) -> np.ndarray:
+    out = _host_buffer(int(np.prod([b - a for a, b in region], dtype=np.int64)) * dtype.itemsize)
+    reader.read_into(name, region, out)
+    return out.view(dtype).reshape([b - a for a, b in region])
+
+
 def _region(index: tuple[slice, ...], shape: tuple[int, ...]) -> list[tuple[int, int]]:
     return [(s.start or 0, dim if s.stop is None else s.stop) for s, dim in zip(index, shape)]
 
@@ -175,14 +189,10 @@ def restore(target: Any, checkpoint: Checkpoint | str | os.PathLike | None = Non
             )
         sharding = getattr(leaf, "sharding", None)
         if sharding is None:
-            flat = reader.read(name, [(0, d) for d in shape])
-            return flat.view(dtype).reshape(shape)
+            return _read(reader, name, [(0, d) for d in shape], dtype)
         arrays = []
         for device, index in sharding.addressable_devices_indices_map(shape).items():
-            region = _region(index, shape)
-            flat = reader.read(name, region)
-            local = flat.view(dtype).reshape([b - a for a, b in region])
-            arrays.append(jax.device_put(local, device))
+            arrays.append(jax.device_put(_read(reader, name, _region(index, shape), dtype), device))
         return jax.make_array_from_single_device_arrays(shape, sharding, arrays)
 
     return jax.tree_util.tree_map_with_path(one, target)

@@ -8,11 +8,10 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-use meshrun_ckpt::boxes::elements;
 use meshrun_ckpt::manifest::Leaf;
-use meshrun_ckpt::read::{itemsize, Reader};
+use meshrun_ckpt::read::Reader;
 use meshrun_ckpt::shard::{write_rank_file, ShardIn};
-use numpy::{PyArray1, PyReadonlyArray1};
+use numpy::{PyReadonlyArray1, PyReadwriteArray1};
 use pyo3::prelude::*;
 
 use crate::errors::CheckpointError;
@@ -112,23 +111,25 @@ impl CheckpointReader {
             .expect("manifest serializes")
     }
 
-    /// `region` of leaf `path` as a flat uint8 array (row-major).
-    fn read<'py>(
+    /// Reads `region` of leaf `path` (row-major) into `out`, a writable
+    /// contiguous uint8 array of exactly that many bytes. The caller
+    /// allocates it so it can choose the alignment: on CPU, JAX adopts a
+    /// 64-byte-aligned host buffer without copying it.
+    fn read_into(
         &self,
-        py: Python<'py>,
+        py: Python<'_>,
         path: &str,
         region: Vec<(usize, usize)>,
-    ) -> PyResult<Bound<'py, PyArray1<u8>>> {
-        let bytes = py
-            .detach(|| {
-                let mut reader = self.0.lock().expect("reader lock");
-                let dtype = reader.manifest().leaf(path)?.dtype.clone();
-                let mut out = vec![0u8; elements(&region) * itemsize(&dtype)?];
-                reader.read_region(path, &region, &mut out)?;
-                Ok(out)
-            })
-            .map_err(|e: meshrun_ckpt::CkptError| to_py(&e))?;
-        Ok(PyArray1::from_vec(py, bytes))
+        mut out: PyReadwriteArray1<'_, u8>,
+    ) -> PyResult<()> {
+        let out = out.as_slice_mut()?;
+        py.detach(|| {
+            self.0
+                .lock()
+                .expect("reader lock")
+                .read_region(path, &region, out)
+        })
+        .map_err(|e| to_py(&e))
     }
 
     /// Checks every CRC; returns the number of tensors checked.

@@ -8,7 +8,12 @@ use meshrun_core::worker_client::{OnControllerLoss, WorkerClient as Client};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use crate::errors::{to_py, ConfigError};
+use meshrun_core::protocol::MAX_FRAME_BYTES;
+
+use crate::errors::{to_py, CheckpointError, ConfigError};
+
+/// Room left in a frame for the message's own fields.
+const FRAME_HEADROOM: usize = 4096;
 
 #[pyclass(frozen, module = "meshrun._native")]
 pub struct WorkerClient(Client);
@@ -56,6 +61,17 @@ impl WorkerClient {
         leaves_json: &str,
         extra_json: Option<&str>,
     ) -> PyResult<()> {
+        // The records travel in one control frame; a tree too large for it
+        // is refused here, loudly, instead of a frame the connection drops.
+        let size = leaves_json.len() + extra_json.map_or(0, str::len);
+        if size + FRAME_HEADROOM > MAX_FRAME_BYTES {
+            return Err(CheckpointError::new_err(format!(
+                "step {step}: this rank's shard list and metadata take {size} bytes, over the \
+                 {} bytes a control message carries; save fewer, larger arrays (e.g. stack \
+                 per-layer parameters) or put less in extra=",
+                MAX_FRAME_BYTES - FRAME_HEADROOM
+            )));
+        }
         let leaves = serde_json::from_str(leaves_json)
             .map_err(|e| PyValueError::new_err(format!("leaves are not valid: {e}")))?;
         let extra = extra_json
