@@ -11,11 +11,22 @@ The global batch is split over ``data`` and ``fsdp``. The training corpus is
 built once, offline, from the interpreter's own ``.py`` files, and read by
 meshrun's Rust data loader: each process gets its slice of every global
 batch, in an order that does not depend on the number of processes.
+
+Checkpoints and restarts come from meshrun, not from this file:
+
+    meshrun run -n 2 --devices-per-proc 2 --checkpoint-every 25 --max-failures 3 \
+        --name gpt examples/gpt.py --fsdp 2 --tensor 2
+
+saves parameters, optimizer state and the loader's position every 25 steps;
+a failed attempt restarts from the newest checkpoint, a preempted run
+(SIGTERM) saves at the next step, and ``meshrun run --name gpt ...`` again
+resumes where it stopped, with exactly the batches it would have seen.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -29,6 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -143,7 +155,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data-dir", default="data/stdlib-bytes")
     parser.add_argument("--describe", action="store_true", help="print the parameter table and exit")
-    parser.add_argument("--ckpt-every", type=int, default=0, help="checkpoint every N steps (0: never); a run started again under the same name resumes from the newest")
+    parser.add_argument("--sample-log", type=Path, help="append every step's record ids to DIR/rank-R.jsonl (for checking exact resumption)")
+    parser.add_argument("--params-digest", type=Path, help="write the SHA-256 of the final parameters here")
     parser.add_argument("--step-times", type=Path, help="write rank 0's per-step wall times (JSON) here")
     # Only for launching by hand without meshrun (bench/step_parity.py compares the two).
     parser.add_argument("--coordinator", help="explicit jax.distributed coordinator address")
@@ -223,7 +236,11 @@ def main() -> None:
     step_times: list[float] = []
     last = time.perf_counter()
     for step in range(first_step, args.steps):
-        params, opt_state, loss = train_step(params, opt_state, next(train)["tokens"])
+        batch = next(train)
+        params, opt_state, loss = train_step(params, opt_state, batch["tokens"])
+        if args.sample_log:
+            with open(args.sample_log / f"rank-{rank}.jsonl", "a") as f:
+                f.write(json.dumps({"step": step + 1, "attempt": ctx.attempt, "index": batch["index"].tolist()}) + "\n")
         # At most two steps in flight (see examples/digits_dp.py).
         if in_flight is not None:
             in_flight.block_until_ready()
@@ -243,10 +260,21 @@ def main() -> None:
             if rank == 0:
                 print(f"step {step + 1:5d}  loss {float(loss):.3f}  val {bpb:.3f} bits/byte  "
                       f"{record.get('tokens_per_s', 0):,.0f} tokens/s", flush=True)
-        if args.ckpt_every and (step + 1) % args.ckpt_every == 0:
+        # Under `meshrun run --checkpoint-every N` the state goes with every
+        # report: meshrun saves it every N steps, and at the next step when
+        # the run is preempted (SIGTERM).
+        if ctx.checkpoint_every:
             meshrun.report(record, checkpoint={"params": params, "opt": opt_state}, extra={"loader": train.state()})
         else:
             meshrun.report(record)
+    if args.params_digest:
+        # Every process gathers the full parameters; rank 0 writes their digest.
+        full = multihost_utils.process_allgather(params, tiled=True)
+        digest = hashlib.sha256()
+        for leaf in jax.tree.leaves(full):
+            digest.update(np.ascontiguousarray(leaf).tobytes())
+        if rank == 0:
+            args.params_digest.write_text(digest.hexdigest())
     if rank == 0 and args.step_times:
         args.step_times.write_text(json.dumps(step_times))
     if rank == 0:

@@ -53,8 +53,8 @@ def test_mesh_puts_tensor_then_fsdp_within_a_host(tmp_path):
 
 
 def test_checkpoint_resume_equals_the_uninterrupted_run(tmp_path):
-    base = [*SMALL[2:], "--fsdp", "2", "--tensor", "2", "--ckpt-every", "10", "--data-dir", str(tmp_path / "data")]
-    launch = ["-n", "2", "--devices-per-proc", "2", "--tee", "none"]
+    base = [*SMALL[2:], "--fsdp", "2", "--tensor", "2", "--data-dir", str(tmp_path / "data")]
+    launch = ["-n", "2", "--devices-per-proc", "2", "--tee", "none", "--checkpoint-every", "10"]
     runs = tmp_path / "runs"
     straight = meshrun([*launch, EXAMPLE, "--steps", "20", *base], runs_dir=runs, name="straight", timeout=400)
     assert straight.code == 0, straight.stderr

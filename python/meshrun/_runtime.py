@@ -9,16 +9,33 @@ barrier before anyone learns of it.
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import signal
 import traceback
+from typing import IO
 
 from meshrun import _native
 
 _client: _native.WorkerClient | None = None
+_stacks_file: IO[str] | None = None
 
 
 def client() -> _native.WorkerClient | None:
     return _client
+
+
+def _stacks_on_sigusr1() -> None:
+    """When meshrun stops a failed or hung attempt it first sends SIGUSR1:
+    faulthandler then writes every thread's Python stack to
+    ``stacks/attempt-K/rank-R.txt``, from the signal handler, so it works
+    while the main thread is stuck in C (a collective, a sleep)."""
+    global _stacks_file
+    folder = os.path.join(os.environ["MESHRUN_RUN_DIR"], "stacks", f"attempt-{os.environ.get('MESHRUN_ATTEMPT', '1')}")
+    os.makedirs(folder, exist_ok=True)
+    # Kept open for the life of the process: the handler writes to its fd.
+    _stacks_file = open(os.path.join(folder, f"rank-{os.environ['MESHRUN_RANK']}.txt"), "w")  # noqa: SIM115
+    faulthandler.register(signal.SIGUSR1, file=_stacks_file, all_threads=True, chain=False)
 
 
 def start() -> None:
@@ -26,6 +43,7 @@ def start() -> None:
     global _client
     if _client is not None or "MESHRUN_CONTROL_ADDR" not in os.environ:
         return
+    _stacks_on_sigusr1()
     _client = _native.WorkerClient(
         os.environ["MESHRUN_CONTROL_ADDR"],
         os.environ["MESHRUN_TOKEN"],

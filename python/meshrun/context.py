@@ -24,6 +24,8 @@ class Context:
     run_id: str | None
     attempt: int
     coordinator_address: str | None
+    #: Save a checkpoint passed to ``report`` only at multiples of this step.
+    checkpoint_every: int | None = None
 
     # Ray Train's names, for users moving over.
     def get_world_rank(self) -> int:
@@ -64,6 +66,7 @@ def get_context() -> Context:
         run_id=os.environ.get("MESHRUN_RUN_ID"),
         attempt=_int("MESHRUN_ATTEMPT", 1),
         coordinator_address=os.environ.get("JAX_COORDINATOR_ADDRESS"),
+        checkpoint_every=int(os.environ["MESHRUN_CHECKPOINT_EVERY"]) if "MESHRUN_CHECKPOINT_EVERY" in os.environ else None,
     )
 
 

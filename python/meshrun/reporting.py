@@ -19,7 +19,8 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-_queue: deque[tuple[int | None, dict[str, Any]]] = deque()
+# (step, metrics, whether the report came with a state to checkpoint)
+_queue: deque[tuple[int | None, dict[str, Any], bool]] = deque()
 _lock = threading.Lock()
 _warned = False
 
@@ -40,7 +41,7 @@ def _ready(value: Any) -> bool:
     return is_ready is None or bool(is_ready())
 
 
-def _send(step: int | None, metrics: dict[str, Any]) -> None:
+def _send(step: int | None, metrics: dict[str, Any], checkpoint: bool) -> None:
     from meshrun import _runtime
 
     client = _runtime.client()
@@ -51,7 +52,7 @@ def _send(step: int | None, metrics: dict[str, Any]) -> None:
     except (TypeError, ValueError) as exc:
         warnings.warn(f"meshrun.report: record of step {step} dropped: {exc}", RuntimeWarning, stacklevel=3)
         return
-    client.report(step, text)
+    client.report(step, text, checkpoint)
 
 
 def _send_ready(wait: bool) -> None:
@@ -59,8 +60,22 @@ def _send_ready(wait: bool) -> None:
     computed unless ``wait``, which reads (and so waits for) every value."""
     with _lock:
         while _queue and (wait or _ready(_queue[0][1])):
-            step, metrics = _queue.popleft()
-            _send(step, metrics)
+            step, metrics, checkpoint = _queue.popleft()
+            _send(step, metrics, checkpoint)
+
+
+def _checkpoint_due(step: int) -> bool:
+    """Whether a state passed at ``step`` is saved: when the controller
+    asked for one (preemption), or at the run's checkpoint interval, or
+    always when no interval is set."""
+    from meshrun import _runtime
+    from meshrun.context import get_context
+
+    client = _runtime.client()
+    if client is not None and client.checkpoint_requested():
+        return True
+    every = get_context().checkpoint_every
+    return every is None or step % every == 0
 
 
 def report(metrics: Mapping[str, Any], *, step: int | None = None, checkpoint: Any = None, extra: Mapping[str, Any] | None = None) -> None:
@@ -69,7 +84,11 @@ def report(metrics: Mapping[str, Any], *, step: int | None = None, checkpoint: A
 
     With ``checkpoint`` (a pytree), also saves it as that step, with the
     metrics and ``extra`` (for example the data loader's state) in its
-    manifest: see :func:`meshrun.save`."""
+    manifest: see :func:`meshrun.save`. With a checkpoint interval
+    (``--checkpoint-every N`` / ``CheckpointConfig(every_n_steps=N)``) only
+    steps divisible by N are saved, so the state can be passed at every
+    step; then a preempted run (SIGTERM to ``meshrun``) saves at its next
+    report and stops."""
     global _warned
     from meshrun import _runtime
 
@@ -81,8 +100,9 @@ def report(metrics: Mapping[str, Any], *, step: int | None = None, checkpoint: A
         at = step if step is not None else metrics.get("step")
         if not isinstance(at, int):
             raise TypeError("meshrun.report(checkpoint=...) needs the step: pass step= or a metrics['step'] integer")
-        plain = json.loads(json.dumps(dict(metrics), default=_to_json))
-        ckpt.save(at, checkpoint, metrics=plain, extra=extra)
+        if _checkpoint_due(at):
+            plain = json.loads(json.dumps(dict(metrics), default=_to_json))
+            ckpt.save(at, checkpoint, metrics=plain, extra=extra)
     if _runtime.client() is None:
         if not _warned:
             _warned = True
@@ -91,7 +111,7 @@ def report(metrics: Mapping[str, Any], *, step: int | None = None, checkpoint: A
     if step is None and isinstance(metrics.get("step"), int):
         step = metrics["step"]
     with _lock:
-        _queue.append((step, dict(metrics)))
+        _queue.append((step, dict(metrics), checkpoint is not None))
     _send_ready(wait=False)
 
 

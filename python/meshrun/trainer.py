@@ -42,15 +42,21 @@ class ScalingConfig:
 
 @dataclass
 class CheckpointConfig:
-    """Which committed checkpoints the controller keeps after each commit:
-    ``num_to_keep`` most recent (or best by ``score_attribute``, a metric
-    saved with the checkpoint, ``score_order`` "max" or "min"), plus every
-    step divisible by ``keep_every_n_steps``. The newest is always kept."""
+    """When to save and which committed checkpoints to keep.
+
+    ``every_n_steps``: a state passed to ``meshrun.report(checkpoint=...)``
+    is saved only at steps divisible by it (and when the run is preempted),
+    so a program can pass its state at every step. Retention, applied by
+    the controller after each commit: ``num_to_keep`` most recent (or best
+    by ``score_attribute``, a metric saved with the checkpoint,
+    ``score_order`` "max" or "min"), plus every step divisible by
+    ``keep_every_n_steps``. The newest is always kept."""
 
     num_to_keep: int | None = None
     keep_every_n_steps: int | None = None
     score_attribute: str | None = None
     score_order: str = "max"
+    every_n_steps: int | None = None
 
     def _json(self) -> str | None:
         if self.num_to_keep is None and self.keep_every_n_steps is None:
@@ -72,14 +78,32 @@ class CheckpointConfig:
 
 
 @dataclass
+class FailureConfig:
+    """What a failed attempt leads to.
+
+    ``max_failures``: failed attempts that are followed by a restart from
+    the newest committed checkpoint (0: the first failure ends the run).
+    ``hang_timeout_s``: an attempt in which some rank has not called
+    ``meshrun.report`` for this many seconds (start-up and compilation
+    included) has hung: every rank's Python stacks are written to
+    ``stacks/attempt-K/`` in the run directory and the attempt fails.
+    """
+
+    max_failures: int = 0
+    hang_timeout_s: float | None = None
+
+
+@dataclass
 class RunConfig:
-    """Where the run is kept, what it is called, and which checkpoints stay."""
+    """Where the run is kept, what it is called, when it checkpoints and
+    how it recovers."""
 
     name: str | None = None
     storage_path: str = "runs"
     tee: str = "rank0"
     env: dict[str, str] = field(default_factory=dict)
     checkpoint_config: CheckpointConfig | None = None
+    failure_config: FailureConfig | None = None
 
 
 @dataclass
@@ -92,6 +116,7 @@ class Result:
     error: RunFailedError | None
     status: str
     failure: dict[str, Any] | None = None
+    attempts: int = 1
 
 
 def _count(name: str, value: Any, minimum: int = 1) -> int:
@@ -139,6 +164,11 @@ class Trainer:
     def fit(self) -> Result:
         """Runs to the end and returns the result; Ctrl-C stops every worker."""
         s = self.scaling
+        ckpt = self.run.checkpoint_config or CheckpointConfig()
+        failure = self.run.failure_config or FailureConfig()
+        hang = failure.hang_timeout_s
+        if hang is not None and (isinstance(hang, bool) or not isinstance(hang, (int, float))):
+            raise ConfigError(f"FailureConfig.hang_timeout_s must be a number of seconds, got {hang!r}")
         payload = self._payload()
         # Workers import what this process can import.
         paths = [p for p in sys.path if p and os.path.isdir(p)]
@@ -157,7 +187,10 @@ class Trainer:
             agent_command=[sys.executable, "-m", "meshrun"],
             env=sorted(env.items()),
             payload=payload,
-            retention_json=self.run.checkpoint_config._json() if self.run.checkpoint_config else None,
+            retention_json=ckpt._json(),
+            checkpoint_every=None if ckpt.every_n_steps is None else _count("CheckpointConfig.every_n_steps", ckpt.every_n_steps),
+            max_failures=_count("FailureConfig.max_failures", failure.max_failures, minimum=0),
+            hang_timeout_s=None if hang is None else float(hang),
         )
         error = None
         if out["status"] != "succeeded":
@@ -168,4 +201,5 @@ class Trainer:
             error=error,
             status=out["status"],
             failure=json.loads(out["failure"]) if out["failure"] else None,
+            attempts=out["attempts"],
         )

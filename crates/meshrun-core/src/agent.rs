@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 
 use crate::error::CoreError;
 use crate::gpu::Inventory;
-use crate::process::{exit_info, signal_group};
+use crate::process::{exit_info, signal_group, signal_process};
 use crate::protocol::{auth, Connection, Message, Stream, WorkerLaunch};
 use crate::token::Token;
 
@@ -25,6 +25,10 @@ const MAX_LINE_BYTES: usize = 64 * 1024;
 /// After a worker exits, how long its output may still take to drain
 /// before the exit is reported anyway (a grandchild may hold the pipe).
 const DRAIN_GRACE: Duration = Duration::from_secs(1);
+
+/// How long workers get to write their stacks before they are stopped:
+/// faulthandler writes from the signal handler, in a few milliseconds.
+const STACK_DUMP_WAIT: Duration = Duration::from_millis(300);
 
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
@@ -88,8 +92,8 @@ pub async fn run(cfg: AgentConfig) -> Result<(), CoreError> {
                         }
                     }
                 }
-                Ok(Message::Stop { grace_ms }) => {
-                    stop(live.values().copied().collect(), Duration::from_millis(grace_ms));
+                Ok(Message::Stop { grace_ms, dump_stacks }) => {
+                    stop(live.values().copied().collect(), Duration::from_millis(grace_ms), dump_stacks);
                 }
                 Ok(Message::Shutdown) => break,
                 Ok(_) => {}
@@ -114,13 +118,21 @@ pub async fn run(cfg: AgentConfig) -> Result<(), CoreError> {
     Ok(())
 }
 
-/// SIGTERM to every group now, SIGKILL after the grace: JAX workers catch
-/// SIGTERM (preemption notifier) and may never act on it.
-fn stop(pids: Vec<u32>, grace: Duration) {
-    for &pid in &pids {
-        signal_group(pid, Signal::SIGTERM);
-    }
+/// SIGTERM to every group, SIGKILL after the grace: JAX workers catch
+/// SIGTERM (preemption notifier) and may never act on it. With
+/// `dump_stacks`, SIGUSR1 to each worker process first (not its group:
+/// only meshrun's worker code handles it), and a moment to write.
+fn stop(pids: Vec<u32>, grace: Duration, dump_stacks: bool) {
     tokio::spawn(async move {
+        if dump_stacks {
+            for &pid in &pids {
+                signal_process(pid, Signal::SIGUSR1);
+            }
+            tokio::time::sleep(STACK_DUMP_WAIT).await;
+        }
+        for &pid in &pids {
+            signal_group(pid, Signal::SIGTERM);
+        }
         tokio::time::sleep(grace).await;
         for pid in pids {
             signal_group(pid, Signal::SIGKILL);

@@ -59,6 +59,10 @@ pub enum UsageError {
     KeepNone,
     #[error("--keep-every-n-steps must be at least 1, got 0")]
     KeepEveryZero,
+    #[error("--checkpoint-every must be at least 1 step, got 0")]
+    CheckpointEveryZero,
+    #[error("--hang-timeout must be a positive number of seconds, got {0}")]
+    BadHangTimeout(f64),
     #[error("cannot determine the working directory: {0}")]
     NoCwd(io::Error),
 }

@@ -85,6 +85,19 @@ pub struct RunSpec {
     pub env: Vec<(String, String)>,
     /// Which committed checkpoints to keep.
     pub retention: Option<Retention>,
+    /// Save a checkpoint passed to `report` only every N steps.
+    pub checkpoint_every: Option<u64>,
+    /// Restarts and hang detection.
+    pub failure: FailurePolicy,
+}
+
+/// What happens when an attempt fails.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct FailurePolicy {
+    /// Failed attempts that are followed by a restart; the next one ends the run.
+    pub max_failures: u32,
+    /// An attempt in which some rank has not reported for this long has hung.
+    pub hang_timeout_s: Option<f64>,
 }
 
 /// A validated run: every field is known to be usable.
@@ -107,6 +120,8 @@ pub struct RunPlan {
     pub agent_command: Vec<String>,
     pub env: Vec<(String, String)>,
     pub retention: Option<Retention>,
+    pub checkpoint_every: Option<u64>,
+    pub failure: FailurePolicy,
 }
 
 impl RunPlan {
@@ -169,6 +184,14 @@ impl RunSpec {
                 return Err(UsageError::KeepEveryZero);
             }
         }
+        if self.checkpoint_every == Some(0) {
+            return Err(UsageError::CheckpointEveryZero);
+        }
+        if let Some(t) = self.failure.hang_timeout_s {
+            if !(t.is_finite() && t > 0.0) {
+                return Err(UsageError::BadHangTimeout(t));
+            }
+        }
         let procs_per_host = self.nprocs / self.hosts;
         let platform = self.resolve_platform(procs_per_host, inventory)?;
         let cwd = std::env::current_dir().map_err(UsageError::NoCwd)?;
@@ -220,6 +243,8 @@ impl RunSpec {
             agent_command: self.agent_command,
             env: self.env,
             retention: self.retention,
+            checkpoint_every: self.checkpoint_every,
+            failure: self.failure,
         })
     }
 
@@ -363,6 +388,8 @@ mod tests {
             agent_command: vec![],
             env: vec![],
             retention: None,
+            checkpoint_every: None,
+            failure: FailurePolicy::default(),
         }
     }
 

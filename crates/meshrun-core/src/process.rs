@@ -4,7 +4,7 @@
 
 use std::process::ExitStatus;
 
-use nix::sys::signal::{killpg, Signal};
+use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 
 use crate::protocol::ExitInfo;
@@ -13,6 +13,11 @@ use crate::protocol::ExitInfo;
 /// already gone is not an error: stopping is idempotent.
 pub fn signal_group(pid: u32, signal: Signal) {
     let _ = killpg(Pid::from_raw(pid as i32), signal);
+}
+
+/// Sends `signal` to the process `pid` alone.
+pub fn signal_process(pid: u32, signal: Signal) {
+    let _ = kill(Pid::from_raw(pid as i32), signal);
 }
 
 pub fn exit_info(status: ExitStatus) -> ExitInfo {

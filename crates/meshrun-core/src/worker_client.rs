@@ -2,7 +2,8 @@
 //! Python process (through the binding crate) as two plain threads:
 //! a writer that sends reports and a heartbeat every second, so that a long
 //! XLA compile holding the GIL is never mistaken for a dead worker, and a
-//! reader that notices when the controller is gone.
+//! reader that takes the controller's requests (a checkpoint, when the run
+//! is being preempted) and notices when the controller is gone.
 
 use std::io::{BufWriter, Write};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
@@ -35,6 +36,8 @@ pub struct WorkerClient {
     /// Set once the worker itself closes, so the reader knows the end of
     /// the stream that follows is expected.
     closing: Arc<AtomicBool>,
+    /// Set when the controller asks for a checkpoint (`CheckpointNow`).
+    checkpoint_requested: Arc<AtomicBool>,
 }
 
 /// What the worker does when the controller's connection ends unasked.
@@ -88,6 +91,8 @@ impl WorkerClient {
         let (tx, rx) = mpsc::channel();
         let closing = Arc::new(AtomicBool::new(false));
         let closing_seen = Arc::clone(&closing);
+        let checkpoint_requested = Arc::new(AtomicBool::new(false));
+        let requested = Arc::clone(&checkpoint_requested);
         let writer = std::thread::Builder::new()
             .name("meshrun-writer".into())
             .spawn(move || write_loop(out, &rx))
@@ -95,9 +100,13 @@ impl WorkerClient {
         std::thread::Builder::new()
             .name("meshrun-reader".into())
             .spawn(move || {
-                // Nothing is sent to workers yet beyond closing; any end of
-                // the stream that we did not ask for means the controller is gone.
-                while read_frame(&mut reader).is_ok() {}
+                // Any end of the stream that we did not ask for means the
+                // controller is gone.
+                while let Ok(msg) = read_frame(&mut reader) {
+                    if msg == Message::CheckpointNow {
+                        requested.store(true, Ordering::SeqCst);
+                    }
+                }
                 if on_loss == OnControllerLoss::KillProcessGroup
                     && !closing_seen.load(Ordering::SeqCst)
                 {
@@ -112,14 +121,24 @@ impl WorkerClient {
             tx,
             writer: Mutex::new(Some(writer)),
             closing,
+            checkpoint_requested,
         })
     }
 
-    /// Queues a metrics record; never blocks on the network.
-    pub fn report(&self, step: Option<u64>, metrics: serde_json::Value) {
-        let _ = self
-            .tx
-            .send(Outgoing::Msg(Message::Report { step, metrics }));
+    /// Whether the controller has asked for a checkpoint (the run is being
+    /// preempted). It stays set: every later report saves until the run stops.
+    pub fn checkpoint_requested(&self) -> bool {
+        self.checkpoint_requested.load(Ordering::SeqCst)
+    }
+
+    /// Queues a metrics record (`checkpoint`: it came with the state to
+    /// save); never blocks on the network.
+    pub fn report(&self, step: Option<u64>, metrics: serde_json::Value, checkpoint: bool) {
+        let _ = self.tx.send(Outgoing::Msg(Message::Report {
+            step,
+            metrics,
+            checkpoint,
+        }));
     }
 
     /// Tells the controller this rank's shards of checkpoint `step` are on disk.

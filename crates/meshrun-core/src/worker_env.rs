@@ -91,10 +91,19 @@ pub fn worker_env(
             "JAX_COMPILATION_CACHE_DIR".into(),
             format!("{run_dir}/compile-cache"),
         ),
+        // Cache every compilation, however quick: a restart then compiles
+        // nothing (JAX's default skips those under a second).
+        (
+            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS".into(),
+            "0".into(),
+        ),
         // Workers write to pipes; without this Python would hold output
         // back in a block buffer and logs would arrive late or be lost.
         ("PYTHONUNBUFFERED".into(), "1".into()),
     ];
+    if let Some(n) = plan.checkpoint_every {
+        env.push(("MESHRUN_CHECKPOINT_EVERY".into(), n.to_string()));
+    }
     match plan.platform {
         Platform::Cpu => env.push((
             "XLA_FLAGS".into(),

@@ -6,7 +6,8 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use meshrun_core::{
-    execute, Entry, ExecOptions, OutcomeStatus, PlatformChoice, RunSpec, StopHandle, Tee,
+    execute, Entry, ExecOptions, FailurePolicy, OutcomeStatus, PlatformChoice, RunSpec, StopHandle,
+    Tee,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -37,7 +38,7 @@ fn tee(name: &str) -> PyResult<Tee> {
 }
 
 #[pyfunction]
-#[pyo3(signature = (*, nprocs, hosts, devices_per_proc, gpus_per_proc, platform_name, name, runs_dir, tee_name, python, agent_command, env, payload, retention_json=None))]
+#[pyo3(signature = (*, nprocs, hosts, devices_per_proc, gpus_per_proc, platform_name, name, runs_dir, tee_name, python, agent_command, env, payload, retention_json=None, checkpoint_every=None, max_failures=0, hang_timeout_s=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn run<'py>(
     py: Python<'py>,
@@ -54,6 +55,9 @@ pub fn run<'py>(
     env: Vec<(String, String)>,
     payload: Vec<u8>,
     retention_json: Option<&str>,
+    checkpoint_every: Option<u64>,
+    max_failures: u32,
+    hang_timeout_s: Option<f64>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let retention = retention_json
         .map(serde_json::from_str)
@@ -73,6 +77,11 @@ pub fn run<'py>(
         agent_command,
         env,
         retention,
+        checkpoint_every,
+        failure: FailurePolicy {
+            max_failures,
+            hang_timeout_s,
+        },
     };
     let plan = py
         .detach(|| spec.validate())
@@ -126,8 +135,10 @@ pub fn run<'py>(
             OutcomeStatus::Succeeded => "succeeded",
             OutcomeStatus::Failed => "failed",
             OutcomeStatus::Interrupted { .. } => "interrupted",
+            OutcomeStatus::Preempted { .. } => "preempted",
         },
     )?;
+    out.set_item("attempts", outcome.attempts)?;
     out.set_item("exit_code", outcome.exit_code())?;
     out.set_item("name", &outcome.name)?;
     out.set_item("run_dir", outcome.run_dir.display().to_string())?;

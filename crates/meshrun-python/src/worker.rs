@@ -44,12 +44,18 @@ impl WorkerClient {
     }
 
     /// Queues a metrics record (a JSON object as text); returns at once.
-    #[pyo3(signature = (step, metrics_json))]
-    fn report(&self, step: Option<u64>, metrics_json: &str) -> PyResult<()> {
+    /// `checkpoint`: the report came with the state to save.
+    #[pyo3(signature = (step, metrics_json, checkpoint=false))]
+    fn report(&self, step: Option<u64>, metrics_json: &str, checkpoint: bool) -> PyResult<()> {
         let metrics = serde_json::from_str(metrics_json)
             .map_err(|e| PyValueError::new_err(format!("metrics are not JSON: {e}")))?;
-        self.0.report(step, metrics);
+        self.0.report(step, metrics, checkpoint);
         Ok(())
+    }
+
+    /// Whether the controller asked for a checkpoint (preemption).
+    fn checkpoint_requested(&self) -> bool {
+        self.0.checkpoint_requested()
     }
 
     /// Tells the controller this rank's shards of `step` are written;

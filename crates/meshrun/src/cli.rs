@@ -129,6 +129,21 @@ pub struct RunArgs {
     #[arg(long, value_enum, default_value_t = ScoreOrderArg::Max)]
     pub checkpoint_score_order: ScoreOrderArg,
 
+    /// Save the state passed to `meshrun.report(checkpoint=...)` only at
+    /// steps that are multiples of N (and when preempted).
+    #[arg(long, value_name = "N")]
+    pub checkpoint_every: Option<u64>,
+
+    /// Restart from the newest checkpoint after up to N failed attempts.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub max_failures: u32,
+
+    /// Treat an attempt as hung when a rank has not called `meshrun.report`
+    /// for S seconds (start-up and compilation included): dump every rank's
+    /// stacks, stop, and restart if failures remain.
+    #[arg(long, value_name = "S")]
+    pub hang_timeout: Option<f64>,
+
     /// Run PROGRAM as a module (like python -m) instead of a script path.
     #[arg(short = 'm', long = "module")]
     pub module: bool,

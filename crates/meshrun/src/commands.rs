@@ -3,7 +3,7 @@
 use std::io::Write;
 
 use meshrun_core::agent::{self, AgentConfig};
-use meshrun_core::plan::{Retention, ScoreOrder};
+use meshrun_core::plan::{FailurePolicy, Retention, ScoreOrder};
 use meshrun_core::token::Token;
 use meshrun_core::{execute, Entry, ExecOptions, PlatformChoice, RunSpec, Tee};
 
@@ -81,6 +81,11 @@ pub fn spec(args: RunArgs, launcher: &Launcher) -> RunSpec {
         agent_command: launcher.agent_command.clone(),
         env: vec![],
         retention,
+        checkpoint_every: args.checkpoint_every,
+        failure: FailurePolicy {
+            max_failures: args.max_failures,
+            hang_timeout_s: args.hang_timeout,
+        },
     }
 }
 

@@ -84,7 +84,16 @@ pub enum OutcomeStatus {
     Interrupted {
         signal: i32,
     },
+    /// SIGTERM, answered by a checkpoint at `step`: resumable.
+    Preempted {
+        step: u64,
+    },
 }
+
+/// The exit status of a preempted run: `EX_TEMPFAIL` from sysexits.h, "a
+/// temporary failure; the user is invited to retry later", which is what a
+/// scheduler should do: start it again under the same name.
+pub const EXIT_PREEMPTED: i32 = 75;
 
 /// How a run ended.
 #[derive(Debug, Clone)]
@@ -98,15 +107,19 @@ pub struct Outcome {
     pub summary: Option<String>,
     /// Rank 0's most recent `report`.
     pub last_metrics: Option<Value>,
+    /// Attempts made by this invocation (1 + restarts).
+    pub attempts: u32,
 }
 
 impl Outcome {
-    /// 0 on success, 1 on failure, 128 + signal when interrupted.
+    /// 0 on success, 1 on failure, 128 + signal when interrupted,
+    /// [`EXIT_PREEMPTED`] when preempted with a checkpoint.
     pub fn exit_code(&self) -> i32 {
         match self.status {
             OutcomeStatus::Succeeded => 0,
             OutcomeStatus::Failed => 1,
             OutcomeStatus::Interrupted { signal } => 128 + signal,
+            OutcomeStatus::Preempted { .. } => EXIT_PREEMPTED,
         }
     }
 }

@@ -35,6 +35,7 @@ pub enum Event {
         rank: u32,
         attempt: u32,
         pid: u32,
+        tx: mpsc::UnboundedSender<Message>,
     },
     FromWorker {
         rank: u32,
@@ -47,11 +48,14 @@ pub enum Event {
     },
 }
 
+/// Accepts connections until the returned task is aborted (at the end of
+/// the attempt: each attempt listens on its own port, so nothing from an
+/// earlier attempt's processes can reach a later one).
 pub fn spawn_accept_loop(
     listener: TcpListener,
     token: Token,
     events: mpsc::UnboundedSender<Event>,
-) {
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         loop {
             let Ok((stream, peer)) = listener.accept().await else {
@@ -65,7 +69,7 @@ pub fn spawn_accept_loop(
                 }
             });
         }
-    });
+    })
 }
 
 async fn serve(
@@ -117,9 +121,26 @@ async fn serve(
             Ok(())
         }
         Message::WorkerHello { rank, attempt, pid } => {
-            let _ = events.send(Event::WorkerJoined { rank, attempt, pid });
+            let (tx, mut rx) = mpsc::unbounded_channel::<Message>();
+            let (mut sink, mut stream) = conn.split();
+            let _ = events.send(Event::WorkerJoined {
+                rank,
+                attempt,
+                pid,
+                tx,
+            });
+            // The sender lives as long as the supervisor holds `tx`, so the
+            // connection stays open until the worker closes it: the worker
+            // never mistakes a goodbye for the controller's death.
+            tokio::spawn(async move {
+                while let Some(msg) = rx.recv().await {
+                    if sink.send(&msg).await.is_err() {
+                        break;
+                    }
+                }
+            });
             let clean = loop {
-                match conn.recv().await {
+                match stream.recv().await {
                     Ok(Message::Bye) => break true,
                     Ok(msg) => {
                         let _ = events.send(Event::FromWorker { rank, msg });
@@ -128,9 +149,7 @@ async fn serve(
                 }
             };
             let _ = events.send(Event::WorkerLost { rank, clean });
-            // Keep the connection open until the worker closes it, so the
-            // worker never mistakes a goodbye for the controller's death.
-            while conn.recv().await.is_ok() {}
+            while stream.recv().await.is_ok() {}
             Ok(())
         }
         _ => Err("first message after authentication was not a hello".into()),

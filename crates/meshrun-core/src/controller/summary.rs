@@ -25,6 +25,15 @@ pub enum Cause {
     SpawnFailed { error: String },
     /// A host's agent went away with workers still running.
     AgentLost { host: u32, error: String },
+    /// No `meshrun.report` from this rank for the hang timeout.
+    Hang {
+        secs: f64,
+        last_step: Option<u64>,
+    },
+    /// The process is there but its heartbeats stopped (frozen, stopped).
+    Unresponsive { secs: f64 },
+    /// Its connection to the controller broke while it was running.
+    ConnectionLost,
 }
 
 impl Cause {
@@ -40,6 +49,17 @@ impl Cause {
             Cause::Exit { exit } => format!("ended with {exit}"),
             Cause::SpawnFailed { error } => format!("could not start: {error}"),
             Cause::AgentLost { host, error } => format!("lost its agent (host {host}): {error}"),
+            Cause::Hang { secs, last_step } => {
+                let last = last_step.map_or_else(
+                    || "before its first report".to_string(),
+                    |s| format!("after step {s}"),
+                );
+                format!("hung: no report for {secs:.0} s ({last}); see the stacks")
+            }
+            Cause::Unresponsive { secs } => {
+                format!("stopped sending heartbeats for {secs:.0} s (frozen or stopped?)")
+            }
+            Cause::ConnectionLost => "lost its connection to the controller".to_string(),
         }
     }
 }
@@ -63,6 +83,22 @@ pub struct RankEnd {
 }
 
 const TAIL_LINES: usize = 12;
+
+/// One line per earlier failed attempt, for the summary of a run that
+/// used up its restarts.
+pub fn render_attempts(failures: &[FailureRecord]) -> String {
+    let mut s = String::new();
+    for f in failures {
+        let _ = writeln!(
+            s,
+            "  attempt {}: rank {} {}",
+            f.attempt,
+            f.rank,
+            f.cause.headline()
+        );
+    }
+    s
+}
 
 pub fn render(
     run_name: &str,

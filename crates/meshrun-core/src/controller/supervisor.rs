@@ -3,6 +3,7 @@
 //! (launch, fail, stop, finish) is made in order and recorded.
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::time::{Duration, Instant, SystemTime};
 
 use nix::sys::signal::Signal;
@@ -15,7 +16,7 @@ use super::checkpoints::Checkpoints;
 use super::launch::{host_launches, FUNCTION_FILE};
 use super::output::Output;
 use super::server::{bind_loopback, spawn_accept_loop, Event};
-use super::summary::{render, Cause, FailureRecord, RankEnd};
+use super::summary::{render, render_attempts, Cause, FailureRecord, RankEnd};
 use super::{ExecOptions, Outcome, OutcomeStatus, StopHandle, STOP_GRACE_MS};
 use crate::error::CoreError;
 use crate::plan::RunPlan;
@@ -44,17 +45,44 @@ struct RankState {
     exit: Option<ExitInfo>,
     done: bool,
     stopped_by_meshrun: bool,
+    /// The worker's connection, for requests (a checkpoint on preemption).
+    tx: Option<mpsc::UnboundedSender<Message>>,
+    /// Its last report (or its start): what hang detection measures.
+    progress: Option<Instant>,
+    last_step: Option<u64>,
+    /// Its last message of any kind; heartbeats come every second.
+    heard: Option<Instant>,
+    /// When its connection broke without a goodbye.
+    connection_lost: Option<Instant>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum StopReason {
     Failure,
     Signal(i32),
+    /// Stopped after the checkpoint asked for on SIGTERM was committed.
+    Preempted(u64),
 }
 
-struct Supervisor {
+/// A worker that has sent nothing (heartbeats included) for this long is
+/// frozen: heartbeats come from a Rust thread every second, whatever the
+/// Python code is doing.
+const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A broken worker connection whose process has not been reported as
+/// exited after this long is a failure of its own.
+const CONNECTION_LOSS_GRACE: Duration = Duration::from_secs(2);
+
+/// After SIGTERM, how long workers get to reach a step boundary and commit
+/// a checkpoint before they are stopped without one.
+const PREEMPT_GRACE: Duration = Duration::from_secs(60);
+
+/// How long a stack dump delays the stop (the agent waits as long).
+const STACK_DUMP_WAIT: Duration = Duration::from_millis(300);
+
+struct Supervisor<'a> {
     plan: RunPlan,
-    rundir: RunDir,
+    rundir: &'a mut RunDir,
     token: Token,
     run_id: String,
     attempt: u32,
@@ -68,6 +96,12 @@ struct Supervisor {
     last_metrics: Option<Value>,
     launched: bool,
     checkpoints: Checkpoints,
+    /// A report of this attempt came with the state to checkpoint, so
+    /// SIGTERM can end in a checkpoint.
+    checkpointing: bool,
+    /// When SIGTERM asked for a checkpoint, the deadline for committing it.
+    preempt_deadline: Option<Instant>,
+    stacks_dumped: bool,
 }
 
 /// SIGINT and SIGTERM, when this run handles them. Installed before
@@ -87,6 +121,17 @@ impl Signals {
     }
 }
 
+/// What one attempt left for the run to decide on.
+struct AttemptEnd {
+    status: OutcomeStatus,
+    failure: Option<FailureRecord>,
+    summary: Option<String>,
+    last_metrics: Option<Value>,
+}
+
+/// The run across its attempts: a failed attempt is followed by a new one
+/// (fresh control port, agents and workers, restoring the newest committed
+/// checkpoint) while `max_failures` allows.
 pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, CoreError> {
     let mut signals = Signals::install(opts.handle_signals);
     let mut rundir = RunDir::open(&plan.run_dir, &plan.name)?;
@@ -97,42 +142,135 @@ pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, Core
         std::fs::write(&path, payload).map_err(CoreError::io("cannot write", &path))?;
     }
     let previous = rundir.read_json("run.json");
-    let run_id = previous
-        .as_ref()
-        .and_then(|p| p["run_id"].as_str().map(str::to_string))
-        .unwrap_or_else(new_run_id);
-    let mut attempts: Vec<Value> = previous
-        .as_ref()
-        .and_then(|p| p["attempts"].as_array().cloned())
-        .unwrap_or_default();
-    let attempt = attempts.len() as u32 + 1;
-    let created = previous
-        .as_ref()
-        .and_then(|p| p["created"].as_str().map(str::to_string))
-        .unwrap_or_else(|| utc_rfc3339(SystemTime::now()));
+    let mut record = RunRecord {
+        run_id: previous
+            .as_ref()
+            .and_then(|p| p["run_id"].as_str().map(str::to_string))
+            .unwrap_or_else(new_run_id),
+        created: previous
+            .as_ref()
+            .and_then(|p| p["created"].as_str().map(str::to_string))
+            .unwrap_or_else(|| utc_rfc3339(SystemTime::now())),
+        attempts: previous
+            .as_ref()
+            .and_then(|p| p["attempts"].as_array().cloned())
+            .unwrap_or_default(),
+    };
+    let mut failed: Vec<FailureRecord> = Vec::new();
+    let mut made = 0;
+    loop {
+        let end = attempt(&plan, &opts, &mut signals, &mut rundir, &token, &mut record).await?;
+        made += 1;
+        let restart = end.status == OutcomeStatus::Failed
+            && end.failure.is_some()
+            && (failed.len() as u32) < plan.failure.max_failures;
+        if let Some(f) = &end.failure {
+            failed.push(f.clone());
+        }
+        if restart {
+            let newest = meshrun_ckpt::commit::committed(&plan.run_dir.join("checkpoints"))
+                .last()
+                .map(|(step, _)| *step);
+            let f = end.failure.as_ref().expect("a failed attempt has a failure");
+            rundir.event(
+                "restarting",
+                json!({ "after_attempt": f.attempt, "failures": failed.len(), "max_failures": plan.failure.max_failures, "from_step": newest }),
+            )?;
+            let from = newest.map_or_else(
+                || "from the start (no checkpoint yet)".to_string(),
+                |s| format!("from checkpoint step-{s}"),
+            );
+            eprintln!(
+                "meshrun: attempt {} failed: rank {} {}; restarting {from} (failure {} of {} allowed)",
+                f.attempt,
+                f.rank,
+                f.cause.headline(),
+                failed.len(),
+                plan.failure.max_failures
+            );
+            continue;
+        }
+        let state = state_name(end.status);
+        rundir.write_json("run.json", &record.json(&plan, state))?;
+        rundir.event("run_ended", json!({ "attempt": record.attempts.len(), "state": state }))?;
+        rundir.flush()?;
+        let summary = match (&end.summary, failed.len()) {
+            (Some(text), n) if n > 1 && end.status == OutcomeStatus::Failed => Some(format!(
+                "meshrun: run '{}' failed {n} times, more than --max-failures {} allows:\n{}{text}",
+                plan.name,
+                plan.failure.max_failures,
+                render_attempts(&failed[..n - 1])
+            )),
+            _ => end.summary,
+        };
+        return Ok(Outcome {
+            status: end.status,
+            name: plan.name.clone(),
+            run_dir: plan.run_dir.clone(),
+            failure: end.failure,
+            summary,
+            last_metrics: end.last_metrics,
+            attempts: made,
+        });
+    }
+}
 
+fn state_name(status: OutcomeStatus) -> &'static str {
+    match status {
+        OutcomeStatus::Succeeded => "succeeded",
+        OutcomeStatus::Failed => "failed",
+        OutcomeStatus::Interrupted { .. } => "interrupted",
+        OutcomeStatus::Preempted { .. } => "preempted",
+    }
+}
+
+/// What `run.json` holds besides the plan.
+struct RunRecord {
+    run_id: String,
+    created: String,
+    attempts: Vec<Value>,
+}
+
+impl RunRecord {
+    fn json(&self, plan: &RunPlan, state: &str) -> Value {
+        json!({
+            "name": plan.name,
+            "run_id": self.run_id,
+            "state": state,
+            "created": self.created,
+            "plan": plan,
+            "versions": { "meshrun": env!("CARGO_PKG_VERSION"), "protocol": PROTOCOL_VERSION },
+            "attempts": self.attempts,
+        })
+    }
+}
+
+/// One attempt: its own control port, agents and workers, from launch to
+/// the last worker's exit.
+async fn attempt(
+    plan: &RunPlan,
+    opts: &ExecOptions,
+    signals: &mut Signals,
+    rundir: &mut RunDir,
+    token: &Token,
+    record: &mut RunRecord,
+) -> Result<AttemptEnd, CoreError> {
+    let attempt = record.attempts.len() as u32 + 1;
     let (listener, addr) = bind_loopback().await.map_err(|source| CoreError::Net {
         what: "cannot bind the control port on 127.0.0.1",
         source,
     })?;
     let (events_tx, mut events) = mpsc::unbounded_channel();
-    spawn_accept_loop(listener, token.clone(), events_tx);
+    let accept = spawn_accept_loop(listener, token.clone(), events_tx);
 
     let started = utc_rfc3339(SystemTime::now());
-    attempts.push(json!({ "attempt": attempt, "started": started, "state": "running" }));
-    let run_json = |state: &str, attempts: &[Value]| {
-        json!({
-            "name": plan.name,
-            "run_id": run_id,
-            "state": state,
-            "created": created,
-            "plan": plan,
-            "control": { "bind": addr.to_string(), "loopback_only": addr.ip().is_loopback() },
-            "versions": { "meshrun": env!("CARGO_PKG_VERSION"), "protocol": PROTOCOL_VERSION },
-            "attempts": attempts,
-        })
-    };
-    rundir.write_json("run.json", &run_json("running", &attempts))?;
+    record.attempts.push(json!({
+        "attempt": attempt,
+        "started": started,
+        "state": "running",
+        "control": { "bind": addr.to_string(), "loopback_only": addr.ip().is_loopback() },
+    }));
+    rundir.write_json("run.json", &record.json(plan, "running"))?;
     rundir.event(
         "attempt_started",
         json!({ "attempt": attempt, "nprocs": plan.nprocs, "hosts": plan.hosts, "control_addr": addr.to_string() }),
@@ -142,8 +280,8 @@ pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, Core
         match Checkpoints::open(&plan.run_dir, plan.nprocs, plan.retention.clone()) {
             Ok(found) => found,
             Err(e) => {
-                let e = CoreError::Checkpoint(e);
-                return Err(errored(&mut rundir, &run_json, &mut attempts, e));
+                accept.abort();
+                return Err(errored(rundir, plan, record, CoreError::Checkpoint(e)));
             }
         };
     for path in removed {
@@ -152,87 +290,55 @@ pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, Core
             json!({ "path": path.display().to_string(), "reason": "not committed" }),
         )?;
     }
-    let mut agent_procs = match agents::start(&plan, addr, &token) {
+    let mut agent_procs = match agents::start(plan, addr, token) {
         Ok(agents) => agents,
-        Err(e) => return Err(errored(&mut rundir, &run_json, &mut attempts, e)),
+        Err(e) => {
+            accept.abort();
+            return Err(errored(rundir, plan, record, e));
+        }
     };
-    let mut sup = Supervisor {
-        ranks: vec![RankState::default(); plan.nprocs as usize],
-        plan: plan.clone(),
-        rundir,
-        token,
-        run_id: run_id.clone(),
-        attempt,
-        control_addr: addr.to_string(),
-        agents: BTreeMap::new(),
-        output: None,
-        failure: None,
-        stop: None,
-        stop_deadline: None,
-        last_metrics: None,
-        launched: false,
-        checkpoints,
-    };
-    let result = sup
-        .run(&mut events, &mut agent_procs, &opts, &mut signals)
-        .await;
+    let mut sup = Supervisor::new(plan.clone(), rundir, token.clone(), record.run_id.clone(), attempt, addr.to_string(), checkpoints);
+    let result = sup.run(&mut events, &mut agent_procs, opts, signals).await;
     for link in sup.agents.values() {
         let _ = link.tx.send(Message::Shutdown);
     }
     agent_procs.finish().await;
+    accept.abort();
+    sup.tidy_stacks();
     if let Err(e) = result {
-        return Err(errored(&mut sup.rundir, &run_json, &mut attempts, e));
+        return Err(errored(sup.rundir, plan, record, e));
     }
-
     let status = sup.status();
-    let state = match status {
-        OutcomeStatus::Succeeded => "succeeded",
-        OutcomeStatus::Failed => "failed",
-        OutcomeStatus::Interrupted { .. } => "interrupted",
-    };
     if let Some(f) = &mut sup.failure {
         f.exit = sup.ranks.get(f.rank as usize).and_then(|r| r.exit);
     }
     let summary = sup.summary(status);
-    if let Some(last) = attempts.last_mut() {
-        *last = json!({
-            "attempt": attempt,
-            "started": started,
-            "ended": utc_rfc3339(SystemTime::now()),
-            "state": state,
-            "failure": sup.failure,
-        });
+    if let Some(last) = record.attempts.last_mut() {
+        last["ended"] = json!(utc_rfc3339(SystemTime::now()));
+        last["state"] = json!(state_name(status));
+        last["failure"] = json!(sup.failure);
     }
     sup.rundir
-        .write_json("run.json", &run_json(state, &attempts))?;
-    sup.rundir
-        .event("run_ended", json!({ "attempt": attempt, "state": state }))?;
-    sup.rundir.flush()?;
-    Ok(Outcome {
+        .event("attempt_ended", json!({ "attempt": attempt, "state": state_name(status) }))?;
+    let end = AttemptEnd {
         status,
-        name: plan.name.clone(),
-        run_dir: plan.run_dir.clone(),
-        failure: sup.failure.clone(),
+        failure: sup.failure.take(),
         summary,
         last_metrics: sup.last_metrics.take(),
-    })
+    };
+    Ok(end)
 }
 
 /// Records that the attempt ended in an engine error (not a worker's
 /// failure), so `run.json` never claims a dead run is running; returns the
 /// error for the caller.
-fn errored(
-    rundir: &mut RunDir,
-    run_json: &dyn Fn(&str, &[Value]) -> Value,
-    attempts: &mut [Value],
-    error: CoreError,
-) -> CoreError {
-    if let Some(last) = attempts.last_mut() {
+fn errored(rundir: &mut RunDir, plan: &RunPlan, record: &mut RunRecord, error: CoreError) -> CoreError {
+    if let Some(last) = record.attempts.last_mut() {
         last["state"] = json!("errored");
         last["error"] = json!(error.to_string());
         last["ended"] = json!(utc_rfc3339(SystemTime::now()));
     }
-    let _ = rundir.write_json("run.json", &run_json("errored", attempts));
+    let _ = rundir.write_json("run.json", &record.json(plan, "errored"));
     let _ = rundir.event(
         "run_ended",
         json!({ "state": "errored", "error": error.to_string() }),
@@ -263,7 +369,38 @@ async fn stop_requested(handle: Option<&StopHandle>) {
     }
 }
 
-impl Supervisor {
+impl<'a> Supervisor<'a> {
+    fn new(
+        plan: RunPlan,
+        rundir: &'a mut RunDir,
+        token: Token,
+        run_id: String,
+        attempt: u32,
+        control_addr: String,
+        checkpoints: Checkpoints,
+    ) -> Self {
+        Self {
+            ranks: vec![RankState::default(); plan.nprocs as usize],
+            plan,
+            rundir,
+            token,
+            run_id,
+            attempt,
+            control_addr,
+            agents: BTreeMap::new(),
+            output: None,
+            failure: None,
+            stop: None,
+            stop_deadline: None,
+            last_metrics: None,
+            launched: false,
+            checkpoints,
+            checkpointing: false,
+            preempt_deadline: None,
+            stacks_dumped: false,
+        }
+    }
+
     async fn run(
         &mut self,
         events: &mut mpsc::UnboundedReceiver<Event>,
@@ -275,6 +412,7 @@ impl Supervisor {
         let mut external_stop_seen = false;
         let join_deadline = Instant::now() + AGENT_JOIN_TIMEOUT;
         let mut agent_check = tokio::time::interval(Duration::from_millis(200));
+        let mut watch = tokio::time::interval(Duration::from_millis(250));
         loop {
             if self.finished() {
                 return Ok(());
@@ -289,17 +427,18 @@ impl Supervisor {
                     Some(event) => self.on_event(event)?,
                     None => return Ok(()),
                 },
-                () = next_signal(sigint) => self.interrupt(Signal::SIGINT as i32),
-                () = next_signal(sigterm) => self.interrupt(Signal::SIGTERM as i32),
+                () = next_signal(sigint) => self.interrupt(Signal::SIGINT as i32)?,
+                () = next_signal(sigterm) => self.terminate()?,
                 () = stop_requested(opts.stop.as_ref()), if !external_stop_seen => {
                     external_stop_seen = true;
-                    self.interrupt(Signal::SIGINT as i32);
+                    self.interrupt(Signal::SIGINT as i32)?;
                 }
                 _ = agent_check.tick(), if !self.launched => {
                     if let Some((host, how)) = agent_procs.exited() {
                         return Err(CoreError::AgentGone { host, what: format!("exited ({how})") });
                     }
                 }
+                _ = watch.tick(), if self.launched && self.stop.is_none() => self.watch()?,
                 () = tokio::time::sleep_until(deadline.into()) => {
                     if !self.launched && self.stop.is_none() {
                         let host = (0..self.plan.hosts).find(|h| !self.agents.contains_key(h)).unwrap_or(0);
@@ -312,6 +451,51 @@ impl Supervisor {
                 }
             }
         }
+    }
+
+    /// Hangs, frozen workers, broken connections, and a preemption whose
+    /// checkpoint does not come.
+    fn watch(&mut self) -> Result<(), CoreError> {
+        let now = Instant::now();
+        if let Some(deadline) = self.preempt_deadline {
+            if now >= deadline {
+                self.rundir.event(
+                    "preempt_timeout",
+                    json!({ "attempt": self.attempt, "waited_s": PREEMPT_GRACE.as_secs() }),
+                )?;
+                return self.begin_stop(StopReason::Signal(Signal::SIGTERM as i32));
+            }
+        }
+        let live = || self.ranks.iter().enumerate().filter(|(_, r)| !r.done);
+        let lost = live().find_map(|(rank, r)| {
+            r.connection_lost
+                .filter(|t| now.duration_since(*t) >= CONNECTION_LOSS_GRACE)
+                .map(|_| rank as u32)
+        });
+        if let Some(rank) = lost {
+            return self.fail(rank, Cause::ConnectionLost);
+        }
+        let frozen = live().find_map(|(rank, r)| {
+            let silent = now.duration_since(r.heard?);
+            (r.connection_lost.is_none() && silent >= HEARTBEAT_TIMEOUT)
+                .then(|| (rank as u32, silent.as_secs_f64()))
+        });
+        if let Some((rank, secs)) = frozen {
+            return self.fail(rank, Cause::Unresponsive { secs });
+        }
+        if let Some(limit) = self.plan.failure.hang_timeout_s {
+            // The rank that has gone longest without a report is named.
+            let stalest = live()
+                .filter_map(|(rank, r)| Some((r.progress?, rank as u32, r.last_step)))
+                .min();
+            if let Some((since, rank, last_step)) = stalest {
+                let secs = now.duration_since(since).as_secs_f64();
+                if secs >= limit {
+                    return self.fail(rank, Cause::Hang { secs, last_step });
+                }
+            }
+        }
+        Ok(())
     }
 
     fn finished(&self) -> bool {
@@ -374,14 +558,37 @@ impl Supervisor {
                     self.fail(rank, Cause::AgentLost { host, error })?;
                 }
             }
-            Event::WorkerJoined { rank, attempt, pid } => {
-                if attempt == self.attempt {
+            Event::WorkerJoined {
+                rank,
+                attempt,
+                pid,
+                tx,
+            } => {
+                if attempt == self.attempt && (rank as usize) < self.ranks.len() {
                     tracing::debug!(rank, pid, "worker connected");
+                    let state = &mut self.ranks[rank as usize];
+                    state.heard = Some(Instant::now());
+                    if self.preempt_deadline.is_some() {
+                        let _ = tx.send(Message::CheckpointNow);
+                    }
+                    state.tx = Some(tx);
                 }
             }
-            Event::FromWorker { rank, msg } => self.on_worker_message(rank, msg)?,
+            Event::FromWorker { rank, msg } => {
+                if let Some(state) = self.ranks.get_mut(rank as usize) {
+                    state.heard = Some(Instant::now());
+                }
+                self.on_worker_message(rank, msg)?;
+            }
             Event::WorkerLost { rank, clean } => {
                 tracing::debug!(rank, clean, "worker connection closed");
+                if let Some(state) = self.ranks.get_mut(rank as usize) {
+                    state.tx = None;
+                    state.heard = None;
+                    if !clean {
+                        state.connection_lost = Some(Instant::now());
+                    }
+                }
             }
         }
         Ok(())
@@ -398,6 +605,7 @@ impl Supervisor {
             }
             Message::WorkerStarted { rank, pid } if owns(rank) => {
                 self.ranks[rank as usize].pid = Some(pid);
+                self.ranks[rank as usize].progress = Some(Instant::now());
                 self.rundir.event(
                     "worker_started",
                     json!({ "attempt": self.attempt, "rank": rank, "host": host, "pid": pid }),
@@ -433,14 +641,24 @@ impl Supervisor {
             return Ok(());
         }
         match msg {
-            Message::Report { step, metrics } if rank == 0 => {
-                self.rundir.metrics(&json!({
-                    "time": unix_time(),
-                    "attempt": self.attempt,
-                    "step": step,
-                    "metrics": metrics,
-                }))?;
-                self.last_metrics = Some(metrics);
+            Message::Report {
+                step,
+                metrics,
+                checkpoint,
+            } => {
+                let state = &mut self.ranks[rank as usize];
+                state.progress = Some(Instant::now());
+                state.last_step = step.or(state.last_step);
+                self.checkpointing |= checkpoint;
+                if rank == 0 {
+                    self.rundir.metrics(&json!({
+                        "time": unix_time(),
+                        "attempt": self.attempt,
+                        "step": step,
+                        "metrics": metrics,
+                    }))?;
+                    self.last_metrics = Some(metrics);
+                }
             }
             Message::CheckpointWritten {
                 step,
@@ -452,6 +670,9 @@ impl Supervisor {
                         "checkpoint_committed",
                         json!({ "attempt": self.attempt, "step": step, "path": path.display().to_string() }),
                     )?;
+                    if self.preempt_deadline.is_some() && self.stop.is_none() {
+                        self.begin_stop(StopReason::Preempted(step))?;
+                    }
                     match self.checkpoints.retain() {
                         Ok(deleted) if deleted.is_empty() => {}
                         Ok(deleted) => self.rundir.event(
@@ -570,15 +791,39 @@ impl Supervisor {
         self.begin_stop(StopReason::Failure)
     }
 
-    fn interrupt(&mut self, signal: i32) {
+    fn interrupt(&mut self, signal: i32) -> Result<(), CoreError> {
         if self.stop.is_some() {
             // Asked again while stopping: no more grace.
             for link in self.agents.values() {
-                let _ = link.tx.send(Message::Stop { grace_ms: 0 });
+                let _ = link.tx.send(Message::Stop {
+                    grace_ms: 0,
+                    dump_stacks: false,
+                });
             }
-            return;
+            return Ok(());
         }
-        let _ = self.begin_stop(StopReason::Signal(signal));
+        self.begin_stop(StopReason::Signal(signal))
+    }
+
+    /// SIGTERM: preemption. When the program checkpoints through
+    /// `meshrun.report`, every worker is asked to save at its next report
+    /// and the group stops once that step is committed; otherwise (or on a
+    /// second SIGTERM) it stops now.
+    fn terminate(&mut self) -> Result<(), CoreError> {
+        let sigterm = Signal::SIGTERM as i32;
+        if self.stop.is_some() || self.preempt_deadline.is_some() || !self.checkpointing {
+            return self.interrupt(sigterm);
+        }
+        self.preempt_deadline = Some(Instant::now() + PREEMPT_GRACE);
+        for r in &self.ranks {
+            if let Some(tx) = &r.tx {
+                let _ = tx.send(Message::CheckpointNow);
+            }
+        }
+        self.rundir.event(
+            "preempting",
+            json!({ "attempt": self.attempt, "grace_s": PREEMPT_GRACE.as_secs() }),
+        )
     }
 
     fn begin_stop(&mut self, reason: StopReason) -> Result<(), CoreError> {
@@ -586,16 +831,30 @@ impl Supervisor {
         for r in self.ranks.iter_mut().filter(|r| !r.done) {
             r.stopped_by_meshrun = true;
         }
+        // Every surviving rank's stacks show where the group was when it
+        // failed (the hung frame, or who waited on whom).
+        let dump_stacks = reason == StopReason::Failure && self.ranks.iter().any(|r| !r.done);
         for link in self.agents.values() {
             let _ = link.tx.send(Message::Stop {
                 grace_ms: STOP_GRACE_MS,
+                dump_stacks,
             });
         }
-        self.stop_deadline =
-            Some(Instant::now() + Duration::from_millis(STOP_GRACE_MS) + STOP_REPORT_SLACK);
+        let dump_wait = if dump_stacks { STACK_DUMP_WAIT } else { Duration::ZERO };
+        self.stop_deadline = Some(
+            Instant::now() + dump_wait + Duration::from_millis(STOP_GRACE_MS) + STOP_REPORT_SLACK,
+        );
+        if dump_stacks {
+            self.stacks_dumped = true;
+            self.rundir.event(
+                "stacks_dumped",
+                json!({ "attempt": self.attempt, "dir": self.stacks_dir().display().to_string() }),
+            )?;
+        }
         let why = match reason {
             StopReason::Failure => "failure".to_string(),
             StopReason::Signal(s) => format!("signal {s}"),
+            StopReason::Preempted(step) => format!("preempted after checkpoint step {step}"),
         };
         self.rundir.event(
             "stopping",
@@ -603,9 +862,30 @@ impl Supervisor {
         )
     }
 
+    fn stacks_dir(&self) -> std::path::PathBuf {
+        self.rundir
+            .path()
+            .join("stacks")
+            .join(format!("attempt-{}", self.attempt))
+    }
+
+    /// Workers open their stack files when they start; the empty ones of an
+    /// attempt that dumped nothing are removed.
+    fn tidy_stacks(&self) {
+        let dir = self.stacks_dir();
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            if entry.metadata().is_ok_and(|m| m.len() == 0) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+        let _ = std::fs::remove_dir(&dir);
+        let _ = std::fs::remove_dir(self.rundir.path().join("stacks"));
+    }
+
     fn status(&self) -> OutcomeStatus {
         match self.stop {
             Some(StopReason::Signal(signal)) => OutcomeStatus::Interrupted { signal },
+            Some(StopReason::Preempted(step)) => OutcomeStatus::Preempted { step },
             None if self
                 .ranks
                 .iter()
@@ -627,6 +907,11 @@ impl Supervisor {
                 Signal::try_from(signal).map_or("a signal", |s| s.as_str()),
                 self.rundir.path().join("logs").display()
             )),
+            OutcomeStatus::Preempted { step } => Some(format!(
+                "meshrun: run '{}' preempted: every worker saved checkpoint step-{step} and was \
+                 stopped; run it again with --name {} to resume from there",
+                self.plan.name, self.plan.name
+            )),
             OutcomeStatus::Failed => {
                 let failure = self.failure.as_ref()?;
                 let ranks: Vec<RankEnd> = self
@@ -644,13 +929,17 @@ impl Supervisor {
                     .as_ref()
                     .map(|o| o.tail(failure.rank))
                     .unwrap_or_default();
-                Some(render(
+                let mut text = render(
                     &self.plan.name,
                     failure,
                     &ranks,
                     &tail,
                     &self.rundir.log_path(failure.rank),
-                ))
+                );
+                if self.stacks_dumped {
+                    let _ = write!(text, "\n  stacks: {}", self.stacks_dir().display());
+                }
+                Some(text)
             }
         }
     }

@@ -180,6 +180,7 @@ mod tests {
         let msg = Message::Report {
             step: Some(3),
             metrics: serde_json::json!({"loss": 0.5}),
+            checkpoint: false,
         };
         let mut buf = Vec::new();
         write_frame(&mut buf, &msg).unwrap();

@@ -82,9 +82,14 @@ pub enum Message {
         attempt: u32,
         workers: Vec<WorkerLaunch>,
     },
-    /// Stop every worker: SIGTERM to its process group, SIGKILL after the grace.
+    /// Stop every worker: SIGTERM to its process group, SIGKILL after the
+    /// grace. With `dump_stacks`, each worker first gets SIGUSR1, on which
+    /// meshrun's worker code writes every thread's Python stack to its
+    /// stacks file.
     Stop {
         grace_ms: u64,
+        #[serde(default)]
+        dump_stacks: bool,
     },
     /// The run is over; the agent exits.
     Shutdown,
@@ -114,10 +119,17 @@ pub enum Message {
         pid: u32,
     },
     Heartbeat,
+    /// A `meshrun.report`; `checkpoint` when it came with the state to save,
+    /// so the controller knows a preemption can end in a checkpoint.
     Report {
         step: Option<u64>,
         metrics: serde_json::Value,
+        #[serde(default)]
+        checkpoint: bool,
     },
+    /// Controller to worker: save a checkpoint at the next `report` that
+    /// carries the state (preemption), whatever the checkpoint interval.
+    CheckpointNow,
     /// The user's code raised; sent before the worker tries to exit.
     Failure {
         kind: String,
