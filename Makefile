@@ -10,7 +10,7 @@ DEPS_STAMP := $(VENV)/.deps-installed
 BUILD_STAMP := $(VENV)/.meshrun-built
 RUST_SOURCES := $(shell find crates -name '*.rs' -o -name 'Cargo.toml') Cargo.toml $(wildcard Cargo.lock) pyproject.toml
 
-.PHONY: help install demo test test-rust test-python lint bench-startup bench-step-parity bench-data bench-ckpt clean
+.PHONY: help install demo test test-rust test-python lint bench-startup bench-step-parity bench-data bench-ckpt bench-recovery soak clean
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -57,6 +57,12 @@ bench-data: install  ## Loader throughput against numpy memmap, Grain and Ray Da
 
 bench-ckpt: install  ## Checkpoint save/restore of a 1 GiB sharded pytree against Orbax, and the disk's fsync bandwidth.
 	$(PY) bench/ckpt.py --rounds 5 --json bench/out/ckpt.json
+
+bench-recovery: install  ## SIGKILL of one GPT worker to the first step after the automatic restart, with and without the compilation cache.
+	$(PY) bench/recovery.py --rounds 3 --json bench/out/recovery.json
+
+soak: install  ## The GPT killed with SIGKILL at 10 random moments must end bit-identical to an uninterrupted run (the suite runs 3).
+	MESHRUN_SOAK_KILLS=10 MESHRUN_SOAK_STEPS=200 $(VENV)/bin/pytest tests/test_recovery.py -k soak -s
 
 clean:  ## Remove build outputs and the virtualenv.
 	rm -rf $(VENV) target

@@ -172,18 +172,29 @@ def main() -> None:
     cfg = Config(seq_len=args.seq_len, d_model=args.d_model, layers=args.layers, heads=args.heads)
     train_path, val_path = build_corpus(Path(args.data_dir))
 
-    # The model is created directly in its shards: no process holds it whole.
     graphdef, _ = nnx.split(nnx.eval_shape(lambda: GPT(cfg, nnx.Rngs(args.seed))))
-    params = sharding.init_sharded(lambda: nnx.split(GPT(cfg, nnx.Rngs(args.seed)))[1], RULES, mesh)
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(args.lr, b2=0.99, weight_decay=0.01))
-    opt_shardings = sharding.shardings_for(jax.eval_shape(tx.init, params), RULES, mesh)
-    opt_state = jax.jit(tx.init, out_shardings=opt_shardings)(params)
+
+    def init_params():
+        return nnx.split(GPT(cfg, nnx.Rngs(args.seed)))[1]
+
+    # Shapes and shardings first; the arrays are then either created directly
+    # in their shards (no process holds the model whole) or, on a restart,
+    # read from the newest checkpoint into those shards without creating
+    # them at all.
+    abstract = {"params": jax.eval_shape(init_params)}
+    abstract["opt"] = jax.eval_shape(tx.init, abstract["params"])
+    param_shardings = sharding.shardings_for(abstract["params"], RULES, mesh)
+    opt_shardings = sharding.shardings_for(abstract["opt"], RULES, mesh)
+    ckpt = None if args.describe or not ctx.run_dir else meshrun.get_checkpoint()
+    if ckpt is None:
+        params = jax.jit(init_params, out_shardings=param_shardings)()
+        opt_state = jax.jit(tx.init, out_shardings=opt_shardings)(params)
     if args.describe:
         if rank == 0:
             print(sharding.describe({"params": params, "opt": opt_state}), flush=True)
         return
 
-    param_shardings = sharding.shardings_for(params, RULES, mesh)
     batch_sharding = NamedSharding(mesh, BATCH)
     replicated = NamedSharding(mesh, P())
 
@@ -209,9 +220,13 @@ def main() -> None:
     # newest committed checkpoint of this run (restored into the current
     # shardings, whatever layout saved them).
     first_step, loader_state = 0, None
-    ckpt = meshrun.get_checkpoint() if ctx.run_dir else None
     if ckpt is not None:
-        restored = meshrun.restore({"params": params, "opt": opt_state}, ckpt)
+        target = jax.tree.map(
+            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+            abstract,
+            {"params": param_shardings, "opt": opt_shardings},
+        )
+        restored = meshrun.restore(target, ckpt)
         params, opt_state = restored["params"], restored["opt"]
         first_step, loader_state = ckpt.step, ckpt.extra["loader"]
         if rank == 0:
@@ -225,11 +240,14 @@ def main() -> None:
         losses = [eval_loss(params, tokens) for tokens in val_batches]
         return float(np.mean([float(l) for l in losses])) / math.log(2)
 
-    bpb_start = val_bpb()
-    if rank == 0:
-        print(f"gpt: {sum(x.size for x in jax.tree.leaves(params)):,} parameters, mesh {dict(mesh.shape)}, "
-              f"{nprocs} process(es); validation {bpb_start:.3f} bits/byte at start", flush=True)
-    meshrun.report({"step": 0, "val_bpb": bpb_start})
+    if ckpt is None:
+        bpb_start = val_bpb()
+        if rank == 0:
+            print(f"gpt: {sum(x.size for x in jax.tree.leaves(params)):,} parameters, mesh {dict(mesh.shape)}, "
+                  f"{nprocs} process(es); validation {bpb_start:.3f} bits/byte at start", flush=True)
+        meshrun.report({"step": 0, "val_bpb": bpb_start})
+    else:
+        bpb_start = ckpt.extra["val_bpb_start"]  # a restart goes straight back to training
 
     started, in_flight = None, None
     bpb = bpb_start
@@ -264,7 +282,7 @@ def main() -> None:
         # report: meshrun saves it every N steps, and at the next step when
         # the run is preempted (SIGTERM).
         if ctx.checkpoint_every:
-            meshrun.report(record, checkpoint={"params": params, "opt": opt_state}, extra={"loader": train.state()})
+            meshrun.report(record, checkpoint={"params": params, "opt": opt_state}, extra={"loader": train.state(), "val_bpb_start": bpb_start})
         else:
             meshrun.report(record)
     if args.params_digest:

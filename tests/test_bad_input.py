@@ -31,6 +31,10 @@ def run_cli(args, runs):
         (["--name", "..", HELLO], "run name '..' is not accepted"),
         (["-n", "x", HELLO], "invalid value 'x' for '--nprocs"),
         (["-m", "not a module"], "module name 'not a module' is not a dotted Python module name"),
+        (["--checkpoint-every", "0", HELLO], "--checkpoint-every must be at least 1 step, got 0"),
+        (["--hang-timeout", "0", HELLO], "--hang-timeout must be a positive number of seconds, got 0"),
+        (["--hang-timeout", "nan", HELLO], "--hang-timeout must be a positive number of seconds, got NaN"),
+        (["--max-failures", "-1", HELLO], "invalid value '-1' for '--max-failures <N>'"),
     ],
 )
 def test_bad_input(tmp_path, args, expected):

@@ -40,3 +40,11 @@ def test_ckpt_bench_short(tmp_path):
     assert "dd conv=fsync" in text and "Orbax" in text
     assert result["median"]["meshrun"]["save"] > 0 and result["median"]["orbax"]["restore"] > 0
     assert not list((tmp_path / "files").iterdir()), "the benchmark leaves its checkpoints behind"
+
+
+def test_recovery_bench_short(tmp_path):
+    result, text = run_bench(tmp_path, "recovery.py", "--rounds", "1")
+    assert "first step" in text
+    for label in ("cache on", "cache off"):
+        m = result["median"][label]
+        assert 0 < m["detect"] <= m["stopped"] <= m["relaunch"] < m["step"]

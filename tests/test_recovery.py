@@ -140,9 +140,14 @@ def test_preemption_checkpoints_then_the_same_name_resumes(tmp_path):
         stop(proc)
     assert proc.returncode == 75, err
     assert_none_left(run_dir)
-    committed = events(run_dir, "checkpoint_committed")
-    assert len(committed) == 1
-    step = committed[0]["step"]
+    # Every rank saves at each report from the request on, so that they meet
+    # on a common step; the first commit stops the group, and steps that
+    # commit while it stops are newer still.
+    committed = [e["step"] for e in events(run_dir, "checkpoint_committed")]
+    preempting = events(run_dir, "preempting")
+    assert len(preempting) == 1 and committed
+    assert all(e["time"] > preempting[0]["time"] for e in events(run_dir, "checkpoint_committed"))
+    step = max(committed)
     assert 3 <= step < 60
     assert f"preempted: every worker saved checkpoint step-{step}" in err
     assert json.loads((run_dir / "run.json").read_text())["state"] == "preempted"

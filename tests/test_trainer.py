@@ -123,3 +123,38 @@ def test_bad_checkpoint_config(tmp_path, config, message):
     with pytest.raises(meshrun.ConfigError, match=message):
         meshrun.Trainer(psum_fn, run_config=meshrun.RunConfig(storage_path=str(tmp_path / "runs"), checkpoint_config=config)).fit()
     assert not (tmp_path / "runs").exists()
+
+
+def fails_in_first_attempt():
+    ctx = meshrun.get_context()
+    if ctx.attempt == 1 and ctx.rank == 1:
+        raise RuntimeError("first attempt fails")
+    meshrun.report({"step": 1, "attempt": ctx.attempt})
+
+
+def test_failure_config_restarts_a_function(tmp_path):
+    result = meshrun.Trainer(
+        fails_in_first_attempt,
+        scaling_config=meshrun.ScalingConfig(num_workers=2),
+        run_config=meshrun.RunConfig(name="again", storage_path=str(tmp_path / "runs"), tee="none", failure_config=meshrun.FailureConfig(max_failures=1)),
+    ).fit()
+    assert result.status == "succeeded", result.error
+    assert result.attempts == 2
+    assert result.metrics["attempt"] == 2
+    assert_none_left(tmp_path / "runs" / "again")
+
+
+@pytest.mark.parametrize(
+    "failure, checkpoint, message",
+    [
+        (meshrun.FailureConfig(max_failures=-1), None, "FailureConfig.max_failures must be at least 0, got -1"),
+        (meshrun.FailureConfig(hang_timeout_s=0), None, "--hang-timeout must be a positive number of seconds, got 0"),
+        (meshrun.FailureConfig(hang_timeout_s="10"), None, "FailureConfig.hang_timeout_s must be a number of seconds, got '10'"),
+        (None, meshrun.CheckpointConfig(every_n_steps=0), "CheckpointConfig.every_n_steps must be at least 1, got 0"),
+    ],
+)
+def test_bad_failure_and_interval_config(tmp_path, failure, checkpoint, message):
+    run = meshrun.RunConfig(storage_path=str(tmp_path / "runs"), failure_config=failure, checkpoint_config=checkpoint)
+    with pytest.raises(meshrun.ConfigError, match=message):
+        meshrun.Trainer(psum_fn, run_config=run).fit()
+    assert not (tmp_path / "runs").exists()

@@ -9,7 +9,7 @@ from meshrun.context import Context, get_context, init
 from meshrun.checkpoint import Checkpoint, get_checkpoint, restore, save
 from meshrun.errors import CheckpointError, ConfigError, ControlError, DataError, MeshrunError, RunFailedError
 from meshrun.reporting import report
-from meshrun.trainer import CheckpointConfig, Result, RunConfig, ScalingConfig, Trainer
+from meshrun.trainer import CheckpointConfig, FailureConfig, Result, RunConfig, ScalingConfig, Trainer
 
 __all__ = [
     "Checkpoint",
@@ -19,6 +19,7 @@ __all__ = [
     "Context",
     "ControlError",
     "DataError",
+    "FailureConfig",
     "MeshrunError",
     "Result",
     "RunConfig",

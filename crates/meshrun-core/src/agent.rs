@@ -28,7 +28,7 @@ const DRAIN_GRACE: Duration = Duration::from_secs(1);
 
 /// How long workers get to write their stacks before they are stopped:
 /// faulthandler writes from the signal handler, in a few milliseconds.
-const STACK_DUMP_WAIT: Duration = Duration::from_millis(300);
+const STACK_DUMP_WAIT: Duration = Duration::from_millis(100);
 
 #[derive(Debug, Clone)]
 pub struct AgentConfig {

@@ -149,7 +149,8 @@ impl RunDir {
         ))
     }
 
-    /// Appends one metrics record; buffered, flushed by [`RunDir::flush`].
+    /// Appends one metrics record; buffered, flushed by [`RunDir::flush`]
+    /// (the supervisor does every 250 ms).
     pub fn metrics(&mut self, record: &Value) -> Result<(), CoreError> {
         writeln!(self.metrics, "{record}").map_err(CoreError::io(
             "cannot append to",

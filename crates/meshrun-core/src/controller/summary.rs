@@ -26,10 +26,7 @@ pub enum Cause {
     /// A host's agent went away with workers still running.
     AgentLost { host: u32, error: String },
     /// No `meshrun.report` from this rank for the hang timeout.
-    Hang {
-        secs: f64,
-        last_step: Option<u64>,
-    },
+    Hang { secs: f64, last_step: Option<u64> },
     /// The process is there but its heartbeats stopped (frozen, stopped).
     Unresponsive { secs: f64 },
     /// Its connection to the controller broke while it was running.

@@ -75,10 +75,13 @@ const CONNECTION_LOSS_GRACE: Duration = Duration::from_secs(2);
 
 /// After SIGTERM, how long workers get to reach a step boundary and commit
 /// a checkpoint before they are stopped without one.
-const PREEMPT_GRACE: Duration = Duration::from_secs(60);
+const PREEMPT_GRACE: Duration = Duration::from_mins(1);
 
 /// How long a stack dump delays the stop (the agent waits as long).
-const STACK_DUMP_WAIT: Duration = Duration::from_millis(300);
+const STACK_DUMP_WAIT: Duration = Duration::from_millis(100);
+
+/// SIGTERM to SIGKILL when the attempt failed: none (see `begin_stop`).
+const FAILURE_STOP_GRACE_MS: u64 = 0;
 
 struct Supervisor<'a> {
     plan: RunPlan,
@@ -102,6 +105,8 @@ struct Supervisor<'a> {
     /// When SIGTERM asked for a checkpoint, the deadline for committing it.
     preempt_deadline: Option<Instant>,
     stacks_dumped: bool,
+    /// The newest step committed in this attempt.
+    last_committed: Option<u64>,
 }
 
 /// SIGINT and SIGTERM, when this run handles them. Installed before
@@ -171,7 +176,10 @@ pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, Core
             let newest = meshrun_ckpt::commit::committed(&plan.run_dir.join("checkpoints"))
                 .last()
                 .map(|(step, _)| *step);
-            let f = end.failure.as_ref().expect("a failed attempt has a failure");
+            let f = end
+                .failure
+                .as_ref()
+                .expect("a failed attempt has a failure");
             rundir.event(
                 "restarting",
                 json!({ "after_attempt": f.attempt, "failures": failed.len(), "max_failures": plan.failure.max_failures, "from_step": newest }),
@@ -192,7 +200,10 @@ pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, Core
         }
         let state = state_name(end.status);
         rundir.write_json("run.json", &record.json(&plan, state))?;
-        rundir.event("run_ended", json!({ "attempt": record.attempts.len(), "state": state }))?;
+        rundir.event(
+            "run_ended",
+            json!({ "attempt": record.attempts.len(), "state": state }),
+        )?;
         rundir.flush()?;
         let summary = match (&end.summary, failed.len()) {
             (Some(text), n) if n > 1 && end.status == OutcomeStatus::Failed => Some(format!(
@@ -297,7 +308,15 @@ async fn attempt(
             return Err(errored(rundir, plan, record, e));
         }
     };
-    let mut sup = Supervisor::new(plan.clone(), rundir, token.clone(), record.run_id.clone(), attempt, addr.to_string(), checkpoints);
+    let mut sup = Supervisor::new(
+        plan.clone(),
+        rundir,
+        token.clone(),
+        record.run_id.clone(),
+        attempt,
+        addr.to_string(),
+        checkpoints,
+    );
     let result = sup.run(&mut events, &mut agent_procs, opts, signals).await;
     for link in sup.agents.values() {
         let _ = link.tx.send(Message::Shutdown);
@@ -318,8 +337,10 @@ async fn attempt(
         last["state"] = json!(state_name(status));
         last["failure"] = json!(sup.failure);
     }
-    sup.rundir
-        .event("attempt_ended", json!({ "attempt": attempt, "state": state_name(status) }))?;
+    sup.rundir.event(
+        "attempt_ended",
+        json!({ "attempt": attempt, "state": state_name(status) }),
+    )?;
     let end = AttemptEnd {
         status,
         failure: sup.failure.take(),
@@ -332,7 +353,12 @@ async fn attempt(
 /// Records that the attempt ended in an engine error (not a worker's
 /// failure), so `run.json` never claims a dead run is running; returns the
 /// error for the caller.
-fn errored(rundir: &mut RunDir, plan: &RunPlan, record: &mut RunRecord, error: CoreError) -> CoreError {
+fn errored(
+    rundir: &mut RunDir,
+    plan: &RunPlan,
+    record: &mut RunRecord,
+    error: CoreError,
+) -> CoreError {
     if let Some(last) = record.attempts.last_mut() {
         last["state"] = json!("errored");
         last["error"] = json!(error.to_string());
@@ -398,6 +424,7 @@ impl<'a> Supervisor<'a> {
             checkpointing: false,
             preempt_deadline: None,
             stacks_dumped: false,
+            last_committed: None,
         }
     }
 
@@ -453,9 +480,11 @@ impl<'a> Supervisor<'a> {
         }
     }
 
-    /// Hangs, frozen workers, broken connections, and a preemption whose
-    /// checkpoint does not come.
+    /// Every 250 ms: hangs, frozen workers, broken connections, and a
+    /// preemption whose checkpoint does not come.
     fn watch(&mut self) -> Result<(), CoreError> {
+        // Metrics are buffered between ticks, so readers see them live.
+        self.rundir.flush()?;
         let now = Instant::now();
         if let Some(deadline) = self.preempt_deadline {
             if now >= deadline {
@@ -478,7 +507,7 @@ impl<'a> Supervisor<'a> {
         let frozen = live().find_map(|(rank, r)| {
             let silent = now.duration_since(r.heard?);
             (r.connection_lost.is_none() && silent >= HEARTBEAT_TIMEOUT)
-                .then(|| (rank as u32, silent.as_secs_f64()))
+                .then_some((rank as u32, silent.as_secs_f64()))
         });
         if let Some((rank, secs)) = frozen {
             return self.fail(rank, Cause::Unresponsive { secs });
@@ -670,6 +699,7 @@ impl<'a> Supervisor<'a> {
                         "checkpoint_committed",
                         json!({ "attempt": self.attempt, "step": step, "path": path.display().to_string() }),
                     )?;
+                    self.last_committed = self.last_committed.max(Some(step));
                     if self.preempt_deadline.is_some() && self.stop.is_none() {
                         self.begin_stop(StopReason::Preempted(step))?;
                     }
@@ -834,16 +864,27 @@ impl<'a> Supervisor<'a> {
         // Every surviving rank's stacks show where the group was when it
         // failed (the hung frame, or who waited on whom).
         let dump_stacks = reason == StopReason::Failure && self.ranks.iter().any(|r| !r.done);
+        // A failed group cannot go on (JAX SPMD does not survive a missing
+        // member) and JAX workers ignore SIGTERM, so after the stacks it is
+        // killed at once: every second here delays the restart.
+        let grace_ms = if reason == StopReason::Failure {
+            FAILURE_STOP_GRACE_MS
+        } else {
+            STOP_GRACE_MS
+        };
         for link in self.agents.values() {
             let _ = link.tx.send(Message::Stop {
-                grace_ms: STOP_GRACE_MS,
+                grace_ms,
                 dump_stacks,
             });
         }
-        let dump_wait = if dump_stacks { STACK_DUMP_WAIT } else { Duration::ZERO };
-        self.stop_deadline = Some(
-            Instant::now() + dump_wait + Duration::from_millis(STOP_GRACE_MS) + STOP_REPORT_SLACK,
-        );
+        let dump_wait = if dump_stacks {
+            STACK_DUMP_WAIT
+        } else {
+            Duration::ZERO
+        };
+        self.stop_deadline =
+            Some(Instant::now() + dump_wait + Duration::from_millis(grace_ms) + STOP_REPORT_SLACK);
         if dump_stacks {
             self.stacks_dumped = true;
             self.rundir.event(
@@ -885,7 +926,10 @@ impl<'a> Supervisor<'a> {
     fn status(&self) -> OutcomeStatus {
         match self.stop {
             Some(StopReason::Signal(signal)) => OutcomeStatus::Interrupted { signal },
-            Some(StopReason::Preempted(step)) => OutcomeStatus::Preempted { step },
+            // Steps may still commit while the group stops; the newest counts.
+            Some(StopReason::Preempted(step)) => OutcomeStatus::Preempted {
+                step: self.last_committed.unwrap_or(step),
+            },
             None if self
                 .ranks
                 .iter()
