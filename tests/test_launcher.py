@@ -61,7 +61,7 @@ def test_env_contract_with_two_hosts(runs):
     assert sorted(a["ip"] for a in agents) == ["127.0.0.2", "127.0.0.3"]
     run = json.loads((done.run_dir / "run.json").read_text())
     assert run["state"] == "succeeded"
-    assert run["control"]["loopback_only"] is True
+    assert run["attempts"][-1]["control"]["loopback_only"] is True
     assert run["plan"]["hosts"] == 2
 
 
@@ -231,7 +231,7 @@ def test_wrong_token_is_refused_while_the_run_goes_on(runs):
     run_dir = runs / "guarded"
     try:
         wait_for(lambda: (run_dir / "ready-0").exists(), 90, "the run to start")
-        addr = json.loads((run_dir / "run.json").read_text())["control"]["bind"]
+        addr = json.loads((run_dir / "run.json").read_text())["attempts"][-1]["control"]["bind"]
         with pytest.raises(_native.ControlError):
             _native.WorkerClient(addr, "ab" * 32, 0, 1, False)
         assert proc.poll() is None, "the run was harmed by a refused client"

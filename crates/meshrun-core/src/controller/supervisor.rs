@@ -188,6 +188,9 @@ pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, Core
                 || "from the start (no checkpoint yet)".to_string(),
                 |s| format!("from checkpoint step-{s}"),
             );
+            if let Some(text) = &end.summary {
+                eprintln!("{text}");
+            }
             eprintln!(
                 "meshrun: attempt {} failed: rank {} {}; restarting {from} (failure {} of {} allowed)",
                 f.attempt,
