@@ -10,7 +10,7 @@ import signal
 import time
 from pathlib import Path
 
-from conftest import ROOT, SCRIPTS, assert_none_left, meshrun, read_jsonl, start, stop, wait_for
+from conftest import ROOT, SCRIPTS, alive, assert_none_left, meshrun, read_jsonl, start, stop, wait_for
 
 EXAMPLE = str(ROOT / "examples" / "gpt.py")
 TINY = ["--batch-size", "8", "--seq-len", "32", "--d-model", "32", "--layers", "2", "--heads", "4", "--eval-every", "100000", "--eval-batches", "1", "--fsdp", "2", "--tensor", "2"]
@@ -175,7 +175,7 @@ def test_used_up_restarts_end_the_run_with_every_attempt_summarised(tmp_path):
 def test_a_killed_agent_is_a_failure_that_restarts(tmp_path):
     runs = tmp_path / "runs"
     run_dir = runs / "agents"
-    proc = start(["-n", "2", "--hosts", "2", "--platform", "cpu", "--tee", "none", "--max-failures", "1", str(SCRIPTS / "sleeper.py")], runs_dir=runs, name="agents")
+    proc = start(["-n", "2", "--hosts", "2", "--platform", "cpu", "--tee", "none", "--max-failures", "1", str(SCRIPTS / "plain_sleeper.py")], runs_dir=runs, name="agents")
     try:
         wait_for(lambda: proc.poll() is not None or all((run_dir / f"ready-{r}").exists() for r in (0, 1)), 60, "workers")
         agent = next(e["pid"] for e in events(run_dir, "agent_joined") if e["host"] == 1)
@@ -183,6 +183,11 @@ def test_a_killed_agent_is_a_failure_that_restarts(tmp_path):
         wait_for(lambda: len(events(run_dir, "attempt_started")) == 2 and len(events(run_dir, "worker_started")) == 4, 60, "the restart")
         failed = events(run_dir, "worker_failed")
         assert failed[0]["cause"]["kind"] in ("agent_lost", "connection_lost", "exit"), failed
+        # The dead agent's worker could not be stopped through it: it ends
+        # itself when the failed attempt drops its control connection.
+        first = [e["pid"] for e in events(run_dir, "worker_started") if e["attempt"] == 1]
+        wait_for(lambda: not any(alive(p) for p in first), 10, "the first attempt's workers to be gone")
+        assert proc.poll() is None
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=30)
     finally:

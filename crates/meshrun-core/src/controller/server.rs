@@ -48,26 +48,34 @@ pub enum Event {
     },
 }
 
-/// Accepts connections until the returned task is aborted (at the end of
-/// the attempt: each attempt listens on its own port, so nothing from an
-/// earlier attempt's processes can reach a later one).
+/// Accepts connections until the returned task is aborted at the end of
+/// the attempt. Each attempt listens on its own port, so nothing from an
+/// earlier attempt's processes can reach a later one; and aborting drops
+/// every connection the loop accepted, so a worker the attempt could not
+/// stop (its agent died) sees its controller go and kills itself.
 pub fn spawn_accept_loop(
     listener: TcpListener,
     token: Token,
     events: mpsc::UnboundedSender<Event>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
+        let mut connections = tokio::task::JoinSet::new();
         loop {
-            let Ok((stream, peer)) = listener.accept().await else {
-                continue;
-            };
-            let token = token.clone();
-            let events = events.clone();
-            tokio::spawn(async move {
-                if let Err(reason) = serve(Connection::new(stream), &token, &events).await {
-                    tracing::debug!(%peer, "connection dropped: {reason}");
+            tokio::select! {
+                accepted = listener.accept() => {
+                    let Ok((stream, peer)) = accepted else {
+                        continue;
+                    };
+                    let token = token.clone();
+                    let events = events.clone();
+                    connections.spawn(async move {
+                        if let Err(reason) = serve(Connection::new(stream), &token, &events).await {
+                            tracing::debug!(%peer, "connection dropped: {reason}");
+                        }
+                    });
                 }
-            });
+                Some(_) = connections.join_next() => {}
+            }
         }
     })
 }
