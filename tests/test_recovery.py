@@ -214,3 +214,19 @@ def test_a_frozen_worker_is_caught_by_its_missing_heartbeats(tmp_path):
     assert 9 <= failed["time"] - stopped_at <= 15
     assert "stopped sending heartbeats" in err
     assert_none_left(run_dir)
+
+
+def test_every_rank_finds_its_compilation_in_the_cache_on_a_restart(tmp_path):
+    """JAX itself writes cache entries from process 0 only, and on CPU each
+    process's key differs: meshrun lets every rank write its own, so a
+    restarted rank 1 loads its step instead of compiling it."""
+    runs = tmp_path / "runs"
+    args = ["-n", "2", "--platform", "cpu", "--tee", "none", str(SCRIPTS / "cached_step.py")]
+    first = meshrun(args, runs_dir=runs, name="cache")
+    assert first.code == 0, first.stderr
+    entries = [p.name for p in (first.run_dir / "compile-cache").iterdir() if p.name.startswith("jit_cached_step-")]
+    assert len(entries) == 2, entries
+    again = meshrun(args, runs_dir=runs, name="cache", env={"JAX_LOG_COMPILES": "1"})
+    assert again.code == 0, again.stderr
+    log = again.log(1).split("attempt 2")[-1]
+    assert "Persistent compilation cache hit for 'jit_cached_step'" in log, log[-3000:]

@@ -92,7 +92,7 @@ def _cache_from_every_process() -> None:
     collective (measured: a restart's first GPT step 7.5 s later than with
     this). Keys differ, so processes never write the same entry. If JAX's
     internals change shape, this does nothing and restarts just compile
-    (tests/test_recovery.py checks the cache hits on rank 1).
+    (tests/test_recovery.py checks that rank 1 hits the cache on a restart).
     """
     try:
         from jax._src import compilation_cache, compiler, distributed
