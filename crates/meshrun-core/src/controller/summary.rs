@@ -153,6 +153,40 @@ mod tests {
     use super::*;
 
     #[test]
+    fn hang_and_attempt_lines_name_what_happened() {
+        let hang = Cause::Hang {
+            secs: 31.4,
+            last_step: Some(12),
+        };
+        assert_eq!(
+            hang.headline(),
+            "hung: no report for 31 s (after step 12); see the stacks"
+        );
+        let first = FailureRecord {
+            rank: 1,
+            host: 0,
+            attempt: 1,
+            cause: Cause::Exit {
+                exit: ExitInfo {
+                    code: None,
+                    signal: Some(9),
+                },
+            },
+            exit: None,
+        };
+        let second = FailureRecord {
+            attempt: 2,
+            rank: 0,
+            cause: Cause::Unresponsive { secs: 10.2 },
+            ..first.clone()
+        };
+        assert_eq!(
+            render_attempts(&[first, second]),
+            "  attempt 1: rank 1 ended with signal 9 (SIGKILL)\n  attempt 2: rank 0 stopped sending heartbeats for 10 s (frozen or stopped?)\n"
+        );
+    }
+
+    #[test]
     fn names_rank_exception_and_traceback_tail() {
         let failure = FailureRecord {
             rank: 1,
