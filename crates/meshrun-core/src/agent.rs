@@ -75,6 +75,7 @@ pub async fn run(cfg: AgentConfig) -> Result<(), CoreError> {
         pid: std::process::id(),
         gpus,
         free_port,
+        controller: Some(cfg.controller.to_string()),
     })
     .await?;
 

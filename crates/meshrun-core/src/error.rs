@@ -63,6 +63,10 @@ pub enum UsageError {
     CheckpointEveryZero,
     #[error("--hang-timeout must be a positive number of seconds, got {0}")]
     BadHangTimeout(f64),
+    #[error("--ray-strategy '{0}' is not a Ray placement strategy; use one of PACK, SPREAD, STRICT_PACK, STRICT_SPREAD")]
+    BadRayStrategy(String),
+    #[error("--ray needs the cluster's address (HOST:PORT of the head node) or 'auto'")]
+    EmptyRayAddress,
     #[error("cannot determine the working directory: {0}")]
     NoCwd(io::Error),
 }
@@ -99,6 +103,8 @@ pub enum CoreError {
     Checkpoint(#[from] meshrun_ckpt::CkptError),
     #[error("agent of host {host} {what} before the run started")]
     AgentGone { host: u32, what: String },
+    #[error("could not place the run on Ray: {0}")]
+    RayPlacement(String),
 }
 
 impl CoreError {

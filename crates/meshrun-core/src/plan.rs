@@ -3,6 +3,7 @@
 //! Validation happens here, before anything touches the disk, so a bad
 //! request exits with a clear message and leaves no run directory behind.
 
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -89,7 +90,23 @@ pub struct RunSpec {
     pub checkpoint_every: Option<u64>,
     /// Restarts and hang detection.
     pub failure: FailurePolicy,
+    /// Place the agents on this Ray cluster instead of this machine.
+    pub ray: Option<RayTarget>,
+    /// The address the controller listens on (default: 127.0.0.1; with
+    /// Ray, every interface, since the agents may live on other machines).
+    pub control_host: Option<IpAddr>,
 }
+
+/// The Ray backend: where the cluster is and how to spread the agents.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RayTarget {
+    /// `auto`, or a head node's `HOST:PORT`.
+    pub address: String,
+    /// Ray's placement-group strategy for the agents' bundles.
+    pub strategy: String,
+}
+
+pub const RAY_STRATEGIES: [&str; 4] = ["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"];
 
 /// What happens when an attempt fails.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
@@ -122,6 +139,8 @@ pub struct RunPlan {
     pub retention: Option<Retention>,
     pub checkpoint_every: Option<u64>,
     pub failure: FailurePolicy,
+    pub ray: Option<RayTarget>,
+    pub control_host: IpAddr,
 }
 
 impl RunPlan {
@@ -192,6 +211,14 @@ impl RunSpec {
                 return Err(UsageError::BadHangTimeout(t));
             }
         }
+        if let Some(ray) = &self.ray {
+            if !RAY_STRATEGIES.contains(&ray.strategy.as_str()) {
+                return Err(UsageError::BadRayStrategy(ray.strategy.clone()));
+            }
+            if ray.address.trim().is_empty() {
+                return Err(UsageError::EmptyRayAddress);
+            }
+        }
         let procs_per_host = self.nprocs / self.hosts;
         let platform = self.resolve_platform(procs_per_host, inventory)?;
         let cwd = std::env::current_dir().map_err(UsageError::NoCwd)?;
@@ -245,6 +272,12 @@ impl RunSpec {
             retention: self.retention,
             checkpoint_every: self.checkpoint_every,
             failure: self.failure,
+            control_host: self.control_host.unwrap_or(if self.ray.is_some() {
+                IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)
+            } else {
+                IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)
+            }),
+            ray: self.ray,
         })
     }
 
@@ -390,6 +423,8 @@ mod tests {
             retention: None,
             checkpoint_every: None,
             failure: FailurePolicy::default(),
+            ray: None,
+            control_host: None,
         }
     }
 

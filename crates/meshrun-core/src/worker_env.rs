@@ -38,6 +38,8 @@ pub struct AttemptInfo<'a> {
     pub coordinator: &'a str,
     /// The `XLA_FLAGS` the user had set, to be merged rather than replaced.
     pub user_xla_flags: Option<&'a str>,
+    /// The address of the worker's host, as its agent reported it.
+    pub host_ip: &'a str,
 }
 
 const DEVICE_COUNT_FLAG: &str = "--xla_force_host_platform_device_count";
@@ -78,7 +80,7 @@ pub fn worker_env(
         ),
         ("MESHRUN_HOST_RANK".into(), at.host.to_string()),
         ("MESHRUN_NUM_HOSTS".into(), at.num_hosts.to_string()),
-        ("MESHRUN_HOST_IP".into(), plan.host_ip(at.host).to_string()),
+        ("MESHRUN_HOST_IP".into(), info.host_ip.into()),
         ("JAX_COORDINATOR_ADDRESS".into(), info.coordinator.into()),
         // JAX's coordinator binds every interface unless told otherwise;
         // it should listen where the run said it would, and nowhere else.

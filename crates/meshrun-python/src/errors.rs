@@ -66,7 +66,8 @@ pub fn to_py(err: &CoreError) -> PyErr {
         | CoreError::Protocol(_)
         | CoreError::AgentTimeout { .. }
         | CoreError::AgentSpawn { .. }
-        | CoreError::AgentGone { .. } => ControlError::new_err(text),
+        | CoreError::AgentGone { .. }
+        | CoreError::RayPlacement(_) => ControlError::new_err(text),
     }
 }
 

@@ -82,6 +82,8 @@ pub fn run<'py>(
             max_failures,
             hang_timeout_s,
         },
+        ray: None,
+        control_host: None,
     };
     let plan = py
         .detach(|| spec.validate())

@@ -144,6 +144,25 @@ pub struct RunArgs {
     #[arg(long, value_name = "S")]
     pub hang_timeout: Option<f64>,
 
+    /// Place the agents on a Ray cluster: `auto` or the head's HOST:PORT.
+    /// One placement-group bundle per host (--hosts), holding the CPUs and
+    /// GPUs of its workers.
+    #[arg(long, value_name = "ADDRESS")]
+    pub ray: Option<String>,
+
+    /// Ray placement strategy for the hosts' bundles.
+    #[arg(
+        long,
+        default_value = "PACK",
+        value_name = "PACK|SPREAD|STRICT_PACK|STRICT_SPREAD"
+    )]
+    pub ray_strategy: String,
+
+    /// The address the controller listens on (default 127.0.0.1; with
+    /// --ray, every interface).
+    #[arg(long, value_name = "IP")]
+    pub control_host: Option<IpAddr>,
+
     /// Run PROGRAM as a module (like python -m) instead of a script path.
     #[arg(short = 'm', long = "module")]
     pub module: bool,

@@ -3,7 +3,7 @@
 use std::io::Write;
 
 use meshrun_core::agent::{self, AgentConfig};
-use meshrun_core::plan::{FailurePolicy, Retention, ScoreOrder};
+use meshrun_core::plan::{FailurePolicy, RayTarget, Retention, ScoreOrder};
 use meshrun_core::token::Token;
 use meshrun_core::{execute, Entry, ExecOptions, PlatformChoice, RunSpec, Tee};
 
@@ -86,6 +86,11 @@ pub fn spec(args: RunArgs, launcher: &Launcher) -> RunSpec {
             max_failures: args.max_failures,
             hang_timeout_s: args.hang_timeout,
         },
+        ray: args.ray.map(|address| RayTarget {
+            address,
+            strategy: args.ray_strategy.to_uppercase(),
+        }),
+        control_host: args.control_host,
     }
 }
 

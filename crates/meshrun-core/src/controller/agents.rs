@@ -5,18 +5,27 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+
+use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::agent::{self, AgentConfig};
 use crate::error::CoreError;
-use crate::plan::RunPlan;
+use crate::plan::{RayTarget, RunPlan};
 use crate::token::Token;
 
 /// Agents started for a run; processes are stopped when the run ends.
 pub struct Agents {
     pub children: Vec<(u32, tokio::process::Child)>,
+    /// With Ray: what the placing process said on stderr, for the error
+    /// when it gives up.
+    ray_said: Option<Arc<Mutex<Vec<String>>>>,
 }
 
 pub fn start(plan: &RunPlan, controller: SocketAddr, token: &Token) -> Result<Agents, CoreError> {
+    if let Some(ray) = &plan.ray {
+        return start_on_ray(plan, ray, controller, token);
+    }
     if plan.hosts == 1 {
         let cfg = AgentConfig {
             controller,
@@ -29,7 +38,10 @@ pub fn start(plan: &RunPlan, controller: SocketAddr, token: &Token) -> Result<Ag
                 tracing::error!("agent of host 0 failed: {e}");
             }
         });
-        return Ok(Agents { children: vec![] });
+        return Ok(Agents {
+            children: vec![],
+            ray_said: None,
+        });
     }
     let (program, prefix) = match plan.agent_command.split_first() {
         Some((p, rest)) => (p.clone(), rest.to_vec()),
@@ -72,7 +84,63 @@ pub fn start(plan: &RunPlan, controller: SocketAddr, token: &Token) -> Result<Ag
             })?;
         children.push((host, child));
     }
-    Ok(Agents { children })
+    Ok(Agents {
+        children,
+        ray_said: None,
+    })
+}
+
+/// The Ray backend: one Python process (`meshrun._ray_agents`) connects to
+/// the cluster as a driver, reserves a placement group with one bundle per
+/// host, and starts on each bundle's node an actor that runs `meshrun
+/// agent` there. It lives as long as the attempt; when it ends, Ray
+/// releases the actors and the bundles.
+fn start_on_ray(
+    plan: &RunPlan,
+    ray: &RayTarget,
+    controller: SocketAddr,
+    token: &Token,
+) -> Result<Agents, CoreError> {
+    let cpus = plan.procs_per_host;
+    let gpus = plan.procs_per_host * plan.gpus_per_proc;
+    let mut child = tokio::process::Command::new(&plan.python)
+        .args(["-m", "meshrun._ray_agents"])
+        .args(["--address", &ray.address, "--strategy", &ray.strategy])
+        .args(["--hosts", &plan.hosts.to_string()])
+        .args(["--cpus", &cpus.to_string(), "--gpus", &gpus.to_string()])
+        .args(["--controller", &controller.to_string()])
+        .arg("--run-dir")
+        .arg(&plan.run_dir)
+        .env("MESHRUN_TOKEN", token.to_hex())
+        .current_dir(&plan.cwd)
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|source| CoreError::AgentSpawn {
+            host: 0,
+            program: format!("{} -m meshrun._ray_agents", plan.python.display()),
+            source,
+        })?;
+    let said = Arc::new(Mutex::new(Vec::new()));
+    if let Some(stderr) = child.stderr.take() {
+        let said = Arc::clone(&said);
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                // Its own messages become the run's error; Ray's pass through.
+                match line.strip_prefix("meshrun: ") {
+                    Some(message) => said.lock().expect("ray log lock").push(message.to_string()),
+                    None => eprintln!("{line}"),
+                }
+            }
+        });
+    }
+    Ok(Agents {
+        children: vec![(0, child)],
+        ray_said: Some(said),
+    })
 }
 
 impl Agents {
@@ -90,12 +158,25 @@ impl Agents {
 
     /// An agent process that already exited, for a better error.
     pub fn exited(&mut self) -> Option<(u32, String)> {
-        self.children.iter_mut().find_map(|(host, child)| {
+        let (host, how) = self.children.iter_mut().find_map(|(host, child)| {
             child
                 .try_wait()
                 .ok()
                 .flatten()
                 .map(|status| (*host, crate::process::exit_info(status).to_string()))
-        })
+        })?;
+        Some((host, format!("exited ({how})")))
+    }
+
+    /// Why the Ray placement gave up, in its own words, once it has exited.
+    pub fn ray_error(&mut self) -> Option<String> {
+        let said = self.ray_said.clone()?;
+        let (_, how) = self.exited()?;
+        let said = said.lock().expect("ray log lock");
+        Some(
+            said.last()
+                .cloned()
+                .unwrap_or_else(|| format!("the placing process {how}")),
+        )
     }
 }

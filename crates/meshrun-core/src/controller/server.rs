@@ -21,6 +21,7 @@ pub enum Event {
         pid: u32,
         gpus: Vec<String>,
         free_port: u16,
+        controller: Option<String>,
         tx: mpsc::UnboundedSender<Message>,
     },
     FromAgent {
@@ -99,6 +100,7 @@ async fn serve(
             pid,
             gpus,
             free_port,
+            controller,
         } => {
             let (tx, mut rx) = mpsc::unbounded_channel::<Message>();
             let (mut sink, mut stream) = conn.split();
@@ -108,6 +110,7 @@ async fn serve(
                 pid,
                 gpus,
                 free_port,
+                controller,
                 tx,
             });
             tokio::spawn(async move {
@@ -164,9 +167,10 @@ async fn serve(
     }
 }
 
-/// Binds the control listener on loopback (the local backend needs no more).
-pub async fn bind_loopback() -> std::io::Result<(TcpListener, SocketAddr)> {
-    let listener = TcpListener::bind("127.0.0.1:0").await?;
+/// Binds the control listener on `host` (loopback for the local backend;
+/// the Ray backend's agents may be on other machines) at a free port.
+pub async fn bind(host: std::net::IpAddr) -> std::io::Result<(TcpListener, SocketAddr)> {
+    let listener = TcpListener::bind(SocketAddr::new(host, 0)).await?;
     let addr = listener.local_addr()?;
     Ok((listener, addr))
 }

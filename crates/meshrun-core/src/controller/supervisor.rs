@@ -15,7 +15,7 @@ use super::agents::{self, Agents};
 use super::checkpoints::Checkpoints;
 use super::launch::{host_launches, FUNCTION_FILE};
 use super::output::Output;
-use super::server::{bind_loopback, spawn_accept_loop, Event};
+use super::server::{bind, spawn_accept_loop, Event};
 use super::summary::{render, render_attempts, Cause, FailureRecord, RankEnd};
 use super::{ExecOptions, Outcome, OutcomeStatus, StopHandle, STOP_GRACE_MS};
 use crate::error::CoreError;
@@ -36,6 +36,8 @@ struct AgentLink {
     ip: String,
     gpus: Vec<String>,
     free_port: u16,
+    /// How this host reaches the controller (given to its workers).
+    controller: Option<String>,
     tx: mpsc::UnboundedSender<Message>,
 }
 
@@ -270,10 +272,12 @@ async fn attempt(
     record: &mut RunRecord,
 ) -> Result<AttemptEnd, CoreError> {
     let attempt = record.attempts.len() as u32 + 1;
-    let (listener, addr) = bind_loopback().await.map_err(|source| CoreError::Net {
-        what: "cannot bind the control port on 127.0.0.1",
-        source,
-    })?;
+    let (listener, addr) = bind(plan.control_host)
+        .await
+        .map_err(|source| CoreError::Net {
+            what: "cannot bind the control port",
+            source,
+        })?;
     let (events_tx, mut events) = mpsc::unbounded_channel();
     let accept = spawn_accept_loop(listener, token.clone(), events_tx);
 
@@ -464,8 +468,11 @@ impl<'a> Supervisor<'a> {
                     self.interrupt(Signal::SIGINT as i32)?;
                 }
                 _ = agent_check.tick(), if !self.launched => {
+                    if let Some(why) = agent_procs.ray_error() {
+                        return Err(CoreError::RayPlacement(why));
+                    }
                     if let Some((host, how)) = agent_procs.exited() {
-                        return Err(CoreError::AgentGone { host, what: format!("exited ({how})") });
+                        return Err(CoreError::AgentGone { host, what: how });
                     }
                 }
                 _ = watch.tick(), if self.launched && self.stop.is_none() => self.watch()?,
@@ -545,6 +552,7 @@ impl<'a> Supervisor<'a> {
                 pid,
                 gpus,
                 free_port,
+                controller,
                 tx,
             } => {
                 if host >= self.plan.hosts || self.agents.contains_key(&host) || self.launched {
@@ -561,6 +569,7 @@ impl<'a> Supervisor<'a> {
                         ip: host_ip,
                         gpus,
                         free_port,
+                        controller,
                         tx,
                     },
                 );
@@ -754,9 +763,15 @@ impl<'a> Supervisor<'a> {
             token_hex: &token_hex,
             coordinator: &coordinator,
             user_xla_flags: user_xla_flags.as_deref(),
+            host_ip: "",
         };
         let mut plans = Vec::new();
         for (&host, link) in &self.agents {
+            let info = AttemptInfo {
+                control_addr: link.controller.as_deref().unwrap_or(&self.control_addr),
+                host_ip: &link.ip,
+                ..info
+            };
             match host_launches(&self.plan, &info, host, &link.gpus) {
                 Ok(workers) => plans.push((host, workers)),
                 Err(e) => {

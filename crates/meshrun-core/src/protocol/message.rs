@@ -76,6 +76,10 @@ pub enum Message {
         /// A port found free on this host, for the JAX coordinator when
         /// rank 0 lives here.
         free_port: u16,
+        /// The controller address this agent reached: its workers are
+        /// given the same (the controller may listen on every interface).
+        #[serde(default)]
+        controller: Option<String>,
     },
     /// Start these workers (attempt numbers count from 1).
     Launch {

@@ -1,0 +1,149 @@
+"""The Ray backend's placement: ``python -m meshrun._ray_agents ...``,
+started by the controller for each attempt of a ``meshrun run --ray`` run.
+
+It joins the Ray cluster as a driver, reserves a placement group with one
+bundle per host (the CPUs and GPUs of that host's workers), and on each
+bundle's node starts an actor that runs ``meshrun agent`` there: the same
+Rust agent as the local backend, which dials the controller, proves the run
+token and starts its workers. The agent dies with its actor (parent-death
+signal), so a dead actor or node is a lost agent to the controller, which
+restarts the attempt. This process lives as long as the attempt; when it
+exits, Ray releases the actors and the bundles.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die(message: str, code: int = 2) -> None:
+    print(f"meshrun: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(code)
+
+
+def _check_reachable(address: str, timeout: float = 10.0) -> None:
+    """Fails fast with a clear message when ``HOST:PORT`` does not answer:
+    ``ray.init`` would otherwise retry for minutes."""
+    if address in ("auto", "local") or ":" not in address:
+        return
+    host, port = address.rsplit(":", 1)
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except (OSError, ValueError) as exc:
+        _die(f"cannot reach the Ray cluster at {address} ({exc}); give the head node's HOST:PORT (as printed by `ray start --head`) or 'auto'")
+
+
+def _with_parent() -> None:
+    """In the agent, before exec: die when the actor that started it dies."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def main(argv: list[str]) -> None:
+    ap = argparse.ArgumentParser(prog="meshrun._ray_agents")
+    ap.add_argument("--address", required=True)
+    ap.add_argument("--strategy", default="PACK")
+    ap.add_argument("--hosts", type=int, required=True)
+    ap.add_argument("--cpus", type=float, required=True)
+    ap.add_argument("--gpus", type=float, default=0)
+    ap.add_argument("--controller", required=True, help="HOST:PORT the controller listens on")
+    ap.add_argument("--run-dir", required=True)
+    ap.add_argument("--timeout", type=float, default=60.0)
+    args = ap.parse_args(argv)
+    token = os.environ["MESHRUN_TOKEN"]
+    _check_reachable(args.address)
+
+    import ray
+    from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    try:
+        ray.init(address=args.address, logging_level="ERROR", log_to_driver=False, configure_logging=False)
+    except Exception as exc:  # Ray's own errors are many and version-specific
+        _die(f"cannot join the Ray cluster at {args.address}: {exc}")
+
+    @ray.remote
+    class Agent:
+        """Runs ``meshrun agent`` on its node until the agent exits."""
+
+        def start(self, controller: str, host: int, token: str) -> tuple[str, str, int, int]:
+            ip = ray.util.get_node_ip_address()
+            env = {**os.environ, "MESHRUN_TOKEN": token}
+            gpu_ids = ray.get_runtime_context().get_accelerator_ids().get("GPU", [])
+            # The physical GPUs Ray gave this bundle, never 0..k-1.
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpu_ids)
+            cmd = [sys.executable, "-m", "meshrun", "agent", "--controller", controller, "--host", str(host), "--host-ip", ip]
+            self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, preexec_fn=_with_parent)
+            return ip, ray.get_runtime_context().get_node_id(), os.getpid(), self.proc.pid
+
+        def wait(self) -> int:
+            return self.proc.wait()
+
+    bundle = {"CPU": args.cpus, **({"GPU": args.gpus} if args.gpus else {})}
+    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    fits = [all(r.get(k, 0) >= v for k, v in bundle.items()) for r in nodes]
+    if sum(fits) == 0 or (args.strategy == "STRICT_SPREAD" and sum(fits) < args.hosts):
+        _die(
+            f"no way to place {args.hosts} host(s) of {bundle} each ({args.strategy}) on this Ray cluster: "
+            f"its nodes have {[{k: r.get(k, 0) for k in bundle} for r in nodes]}; lower -n per host, raise --hosts, or add nodes"
+        )
+    pg = placement_group([dict(bundle) for _ in range(args.hosts)], strategy=args.strategy)
+    try:
+        ray.get(pg.ready(), timeout=args.timeout)
+    except Exception:
+        remove_placement_group(pg)
+        _die(
+            f"the Ray cluster cannot place {args.hosts} bundle(s) of {bundle} with strategy {args.strategy} "
+            f"within {args.timeout:.0f} s; it has {ray.available_resources()} available; lower -n or --hosts, or add nodes"
+        )
+    controller_host, port = args.controller.rsplit(":", 1)
+    if controller_host in ("0.0.0.0", "[::]", "::"):
+        # The controller listens everywhere: agents dial this machine as Ray knows it.
+        controller_host = ray.util.get_node_ip_address()
+    controller = f"{controller_host}:{port}"
+    agents = [
+        Agent.options(
+            scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=h),
+            num_cpus=0,
+            num_gpus=args.gpus,
+        ).remote()
+        for h in range(args.hosts)
+    ]
+    placed = ray.get([a.start.remote(controller, h, token) for h, a in enumerate(agents)])
+    table = placement_group_table(pg)
+    record = {
+        "placement_group": pg.id.hex(),
+        "strategy": args.strategy,
+        "bundle": bundle,
+        "hosts": [{"host": h, "ip": ip, "node_id": node, "actor_pid": actor, "agent_pid": pid} for h, (ip, node, actor, pid) in enumerate(placed)],
+        "bundles_to_node_id": {str(k): v for k, v in table.get("bundles_to_node_id", {}).items()},
+    }
+    with open(os.path.join(args.run_dir, "ray-placement.json"), "w") as f:
+        json.dump(record, f, indent=2)
+
+    # Until every agent has exited (the attempt is over) or its actor died.
+    pending = {a.wait.remote(): h for h, a in enumerate(agents)}
+    while pending:
+        done, _ = ray.wait(list(pending), num_returns=1)
+        for ref in done:
+            host = pending.pop(ref)
+            try:
+                ray.get(ref)
+            except Exception as exc:
+                print(f"meshrun: the Ray actor of host {host}'s agent died: {type(exc).__name__}", file=sys.stderr, flush=True)
+    remove_placement_group(pg)
+    ray.shutdown()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
