@@ -119,3 +119,72 @@ def test_a_request_the_cluster_cannot_hold_is_a_clear_error(two_nodes, tmp_path)
     assert proc.returncode == 1
     assert "could not place the run on Ray: no way to place 2 host(s) of {'CPU': 4.0} each (PACK)" in proc.stderr, proc.stderr
     assert "its nodes have [{'CPU': 2.0}, {'CPU': 2.0}]" in proc.stderr
+
+
+@pytest.fixture
+def one_node_with_gpus():
+    """A single-node cluster from ``ray.init`` in this process, declaring 4
+    GPUs (Ray hands out their ids; no GPU is touched)."""
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    import ray
+
+    saved = dict(os.environ)
+    # "local": a new cluster, even while the module's two-node cluster is up.
+    ray.init(address="local", num_cpus=4, num_gpus=4, include_dashboard=False, logging_level="ERROR")
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()
+        # ray.init leaves settings in the environment (RAY_AUTH_MODE, ...)
+        # that processes started later would inherit.
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def test_workers_get_the_gpus_ray_assigned_to_their_bundle(one_node_with_gpus, tmp_path):
+    """Both hosts packed on one node: host 1's bundle holds GPUs that are
+    not 0 and 1, and its workers must get exactly those (Ray's JaxTrainer
+    would set 0..k-1 whatever Ray assigned)."""
+    done = meshrun(on_ray(one_node_with_gpus, "-n", "4", "--hosts", "2", "--platform", "cuda", "--gpus-per-proc", "1", "--tee", "none", str(SCRIPTS / "dump_env.py")), runs_dir=tmp_path / "runs")
+    assert done.code == 0, done.stderr
+    envs = [json.loads((done.run_dir / f"env-{r}.json").read_text()) for r in range(4)]
+    got = [e["CUDA_VISIBLE_DEVICES"] for e in envs]
+    assert sorted(got) == ["0", "1", "2", "3"], got
+    by_host = {h: sorted(e["CUDA_VISIBLE_DEVICES"] for e in envs if e["MESHRUN_HOST_RANK"] == str(h)) for h in (0, 1)}
+    assert by_host[0] != by_host[1] and sorted(by_host[0] + by_host[1]) == ["0", "1", "2", "3"]
+    assert ["0", "1"] in by_host.values() and ["2", "3"] in by_host.values()
+
+
+def psum_fn():
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import multihost_utils
+
+    import meshrun
+
+    ctx = meshrun.get_context()
+    total = multihost_utils.process_allgather(jnp.array([ctx.rank + 1])).sum()
+    meshrun.report({"step": 0, "sum": int(total), "host": ctx.host_rank})
+
+
+def test_trainer_on_ray(two_nodes, tmp_path):
+    import meshrun
+
+    result = meshrun.Trainer(
+        psum_fn,
+        scaling_config=meshrun.ScalingConfig(num_workers=2, num_hosts=2, backend="ray", ray_address=two_nodes, ray_strategy="STRICT_SPREAD", control_host="127.0.0.1"),
+        run_config=meshrun.RunConfig(name="fit", storage_path=str(tmp_path / "runs"), tee="none"),
+    ).fit()
+    assert result.status == "succeeded", result.error
+    assert result.metrics["sum"] == 3
+    placement = json.loads((tmp_path / "runs" / "fit" / "ray-placement.json").read_text())
+    assert len({h["node_id"] for h in placement["hosts"]}) == 2
+    assert_none_left(tmp_path / "runs" / "fit")
+
+
+def test_ray_backend_without_an_address_is_a_config_error(tmp_path):
+    import meshrun
+
+    with pytest.raises(meshrun.ConfigError, match="needs ray_address"):
+        meshrun.Trainer(psum_fn, scaling_config=meshrun.ScalingConfig(backend="ray"), run_config=meshrun.RunConfig(storage_path=str(tmp_path / "runs"))).fit()
+    assert not (tmp_path / "runs").exists()

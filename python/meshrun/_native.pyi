@@ -28,6 +28,9 @@ def run(
     checkpoint_every: int | None = None,
     max_failures: int = 0,
     hang_timeout_s: float | None = None,
+    ray_address: str | None = None,
+    ray_strategy: str = "PACK",
+    control_host: str | None = None,
 ) -> dict[str, object]: ...
 
 class WorkerClient:

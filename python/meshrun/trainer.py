@@ -21,8 +21,12 @@ class ScalingConfig:
 
     ``devices_per_worker``: CPU devices per worker (cpu platform).
     ``use_gpu``/``gpus_per_worker``: whole GPUs per worker, never shared.
-    ``num_hosts``: hosts of the local backend (each an agent on its own
-    loopback address); must divide ``num_workers``.
+    ``num_hosts``: hosts (one agent each); must divide ``num_workers``.
+    Local backend: each agent on its own loopback address. ``backend="ray"``:
+    each host is a placement-group bundle with its workers' CPUs and GPUs
+    on the Ray cluster at ``ray_address`` (``"auto"`` or the head's
+    ``HOST:PORT``), placed with ``ray_strategy``; the controller listens
+    on ``control_host`` (default: every interface).
     """
 
     num_workers: int = 1
@@ -31,6 +35,10 @@ class ScalingConfig:
     gpus_per_worker: int | None = None
     num_hosts: int = 1
     platform: str | None = None
+    backend: str = "local"
+    ray_address: str | None = None
+    ray_strategy: str = "PACK"
+    control_host: str | None = None
 
     def _platform(self) -> str:
         if self.platform is not None:
@@ -169,6 +177,10 @@ class Trainer:
         hang = failure.hang_timeout_s
         if hang is not None and (isinstance(hang, bool) or not isinstance(hang, (int, float))):
             raise ConfigError(f"FailureConfig.hang_timeout_s must be a number of seconds, got {hang!r}")
+        if s.backend not in ("local", "ray"):
+            raise ConfigError(f"ScalingConfig.backend must be 'local' or 'ray', got {s.backend!r}")
+        if s.backend == "ray" and not s.ray_address:
+            raise ConfigError("ScalingConfig(backend='ray') needs ray_address: 'auto' or the head node's HOST:PORT")
         payload = self._payload()
         # Workers import what this process can import.
         paths = [p for p in sys.path if p and os.path.isdir(p)]
@@ -191,6 +203,9 @@ class Trainer:
             checkpoint_every=None if ckpt.every_n_steps is None else _count("CheckpointConfig.every_n_steps", ckpt.every_n_steps),
             max_failures=_count("FailureConfig.max_failures", failure.max_failures, minimum=0),
             hang_timeout_s=None if hang is None else float(hang),
+            ray_address=s.ray_address if s.backend == "ray" else None,
+            ray_strategy=s.ray_strategy,
+            control_host=s.control_host,
         )
         error = None
         if out["status"] != "succeeded":

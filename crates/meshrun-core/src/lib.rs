@@ -23,4 +23,4 @@ pub mod worker_env;
 
 pub use controller::{execute, ExecOptions, Outcome, OutcomeStatus, StopHandle};
 pub use error::{CoreError, UsageError};
-pub use plan::{Entry, FailurePolicy, PlatformChoice, RunPlan, RunSpec, Tee};
+pub use plan::{Entry, FailurePolicy, PlatformChoice, RayTarget, RunPlan, RunSpec, Tee};

@@ -294,6 +294,14 @@ impl RunSpec {
                 return Ok(Platform::Cpu);
             }
             PlatformChoice::Cuda => Platform::Cuda,
+            // With Ray the GPUs are the cluster's, not this machine's.
+            PlatformChoice::Auto if self.ray.is_some() => {
+                if self.gpus_per_proc.is_some() {
+                    Platform::Cuda
+                } else {
+                    Platform::Cpu
+                }
+            }
             PlatformChoice::Auto => {
                 if self.gpus_per_proc.is_some() || !inventory()?.ids.is_empty() {
                     Platform::Cuda
@@ -305,6 +313,10 @@ impl RunSpec {
         if platform == Platform::Cuda {
             if let Some(k) = self.devices_per_proc {
                 return Err(UsageError::DevicesOnCuda(k));
+            }
+            if self.ray.is_some() {
+                // Ray's placement group checks the cluster's GPUs.
+                return Ok(platform);
             }
             // The local backend's hosts share this machine's GPUs, so the
             // whole machine must have enough for every worker.

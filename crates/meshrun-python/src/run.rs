@@ -6,8 +6,8 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use meshrun_core::{
-    execute, Entry, ExecOptions, FailurePolicy, OutcomeStatus, PlatformChoice, RunSpec, StopHandle,
-    Tee,
+    execute, Entry, ExecOptions, FailurePolicy, OutcomeStatus, PlatformChoice, RayTarget, RunSpec,
+    StopHandle, Tee,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -38,7 +38,7 @@ fn tee(name: &str) -> PyResult<Tee> {
 }
 
 #[pyfunction]
-#[pyo3(signature = (*, nprocs, hosts, devices_per_proc, gpus_per_proc, platform_name, name, runs_dir, tee_name, python, agent_command, env, payload, retention_json=None, checkpoint_every=None, max_failures=0, hang_timeout_s=None))]
+#[pyo3(signature = (*, nprocs, hosts, devices_per_proc, gpus_per_proc, platform_name, name, runs_dir, tee_name, python, agent_command, env, payload, retention_json=None, checkpoint_every=None, max_failures=0, hang_timeout_s=None, ray_address=None, ray_strategy="PACK".to_string(), control_host=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn run<'py>(
     py: Python<'py>,
@@ -58,7 +58,19 @@ pub fn run<'py>(
     checkpoint_every: Option<u64>,
     max_failures: u32,
     hang_timeout_s: Option<f64>,
+    ray_address: Option<String>,
+    ray_strategy: String,
+    control_host: Option<String>,
 ) -> PyResult<Bound<'py, PyDict>> {
+    let control_host = control_host
+        .map(|h| {
+            h.parse::<std::net::IpAddr>().map_err(|_| {
+                ConfigError::new_err(format!(
+                    "ScalingConfig.control_host must be an IP address, got '{h}'"
+                ))
+            })
+        })
+        .transpose()?;
     let retention = retention_json
         .map(serde_json::from_str)
         .transpose()
@@ -82,8 +94,11 @@ pub fn run<'py>(
             max_failures,
             hang_timeout_s,
         },
-        ray: None,
-        control_host: None,
+        ray: ray_address.map(|address| RayTarget {
+            address,
+            strategy: ray_strategy.to_uppercase(),
+        }),
+        control_host,
     };
     let plan = py
         .detach(|| spec.validate())
