@@ -38,7 +38,7 @@ fn tee(name: &str) -> PyResult<Tee> {
 }
 
 #[pyfunction]
-#[pyo3(signature = (*, nprocs, hosts, devices_per_proc, gpus_per_proc, platform_name, name, runs_dir, tee_name, python, agent_command, env, payload, retention_json=None, checkpoint_every=None, max_failures=0, hang_timeout_s=None, ray_address=None, ray_strategy="PACK".to_string(), control_host=None))]
+#[pyo3(signature = (*, nprocs, hosts, devices_per_proc, gpus_per_proc, platform_name, name, runs_dir, tee_name, python, agent_command, env, payload, retention_json=None, checkpoint_every=None, max_failures=0, hang_timeout_s=None, ray_address=None, ray_strategy="PACK", control_host=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn run<'py>(
     py: Python<'py>,
@@ -59,7 +59,7 @@ pub fn run<'py>(
     max_failures: u32,
     hang_timeout_s: Option<f64>,
     ray_address: Option<String>,
-    ray_strategy: String,
+    ray_strategy: &str,
     control_host: Option<String>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let control_host = control_host
