@@ -9,6 +9,7 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
 use crate::protocol::auth::{self, HANDSHAKE_TIMEOUT};
+use crate::protocol::frame::FrameSink;
 use crate::protocol::{Connection, Message};
 use crate::token::Token;
 
@@ -102,8 +103,8 @@ async fn serve(
             free_port,
             controller,
         } => {
-            let (tx, mut rx) = mpsc::unbounded_channel::<Message>();
-            let (mut sink, mut stream) = conn.split();
+            let (sink, mut stream) = conn.split();
+            let tx = spawn_sender(sink);
             let _ = events.send(Event::AgentJoined {
                 host,
                 host_ip,
@@ -112,13 +113,6 @@ async fn serve(
                 free_port,
                 controller,
                 tx,
-            });
-            tokio::spawn(async move {
-                while let Some(msg) = rx.recv().await {
-                    if sink.send(&msg).await.is_err() {
-                        break;
-                    }
-                }
             });
             let error = loop {
                 match stream.recv().await {
@@ -132,23 +126,16 @@ async fn serve(
             Ok(())
         }
         Message::WorkerHello { rank, attempt, pid } => {
-            let (tx, mut rx) = mpsc::unbounded_channel::<Message>();
-            let (mut sink, mut stream) = conn.split();
+            // The sender lives as long as the supervisor holds `tx`, so the
+            // connection stays open until the worker closes it: the worker
+            // never mistakes a goodbye for the controller's death.
+            let (sink, mut stream) = conn.split();
+            let tx = spawn_sender(sink);
             let _ = events.send(Event::WorkerJoined {
                 rank,
                 attempt,
                 pid,
                 tx,
-            });
-            // The sender lives as long as the supervisor holds `tx`, so the
-            // connection stays open until the worker closes it: the worker
-            // never mistakes a goodbye for the controller's death.
-            tokio::spawn(async move {
-                while let Some(msg) = rx.recv().await {
-                    if sink.send(&msg).await.is_err() {
-                        break;
-                    }
-                }
             });
             let clean = loop {
                 match stream.recv().await {
@@ -165,6 +152,20 @@ async fn serve(
         }
         _ => Err("first message after authentication was not a hello".into()),
     }
+}
+
+/// A task that writes what the supervisor sends to `sink`, until the
+/// supervisor drops the returned sender or the peer goes away.
+fn spawn_sender(mut sink: FrameSink) -> mpsc::UnboundedSender<Message> {
+    let (tx, mut rx) = mpsc::unbounded_channel::<Message>();
+    tokio::spawn(async move {
+        while let Some(msg) = rx.recv().await {
+            if sink.send(&msg).await.is_err() {
+                break;
+            }
+        }
+    });
+    tx
 }
 
 /// Binds the control listener on `host` (loopback for the local backend;
