@@ -111,6 +111,19 @@ def main() -> None:
         if not np.allclose(got, want, rtol=1e-6):
             raise SystemExit(f"{tag}: restored values differ: {got} != {want}")
 
+    def restores(tool: str, step: int, restore) -> None:
+        """Times ``restore`` onto the saved layout and onto the other mesh,
+        each after the fresh-memory touch, and checks what it returns."""
+        for what, target in (("restore", same), ("reshard", moved)):
+            record(tool, "touch", touch(local))
+            barrier(f"{tool}-{what}-{step}")
+            t0 = time.perf_counter()
+            restored = jax.block_until_ready(restore(target))
+            barrier(f"{tool}-{what}-done-{step}")
+            record(tool, what, time.perf_counter() - t0)
+            check(restored, f"{tool} {what}")
+            del restored
+
     def meshrun_round(step: int) -> None:
         barrier(f"m-save-{step}")
         t0 = time.perf_counter()
@@ -123,15 +136,7 @@ def main() -> None:
         barrier(f"m-saved-{step}")
         record("meshrun", "save", time.perf_counter() - t0)
         ckpt = meshrun.checkpoint.Checkpoint(str(ckpt_root / f"step-{step}"), step)
-        for what, target in (("restore", same), ("reshard", moved)):
-            record("meshrun", "touch", touch(local))
-            barrier(f"m-{what}-{step}")
-            t0 = time.perf_counter()
-            restored = jax.block_until_ready(meshrun.restore(target, ckpt))
-            barrier(f"m-{what}-done-{step}")
-            record("meshrun", what, time.perf_counter() - t0)
-            check(restored, f"meshrun {what}")
-            del restored
+        restores("meshrun", step, lambda target: meshrun.restore(target, ckpt))
 
     def orbax_round(step: int) -> None:
         path = orbax_root / f"step-{step}"
@@ -142,15 +147,7 @@ def main() -> None:
         orbax.wait_until_finished()
         barrier(f"o-saved-{step}")
         record("orbax", "save", time.perf_counter() - t0)
-        for what, target in (("restore", same), ("reshard", moved)):
-            record("orbax", "touch", touch(local))
-            barrier(f"o-{what}-{step}")
-            t0 = time.perf_counter()
-            restored = jax.block_until_ready(orbax.restore(path, target))
-            barrier(f"o-{what}-done-{step}")
-            record("orbax", what, time.perf_counter() - t0)
-            check(restored, f"orbax {what}")
-            del restored
+        restores("orbax", step, lambda target: orbax.restore(path, target))
 
     for r in range(args.rounds):
         order = (meshrun_round, orbax_round) if r % 2 == 0 else (orbax_round, meshrun_round)
