@@ -54,6 +54,50 @@ def test_digits_gives_the_same_losses_on_ray_as_locally(two_nodes, tmp_path):
     assert all(h["ip"] == "127.0.0.1" for h in placement["hosts"])
 
 
+GPT = str(ROOT / "examples" / "gpt.py")
+GPT_TINY = ["--batch-size", "8", "--seq-len", "32", "--d-model", "32", "--layers", "2", "--heads", "4", "--eval-every", "100000", "--eval-batches", "1", "--data", "2", "--tensor", "2", "--steps", "16"]
+
+
+def final_losses(records):
+    """Step -> loss of the last attempt that ran the step."""
+    out = {}
+    for r in sorted(records, key=lambda r: r["attempt"]):
+        if "loss" in r["metrics"]:
+            out[r["step"]] = r["metrics"]["loss"]
+    return out
+
+
+def test_gpt_on_ray_with_a_killed_worker_resumes_to_the_local_result(two_nodes, tmp_path):
+    """The sharded GPT (data 2 x tensor 2 over two hosts) on Ray, with one
+    worker SIGKILLed mid-run, restarts from its checkpoint and ends with the
+    losses and the parameters, bit for bit, of the uninterrupted local run."""
+    runs, data = tmp_path / "runs", ["--data-dir", str(tmp_path / "data")]
+    launch = ["-n", "2", "--hosts", "2", "--devices-per-proc", "2", "--checkpoint-every", "2", "--tee", "none"]
+    local = meshrun([*launch, GPT, *GPT_TINY, *data, "--params-digest", str(tmp_path / "local.sha")], runs_dir=runs, name="local", timeout=400)
+    assert local.code == 0, local.stderr + local.log(0)[-2000:]
+
+    run_dir = runs / "ray"
+    proc = start(on_ray(two_nodes, "--ray-strategy", "STRICT_SPREAD", "--max-failures", "1", *launch, GPT, *GPT_TINY, *data, "--params-digest", str(tmp_path / "ray.sha")), runs_dir=runs, name="ray")
+    try:
+        wait_for(lambda: proc.poll() is not None or any((r["step"] or 0) >= 5 for r in read_jsonl(run_dir / "metrics.jsonl")), 180, "the GPT to train on Ray")
+        assert proc.poll() is None, proc.communicate()[1]
+        pid = next(e["pid"] for e in read_jsonl(run_dir / "events.jsonl") if e["event"] == "worker_started" and e["rank"] == 1)
+        os.kill(pid, signal.SIGKILL)
+        _, err = proc.communicate(timeout=400)
+    finally:
+        stop(proc)
+    assert proc.returncode == 0, err
+    restarts = [e for e in read_jsonl(run_dir / "events.jsonl") if e["event"] == "restarting"]
+    assert len(restarts) == 1 and restarts[0]["from_step"] is not None and restarts[0]["from_step"] >= 2
+    want, got = final_losses(local.metrics()), final_losses(read_jsonl(run_dir / "metrics.jsonl"))
+    assert sorted(got) == list(range(1, 17)) and got.keys() == want.keys()
+    assert max(abs(got[s] - want[s]) for s in want) < 1e-5
+    assert (tmp_path / "ray.sha").read_text() == (tmp_path / "local.sha").read_text(), "parameters differ from the local run"
+    placement = json.loads((run_dir / "ray-placement.json").read_text())
+    assert len({h["node_id"] for h in placement["hosts"]}) == 2
+    assert_none_left(run_dir)
+
+
 def test_env_contract_on_ray(two_nodes, tmp_path):
     done = meshrun(on_ray(two_nodes, "-n", "4", "--hosts", "2", "--platform", "cpu", "--tee", "none", str(SCRIPTS / "dump_env.py")), runs_dir=tmp_path / "runs")
     assert done.code == 0, done.stderr
@@ -187,4 +231,80 @@ def test_ray_backend_without_an_address_is_a_config_error(tmp_path):
 
     with pytest.raises(meshrun.ConfigError, match="needs ray_address"):
         meshrun.Trainer(psum_fn, scaling_config=meshrun.ScalingConfig(backend="ray"), run_config=meshrun.RunConfig(storage_path=str(tmp_path / "runs"))).fit()
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.fixture
+def driver_on(two_nodes):
+    """This process joined to the two-node cluster as a driver, as a user
+    preparing data with Ray Data would be."""
+    import ray
+
+    saved = dict(os.environ)
+    ray.init(address=two_nodes, logging_level="ERROR", log_to_driver=False)
+    try:
+        yield two_nodes
+    finally:
+        ray.shutdown()
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def read_shard_fn(config):
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    import meshrun
+
+    ctx = meshrun.get_context()
+    ids, types = [], set()
+    for batch in meshrun.get_dataset_shard("train").iter_batches(batch_size=config["batch"], batch_format="numpy"):
+        types.add(type(batch["x"]).__name__)
+        assert np.array_equal(batch["x"], batch["id"] * 2)
+        ids.extend(int(i) for i in batch["id"])
+    with open(os.path.join(ctx.run_dir, f"ids-{ctx.rank}.json"), "w") as f:
+        json.dump({"ids": ids, "types": sorted(types)}, f)
+    # The shards feed one jax.distributed program: a sum across processes.
+    total = multihost_utils.process_allgather(jnp.array([sum(ids)], dtype=jnp.int32)).sum()
+    meshrun.report({"step": 0, "total": int(total)})
+
+
+def test_ray_data_shards_reach_every_worker_once(driver_on, tmp_path):
+    import ray
+
+    import meshrun
+
+    rows = 1000
+    ds = ray.data.range(rows).map_batches(lambda b: {"id": b["id"], "x": b["id"] * 2})
+    result = meshrun.Trainer(
+        read_shard_fn,
+        train_loop_config={"batch": 64},
+        datasets={"train": ds},
+        scaling_config=meshrun.ScalingConfig(num_workers=2, num_hosts=2, backend="ray", ray_address=driver_on, ray_strategy="STRICT_SPREAD", control_host="127.0.0.1"),
+        run_config=meshrun.RunConfig(name="data", storage_path=str(tmp_path / "runs"), tee="none"),
+    ).fit()
+    assert result.status == "succeeded", result.error
+    run_dir = tmp_path / "runs" / "data"
+    parts = [json.loads((run_dir / f"ids-{r}.json").read_text()) for r in (0, 1)]
+    assert all(p["types"] == ["ndarray"] for p in parts)
+    assert len(parts[0]["ids"]) == len(parts[1]["ids"]) == rows // 2, "equal splits keep SPMD steps in lock step"
+    assert sorted(parts[0]["ids"] + parts[1]["ids"]) == list(range(rows)), "every row once"
+    assert result.metrics["total"] == sum(range(rows))
+    assert_none_left(run_dir)
+
+
+def test_get_dataset_shard_without_datasets_names_the_fix(monkeypatch):
+    import meshrun
+
+    monkeypatch.setenv("MESHRUN_RUN_DIR", "/nonexistent")
+    with pytest.raises(meshrun.ConfigError, match=r"this run was given no datasets; pass Trainer\(\.\.\., datasets=\{'train': ray_dataset\}\)"):
+        meshrun.get_dataset_shard("train")
+
+
+def test_datasets_must_be_ray_datasets(tmp_path):
+    import meshrun
+
+    with pytest.raises(meshrun.ConfigError, match=r"datasets\['train'\] must be a ray.data.Dataset, got list"):
+        meshrun.Trainer(psum_fn, datasets={"train": [1, 2]}, run_config=meshrun.RunConfig(storage_path=str(tmp_path / "runs"))).fit()
     assert not (tmp_path / "runs").exists()

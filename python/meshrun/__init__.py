@@ -8,6 +8,7 @@ from meshrun._native import __version__
 from meshrun.context import Context, get_context, init
 from meshrun.checkpoint import Checkpoint, get_checkpoint, restore, save
 from meshrun.errors import CheckpointError, ConfigError, ControlError, DataError, MeshrunError, RunFailedError
+from meshrun.ray_data import get_dataset_shard
 from meshrun.reporting import report
 from meshrun.trainer import CheckpointConfig, FailureConfig, Result, RunConfig, ScalingConfig, Trainer
 
@@ -29,6 +30,7 @@ __all__ = [
     "__version__",
     "get_checkpoint",
     "get_context",
+    "get_dataset_shard",
     "init",
     "report",
     "restore",

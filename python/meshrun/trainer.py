@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from meshrun import _native
+from meshrun import _native, ray_data
 from meshrun.errors import ConfigError, RunFailedError
 
 
@@ -140,7 +140,8 @@ class Trainer:
 
     Inside the function, ``jax.distributed`` is already initialized,
     :func:`meshrun.get_context` gives the ranks and :func:`meshrun.report`
-    records metrics.
+    records metrics. ``datasets``: Ray Datasets by name, which each worker
+    reads its part of with :func:`meshrun.get_dataset_shard`.
     """
 
     def __init__(
@@ -150,6 +151,7 @@ class Trainer:
         train_loop_config: dict[str, Any] | None = None,
         scaling_config: ScalingConfig | None = None,
         run_config: RunConfig | None = None,
+        datasets: dict[str, Any] | None = None,
     ) -> None:
         if not callable(train_loop_per_worker):
             raise ConfigError(f"train_loop_per_worker must be callable, got {type(train_loop_per_worker).__name__}")
@@ -157,6 +159,7 @@ class Trainer:
         self.config = train_loop_config
         self.scaling = scaling_config or ScalingConfig()
         self.run = run_config or RunConfig()
+        self.datasets = datasets
 
     def _payload(self) -> bytes:
         import cloudpickle
@@ -181,12 +184,11 @@ class Trainer:
             raise ConfigError(f"ScalingConfig.backend must be 'local' or 'ray', got {s.backend!r}")
         if s.backend == "ray" and not s.ray_address:
             raise ConfigError("ScalingConfig(backend='ray') needs ray_address: 'auto' or the head node's HOST:PORT")
+        if self.datasets is not None:
+            ray_data.check(self.datasets)
         payload = self._payload()
-        # Workers import what this process can import.
-        paths = [p for p in sys.path if p and os.path.isdir(p)]
-        env = dict(self.run.env)
-        env["PYTHONPATH"] = os.pathsep.join(paths + [env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))]).rstrip(os.pathsep)
-        out = _native.run(
+        # Every value is checked before anything starts.
+        launch = dict(
             nprocs=_count("ScalingConfig.num_workers", s.num_workers),
             hosts=_count("ScalingConfig.num_hosts", s.num_hosts),
             devices_per_proc=None if s.devices_per_worker is None else _count("ScalingConfig.devices_per_worker", s.devices_per_worker),
@@ -197,7 +199,6 @@ class Trainer:
             tee_name=self.run.tee,
             python=sys.executable,
             agent_command=[sys.executable, "-m", "meshrun"],
-            env=sorted(env.items()),
             payload=payload,
             retention_json=ckpt._json(),
             checkpoint_every=None if ckpt.every_n_steps is None else _count("CheckpointConfig.every_n_steps", ckpt.every_n_steps),
@@ -207,6 +208,18 @@ class Trainer:
             ray_strategy=s.ray_strategy,
             control_host=s.control_host,
         )
+        # Workers import what this process can import.
+        paths = [p for p in sys.path if p and os.path.isdir(p)]
+        env = dict(self.run.env)
+        env["PYTHONPATH"] = os.pathsep.join(paths + [env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))]).rstrip(os.pathsep)
+        host = None if self.datasets is None else ray_data.Host(self.datasets, s.ray_address if s.backend == "ray" else None)
+        try:
+            if host is not None:
+                env.update(host.env)
+            out = _native.run(env=sorted(env.items()), **launch)
+        finally:
+            if host is not None:
+                host.close()
         error = None
         if out["status"] != "succeeded":
             error = RunFailedError(out["summary"] or f"run {out['name']} {out['status']}")
@@ -218,3 +231,4 @@ class Trainer:
             failure=json.loads(out["failure"]) if out["failure"] else None,
             attempts=out["attempts"],
         )
+
