@@ -10,7 +10,7 @@ DEPS_STAMP := $(VENV)/.deps-installed
 BUILD_STAMP := $(VENV)/.meshrun-built
 RUST_SOURCES := $(shell find crates -name '*.rs' -o -name 'Cargo.toml') Cargo.toml $(wildcard Cargo.lock) pyproject.toml
 
-.PHONY: help install demo test test-rust test-python lint bench-startup bench-step-parity bench-data bench-ckpt bench-recovery soak clean
+.PHONY: help install demo test test-rust test-python lint bench-startup bench-step-parity bench-data bench-ckpt bench-recovery bench-vs-ray soak clean
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -60,6 +60,9 @@ bench-ckpt: install  ## Checkpoint save/restore of a 1 GiB sharded pytree agains
 
 bench-recovery: install  ## SIGKILL of one GPT worker to the first step after the automatic restart, with and without the compilation cache.
 	$(PY) bench/recovery.py --rounds 3 --json bench/out/recovery.json
+
+bench-vs-ray: install  ## meshrun (local and on Ray) against Ray Train's JaxTrainer on one Ray cluster, and the cost of a report call.
+	$(PY) bench/vs_ray.py --rounds 3 --json bench/out/vs_ray.json
 
 soak: install  ## The GPT killed with SIGKILL at 10 random moments must end bit-identical to an uninterrupted run (the suite runs 3).
 	MESHRUN_SOAK_KILLS=10 MESHRUN_SOAK_STEPS=200 $(VENV)/bin/pytest tests/test_recovery.py -k soak -s

@@ -48,3 +48,12 @@ def test_recovery_bench_short(tmp_path):
     for label in ("cache on", "cache off"):
         m = result["median"][label]
         assert 0 < m["detect"] <= m["stopped"] <= m["relaunch"] < m["step"]
+
+
+def test_vs_ray_bench_short(tmp_path):
+    result, text = run_bench(tmp_path, "vs_ray.py", "--rounds", "1", "--programs", "steps", "--report-calls", "200")
+    assert "JaxTrainer / meshrun on Ray end to end" in text
+    steps = result["median"]["steps"]
+    assert steps["meshrun local"]["process_count"] == steps["meshrun on Ray"]["process_count"] == 2
+    assert steps["JaxTrainer"]["process_count"] == 1, "JaxTrainer on CPU was expected to leave jax.distributed alone"
+    assert result["report_call_us"]["float"] > 0
