@@ -43,10 +43,12 @@ def main(argv: list[str]) -> None:
     if len(argv) < 2:
         raise SystemExit("usage: python -m meshrun._bootstrap script|module|function TARGET [ARGS...]")
     kind, target, *args = argv
-    from meshrun import _cluster, _runtime
+    from meshrun import _cluster, _goodput, _runtime
 
     _runtime.start()
-    _cluster.register()
+    if _cluster.register():
+        _goodput.watch_jax()
+    _goodput.user_code_starts()
     try:
         _run(kind, target, args)
     except SystemExit:

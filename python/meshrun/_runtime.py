@@ -10,6 +10,7 @@ barrier before anyone learns of it.
 from __future__ import annotations
 
 import faulthandler
+import json
 import os
 import signal
 import traceback
@@ -87,4 +88,7 @@ def finish() -> None:
 
     checkpoint.wait()
     if _client is not None:
+        from meshrun import _goodput
+
+        _client.timing(json.dumps(_goodput.snapshot()))
         _client.close()

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from meshrun import _native, _runtime
+from meshrun import _goodput, _native, _runtime
 from meshrun.context import get_context
 from meshrun.errors import CheckpointError, ConfigError
 
@@ -109,6 +109,7 @@ def _owned_shards(tree: Any, rank: int) -> list[tuple[str, str, list[int], list[
     return [(p, d, s, r, h.reshape(-1).view(np.uint8)) for p, d, s, r, h in out]
 
 
+@_goodput.counts_as("checkpoint")
 def wait() -> None:
     """Waits until this process's last save has been written."""
     global _writer, _writer_error
@@ -120,6 +121,7 @@ def wait() -> None:
         raise err
 
 
+@_goodput.counts_as("checkpoint")
 def save(step: int, state: Any, *, metrics: dict[str, Any] | None = None, extra: dict[str, Any] | None = None) -> None:
     """Checkpoints ``state`` (any pytree of arrays and scalars) as ``step``.
     Returns once the shards are on the host; writing goes on behind."""
@@ -160,6 +162,7 @@ def get_checkpoint() -> Checkpoint | None:
     return best
 
 
+@_goodput.counts_as("restore")
 def restore(target: Any, checkpoint: Checkpoint | str | os.PathLike | None = None) -> Any:
     """``target``'s tree with every leaf read from the checkpoint (default:
     the newest), placed by the target leaf's sharding."""

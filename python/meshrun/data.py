@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from meshrun import _native
+from meshrun import _goodput, _native
 from meshrun.context import get_context
 from meshrun.errors import ConfigError, DataError
 
@@ -185,6 +185,7 @@ class Loader:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return self
 
+    @_goodput.counts_as("data")
     def __next__(self) -> dict[str, Any]:
         got = self._native.next()
         if got is None:

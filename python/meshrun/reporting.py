@@ -19,8 +19,11 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-# (step, metrics, whether the report came with a state to checkpoint)
-_queue: deque[tuple[int | None, dict[str, Any], bool]] = deque()
+from meshrun import _goodput
+
+# (step, metrics, whether the report came with a state to checkpoint, the
+# worker's goodput figures when they go with it)
+_queue: deque[tuple[int | None, dict[str, Any], bool, str | None]] = deque()
 _lock = threading.Lock()
 _warned = False
 
@@ -41,7 +44,7 @@ def _ready(value: Any) -> bool:
     return is_ready is None or bool(is_ready())
 
 
-def _send(step: int | None, metrics: dict[str, Any], checkpoint: bool) -> None:
+def _send(step: int | None, metrics: dict[str, Any], checkpoint: bool, timing: str | None) -> None:
     from meshrun import _runtime
 
     client = _runtime.client()
@@ -52,7 +55,7 @@ def _send(step: int | None, metrics: dict[str, Any], checkpoint: bool) -> None:
     except (TypeError, ValueError) as exc:
         warnings.warn(f"meshrun.report: record of step {step} dropped: {exc}", RuntimeWarning, stacklevel=3)
         return
-    client.report(step, text, checkpoint)
+    client.report(step, text, checkpoint, timing)
 
 
 def _send_ready(wait: bool) -> None:
@@ -60,8 +63,8 @@ def _send_ready(wait: bool) -> None:
     computed unless ``wait``, which reads (and so waits for) every value."""
     with _lock:
         while _queue and (wait or _ready(_queue[0][1])):
-            step, metrics, checkpoint = _queue.popleft()
-            _send(step, metrics, checkpoint)
+            step, metrics, checkpoint, timing = _queue.popleft()
+            _send(step, metrics, checkpoint, timing)
 
 
 def _checkpoint_due(step: int) -> bool:
@@ -94,6 +97,7 @@ def report(metrics: Mapping[str, Any], *, step: int | None = None, checkpoint: A
 
     if not isinstance(metrics, Mapping):
         raise TypeError(f"meshrun.report expects a dict of metrics, got {type(metrics).__name__}")
+    saving = False
     if checkpoint is not None:
         from meshrun import checkpoint as ckpt
 
@@ -103,6 +107,7 @@ def report(metrics: Mapping[str, Any], *, step: int | None = None, checkpoint: A
         if _checkpoint_due(at):
             plain = json.loads(json.dumps(dict(metrics), default=_to_json))
             ckpt.save(at, checkpoint, metrics=plain, extra=extra)
+            saving = True
     if _runtime.client() is None:
         if not _warned:
             _warned = True
@@ -110,8 +115,9 @@ def report(metrics: Mapping[str, Any], *, step: int | None = None, checkpoint: A
         return
     if step is None and isinstance(metrics.get("step"), int):
         step = metrics["step"]
+    timing = _goodput.due(saving)
     with _lock:
-        _queue.append((step, dict(metrics), checkpoint is not None))
+        _queue.append((step, dict(metrics), checkpoint is not None, timing))
     _send_ready(wait=False)
 
 

@@ -15,6 +15,7 @@ pub mod error;
 pub mod gpu;
 pub mod plan;
 pub mod process;
+pub mod report;
 pub mod protocol;
 pub mod rundir;
 pub mod token;

@@ -133,12 +133,24 @@ impl WorkerClient {
 
     /// Queues a metrics record (`checkpoint`: it came with the state to
     /// save); never blocks on the network.
-    pub fn report(&self, step: Option<u64>, metrics: serde_json::Value, checkpoint: bool) {
+    pub fn report(
+        &self,
+        step: Option<u64>,
+        metrics: serde_json::Value,
+        checkpoint: bool,
+        timing: Option<serde_json::Value>,
+    ) {
         let _ = self.tx.send(Outgoing::Msg(Message::Report {
             step,
             metrics,
             checkpoint,
+            timing,
         }));
+    }
+
+    /// Where this worker's time went, at the end of its program.
+    pub fn timing(&self, timing: serde_json::Value) {
+        let _ = self.tx.send(Outgoing::Msg(Message::Timing { timing }));
     }
 
     /// Tells the controller this rank's shards of checkpoint `step` are on disk.

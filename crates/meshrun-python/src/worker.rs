@@ -45,11 +45,30 @@ impl WorkerClient {
 
     /// Queues a metrics record (a JSON object as text); returns at once.
     /// `checkpoint`: the report came with the state to save.
-    #[pyo3(signature = (step, metrics_json, checkpoint=false))]
-    fn report(&self, step: Option<u64>, metrics_json: &str, checkpoint: bool) -> PyResult<()> {
+    /// `timing_json`: where this worker's time went so far (goodput).
+    #[pyo3(signature = (step, metrics_json, checkpoint=false, timing_json=None))]
+    fn report(
+        &self,
+        step: Option<u64>,
+        metrics_json: &str,
+        checkpoint: bool,
+        timing_json: Option<&str>,
+    ) -> PyResult<()> {
         let metrics = serde_json::from_str(metrics_json)
             .map_err(|e| PyValueError::new_err(format!("metrics are not JSON: {e}")))?;
-        self.0.report(step, metrics, checkpoint);
+        let timing = timing_json
+            .map(serde_json::from_str)
+            .transpose()
+            .map_err(|e| PyValueError::new_err(format!("timing is not JSON: {e}")))?;
+        self.0.report(step, metrics, checkpoint, timing);
+        Ok(())
+    }
+
+    /// Sends where this worker's time went (at the end of its program).
+    fn timing(&self, timing_json: &str) -> PyResult<()> {
+        let timing = serde_json::from_str(timing_json)
+            .map_err(|e| PyValueError::new_err(format!("timing is not JSON: {e}")))?;
+        self.0.timing(timing);
         Ok(())
     }
 

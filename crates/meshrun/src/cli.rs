@@ -31,6 +31,37 @@ pub enum Command {
     /// List, inspect, verify and export checkpoints.
     #[command(subcommand)]
     Ckpt(CkptCommand),
+    /// The runs in a runs directory: name, state, attempts, step, last loss, duration.
+    Ls {
+        #[arg(long, default_value = "runs", value_name = "DIR")]
+        runs_dir: PathBuf,
+    },
+    /// One run: state, attempts and their failures, metrics, checkpoints, goodput.
+    Status {
+        name: String,
+        #[arg(long, default_value = "runs", value_name = "DIR")]
+        runs_dir: PathBuf,
+    },
+    /// A rank's log (rank 0 unless --rank), every attempt or one.
+    Logs {
+        name: String,
+        #[arg(long, default_value_t = 0, value_name = "R")]
+        rank: u32,
+        /// Only this attempt's part of the log.
+        #[arg(long, value_name = "K")]
+        attempt: Option<u32>,
+        /// Keep printing what is appended until the run ends.
+        #[arg(short, long)]
+        follow: bool,
+        #[arg(long, default_value = "runs", value_name = "DIR")]
+        runs_dir: PathBuf,
+    },
+    /// Write the run's report page (runs/NAME/report.html) and print its path.
+    Report {
+        name: String,
+        #[arg(long, default_value = "runs", value_name = "DIR")]
+        runs_dir: PathBuf,
+    },
 }
 
 #[derive(Debug, Subcommand)]

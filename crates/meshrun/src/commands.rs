@@ -7,7 +7,7 @@ use meshrun_core::plan::{FailurePolicy, RayTarget, Retention, ScoreOrder};
 use meshrun_core::token::Token;
 use meshrun_core::{execute, Entry, ExecOptions, PlatformChoice, RunSpec, Tee};
 
-use crate::ckpt;
+use crate::{ckpt, runs};
 use crate::cli::{AgentArgs, Cli, Command, PlatformArg, RunArgs, ScoreOrderArg, TeeArg};
 use crate::{exit, Launcher};
 
@@ -22,6 +22,26 @@ pub fn dispatch(cli: Cli, launcher: &Launcher) -> i32 {
                 e.exit_code()
             }
         },
+        Command::Ls { runs_dir } => finish(runs::ls(&runs_dir)),
+        Command::Status { name, runs_dir } => finish(runs::status(&name, &runs_dir)),
+        Command::Logs {
+            name,
+            rank,
+            attempt,
+            follow,
+            runs_dir,
+        } => finish(runs::logs(&name, &runs_dir, rank, attempt, follow)),
+        Command::Report { name, runs_dir } => finish(runs::report(&name, &runs_dir)),
+    }
+}
+
+fn finish(result: Result<(), runs::RunsError>) -> i32 {
+    match result {
+        Ok(()) => exit::SUCCESS,
+        Err(e) => {
+            error(&e);
+            e.exit_code()
+        }
     }
 }
 

@@ -6,6 +6,7 @@ mod ckpt;
 pub mod cli;
 pub mod commands;
 mod logging;
+pub mod runs;
 
 use std::ffi::OsString;
 use std::path::PathBuf;

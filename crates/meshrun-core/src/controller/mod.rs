@@ -10,6 +10,7 @@
 
 mod agents;
 mod checkpoints;
+pub mod goodput;
 mod launch;
 mod output;
 mod server;

@@ -13,6 +13,7 @@ use tokio::sync::mpsc;
 
 use super::agents::{self, Agents};
 use super::checkpoints::Checkpoints;
+use super::goodput::{self, AttemptParts, Ledger, Parts, Timing, GOODPUT_FILE};
 use super::launch::{host_launches, FUNCTION_FILE};
 use super::output::Output;
 use super::server::{bind, spawn_accept_loop, Event};
@@ -56,6 +57,10 @@ struct RankState {
     heard: Option<Instant>,
     /// When its connection broke without a goodbye.
     connection_lost: Option<Instant>,
+    /// Its latest goodput figures, and those sent with each checkpointed
+    /// step not yet superseded by a commit.
+    timing: Option<Timing>,
+    saved_timings: BTreeMap<u64, Timing>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -163,10 +168,20 @@ pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, Core
             .and_then(|p| p["attempts"].as_array().cloned())
             .unwrap_or_default(),
     };
+    let mut ledger = Ledger::load(rundir.read_json(GOODPUT_FILE).as_ref());
     let mut failed: Vec<FailureRecord> = Vec::new();
     let mut made = 0;
     loop {
-        let end = attempt(&plan, &opts, &mut signals, &mut rundir, &token, &mut record).await?;
+        let end = attempt(
+            &plan,
+            &opts,
+            &mut signals,
+            &mut rundir,
+            &token,
+            &mut record,
+            &mut ledger,
+        )
+        .await?;
         made += 1;
         let restart = end.status == OutcomeStatus::Failed
             && end.failure.is_some()
@@ -270,8 +285,10 @@ async fn attempt(
     rundir: &mut RunDir,
     token: &Token,
     record: &mut RunRecord,
+    ledger: &mut Ledger,
 ) -> Result<AttemptEnd, CoreError> {
     let attempt = record.attempts.len() as u32 + 1;
+    let started_unix = unix_time();
     let (listener, addr) = bind(plan.control_host)
         .await
         .map_err(|source| CoreError::Net {
@@ -348,6 +365,8 @@ async fn attempt(
         "attempt_ended",
         json!({ "attempt": attempt, "state": state_name(status) }),
     )?;
+    ledger.push(sup.goodput(status, started_unix, unix_time()));
+    sup.rundir.write_json(GOODPUT_FILE, &ledger.json())?;
     let end = AttemptEnd {
         status,
         failure: sup.failure.take(),
@@ -686,10 +705,17 @@ impl<'a> Supervisor<'a> {
                 step,
                 metrics,
                 checkpoint,
+                timing,
             } => {
                 let state = &mut self.ranks[rank as usize];
                 state.progress = Some(Instant::now());
                 state.last_step = step.or(state.last_step);
+                if let Some(t) = timing.as_ref().and_then(Timing::parse) {
+                    if let (true, Some(s)) = (checkpoint, step) {
+                        state.saved_timings.insert(s, t.clone());
+                    }
+                    state.timing = Some(t);
+                }
                 self.checkpointing |= checkpoint;
                 if rank == 0 {
                     self.rundir.metrics(&json!({
@@ -712,6 +738,13 @@ impl<'a> Supervisor<'a> {
                         json!({ "attempt": self.attempt, "step": step, "path": path.display().to_string() }),
                     )?;
                     self.last_committed = self.last_committed.max(Some(step));
+                    if let Some(newest) = self.last_committed {
+                        for r in &mut self.ranks {
+                            // Keep the figures of the newest commit and later.
+                            let keep = r.saved_timings.range(..=newest).next_back().map(|(s, _)| *s);
+                            r.saved_timings.retain(|s, _| Some(*s) >= keep);
+                        }
+                    }
                     if self.preempt_deadline.is_some() && self.stop.is_none() {
                         self.begin_stop(StopReason::Preempted(step))?;
                     }
@@ -732,6 +765,11 @@ impl<'a> Supervisor<'a> {
                     json!({ "attempt": self.attempt, "step": step, "error": e.to_string() }),
                 )?,
             },
+            Message::Timing { timing } => {
+                if let Some(t) = Timing::parse(&timing) {
+                    self.ranks[rank as usize].timing = Some(t);
+                }
+            }
             Message::Failure {
                 kind,
                 message,
@@ -919,6 +957,31 @@ impl<'a> Supervisor<'a> {
             "stopping",
             json!({ "attempt": self.attempt, "reason": why }),
         )
+    }
+
+    /// This attempt's goodput parts, averaged over its ranks.
+    fn goodput(&self, status: OutcomeStatus, start: f64, end: f64) -> AttemptParts {
+        let failed = status == OutcomeStatus::Failed;
+        let ranks: Vec<Parts> = self
+            .ranks
+            .iter()
+            .map(|r| {
+                let cut = if failed {
+                    self.last_committed
+                        .and_then(|c| r.saved_timings.range(..=c).next_back().map(|(_, t)| t))
+                } else {
+                    r.timing.as_ref()
+                };
+                goodput::rank_parts(start, end, failed, cut)
+            })
+            .collect();
+        AttemptParts {
+            attempt: self.attempt,
+            state: state_name(status).to_string(),
+            start,
+            end,
+            parts: goodput::mean(&ranks),
+        }
     }
 
     fn stacks_dir(&self) -> std::path::PathBuf {

@@ -181,6 +181,7 @@ mod tests {
             step: Some(3),
             metrics: serde_json::json!({"loss": 0.5}),
             checkpoint: false,
+            timing: Some(serde_json::json!({"now": 1.5})),
         };
         let mut buf = Vec::new();
         write_frame(&mut buf, &msg).unwrap();

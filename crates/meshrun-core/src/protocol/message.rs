@@ -130,6 +130,14 @@ pub enum Message {
         metrics: serde_json::Value,
         #[serde(default)]
         checkpoint: bool,
+        /// Where this worker's time went up to this report (see
+        /// `controller::goodput`); sent with saves and at most once a second.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        timing: Option<serde_json::Value>,
+    },
+    /// Where the worker's time went, sent once more when its program ends.
+    Timing {
+        timing: serde_json::Value,
     },
     /// Controller to worker: save a checkpoint at the next `report` that
     /// carries the state (preemption), whatever the checkpoint interval.
