@@ -104,7 +104,7 @@ def main() -> None:
         if in_flight is not None:
             in_flight.block_until_ready()
         in_flight = loss
-        meshrun.report({"step": step, "loss": loss})
+        meshrun.report({"step": step, "loss": loss}, total_steps=args.steps)
         if ctx.rank == 0 and step % 100 == 0:
             print(f"step {step:4d}  loss {float(loss):.4f}", flush=True)
     elapsed = time.perf_counter() - started

@@ -282,9 +282,9 @@ def main() -> None:
         # report: meshrun saves it every N steps, and at the next step when
         # the run is preempted (SIGTERM).
         if ctx.checkpoint_every:
-            meshrun.report(record, checkpoint={"params": params, "opt": opt_state}, extra={"loader": train.state(), "val_bpb_start": bpb_start})
+            meshrun.report(record, checkpoint={"params": params, "opt": opt_state}, extra={"loader": train.state(), "val_bpb_start": bpb_start}, total_steps=args.steps)
         else:
-            meshrun.report(record)
+            meshrun.report(record, total_steps=args.steps)
     if args.params_digest:
         # Every process gathers the full parameters; rank 0 writes their digest.
         full = multihost_utils.process_allgather(params, tiled=True)

@@ -17,13 +17,20 @@ import threading
 import warnings
 from collections import deque
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from meshrun import _goodput
 
-# (step, metrics, whether the report came with a state to checkpoint, the
-# worker's goodput figures when they go with it)
-_queue: deque[tuple[int | None, dict[str, Any], bool, str | None]] = deque()
+class _Record(NamedTuple):
+    step: int | None
+    metrics: dict[str, Any]
+    checkpoint: bool  # it came with a state to checkpoint
+    saving: bool  # a save of this step began with it
+    timing: str | None  # the worker's goodput figures, when they go with it
+    total_steps: int | None
+
+
+_queue: deque[_Record] = deque()
 _lock = threading.Lock()
 _warned = False
 
@@ -44,27 +51,26 @@ def _ready(value: Any) -> bool:
     return is_ready is None or bool(is_ready())
 
 
-def _send(step: int | None, metrics: dict[str, Any], checkpoint: bool, timing: str | None) -> None:
+def _send(record: _Record) -> None:
     from meshrun import _runtime
 
     client = _runtime.client()
     if client is None:
         return
     try:
-        text = json.dumps(metrics, default=_to_json, allow_nan=True)
+        text = json.dumps(record.metrics, default=_to_json, allow_nan=True)
     except (TypeError, ValueError) as exc:
-        warnings.warn(f"meshrun.report: record of step {step} dropped: {exc}", RuntimeWarning, stacklevel=3)
+        warnings.warn(f"meshrun.report: record of step {record.step} dropped: {exc}", RuntimeWarning, stacklevel=3)
         return
-    client.report(step, text, checkpoint, timing)
+    client.report(record.step, text, record.checkpoint, record.timing, record.saving, record.total_steps)
 
 
 def _send_ready(wait: bool) -> None:
     """Sends queued records in order; stops at the first one not yet
     computed unless ``wait``, which reads (and so waits for) every value."""
     with _lock:
-        while _queue and (wait or _ready(_queue[0][1])):
-            step, metrics, checkpoint, timing = _queue.popleft()
-            _send(step, metrics, checkpoint, timing)
+        while _queue and (wait or _ready(_queue[0].metrics)):
+            _send(_queue.popleft())
 
 
 def _checkpoint_due(step: int) -> bool:
@@ -81,7 +87,14 @@ def _checkpoint_due(step: int) -> bool:
     return every is None or step % every == 0
 
 
-def report(metrics: Mapping[str, Any], *, step: int | None = None, checkpoint: Any = None, extra: Mapping[str, Any] | None = None) -> None:
+def report(
+    metrics: Mapping[str, Any],
+    *,
+    step: int | None = None,
+    checkpoint: Any = None,
+    extra: Mapping[str, Any] | None = None,
+    total_steps: int | None = None,
+) -> None:
     """Records ``metrics`` (rank 0's go to ``metrics.jsonl``). Returns without
     waiting for the device; ``step`` defaults to ``metrics["step"]``.
 
@@ -91,7 +104,8 @@ def report(metrics: Mapping[str, Any], *, step: int | None = None, checkpoint: A
     (``--checkpoint-every N`` / ``CheckpointConfig(every_n_steps=N)``) only
     steps divisible by N are saved, so the state can be passed at every
     step; then a preempted run (SIGTERM to ``meshrun``) saves at its next
-    report and stops."""
+    report and stops. ``total_steps``: how many steps the program runs,
+    for the progress line's ETA."""
     global _warned
     from meshrun import _runtime
 
@@ -115,9 +129,11 @@ def report(metrics: Mapping[str, Any], *, step: int | None = None, checkpoint: A
         return
     if step is None and isinstance(metrics.get("step"), int):
         step = metrics["step"]
-    timing = _goodput.due(saving)
+    if total_steps is not None and (isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 0):
+        raise TypeError(f"meshrun.report(total_steps=...) must be a non-negative integer, got {total_steps!r}")
+    record = _Record(step, dict(metrics), checkpoint is not None, saving, _goodput.due(saving), total_steps)
     with _lock:
-        _queue.append((step, dict(metrics), checkpoint is not None, timing))
+        _queue.append(record)
     _send_ready(wait=False)
 
 

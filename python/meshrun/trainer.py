@@ -112,6 +112,10 @@ class RunConfig:
     env: dict[str, str] = field(default_factory=dict)
     checkpoint_config: CheckpointConfig | None = None
     failure_config: FailureConfig | None = None
+    #: The live progress line while ``fit()`` runs (plain lines without a terminal).
+    progress: bool = True
+    #: Rank 0's metrics as TensorBoard event files in ``<run>/tensorboard``.
+    tensorboard: bool = False
 
 
 @dataclass
@@ -207,6 +211,8 @@ class Trainer:
             ray_address=s.ray_address if s.backend == "ray" else None,
             ray_strategy=s.ray_strategy,
             control_host=s.control_host,
+            progress=bool(self.run.progress),
+            tensorboard=bool(self.run.tensorboard),
         )
         # Workers import what this process can import.
         paths = [p for p in sys.path if p and os.path.isdir(p)]

@@ -88,6 +88,8 @@ pub struct RunSpec {
     pub retention: Option<Retention>,
     /// Save a checkpoint passed to `report` only every N steps.
     pub checkpoint_every: Option<u64>,
+    /// Write rank 0's metrics as TensorBoard event files under the run.
+    pub tensorboard: bool,
     /// Restarts and hang detection.
     pub failure: FailurePolicy,
     /// Place the agents on this Ray cluster instead of this machine.
@@ -138,6 +140,8 @@ pub struct RunPlan {
     pub env: Vec<(String, String)>,
     pub retention: Option<Retention>,
     pub checkpoint_every: Option<u64>,
+    #[serde(default)]
+    pub tensorboard: bool,
     pub failure: FailurePolicy,
     pub ray: Option<RayTarget>,
     pub control_host: IpAddr,
@@ -271,6 +275,7 @@ impl RunSpec {
             env: self.env,
             retention: self.retention,
             checkpoint_every: self.checkpoint_every,
+            tensorboard: self.tensorboard,
             failure: self.failure,
             control_host: self.control_host.unwrap_or(if self.ray.is_some() {
                 IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)
@@ -434,6 +439,7 @@ mod tests {
             env: vec![],
             retention: None,
             checkpoint_every: None,
+            tensorboard: false,
             failure: FailurePolicy::default(),
             ray: None,
             control_host: None,

@@ -30,6 +30,20 @@ enum Outgoing {
 }
 
 /// A connected, authenticated worker.
+/// One `meshrun.report`, as the worker sends it.
+#[derive(Debug, Default)]
+pub struct Report {
+    pub step: Option<u64>,
+    pub metrics: serde_json::Value,
+    /// It came with the state to checkpoint.
+    pub checkpoint: bool,
+    /// A save of this step began with it.
+    pub saving: bool,
+    /// The worker's goodput figures, when they go with it.
+    pub timing: Option<serde_json::Value>,
+    pub total_steps: Option<u64>,
+}
+
 pub struct WorkerClient {
     tx: mpsc::Sender<Outgoing>,
     writer: Mutex<Option<JoinHandle<()>>>,
@@ -131,20 +145,15 @@ impl WorkerClient {
         self.checkpoint_requested.load(Ordering::SeqCst)
     }
 
-    /// Queues a metrics record (`checkpoint`: it came with the state to
-    /// save); never blocks on the network.
-    pub fn report(
-        &self,
-        step: Option<u64>,
-        metrics: serde_json::Value,
-        checkpoint: bool,
-        timing: Option<serde_json::Value>,
-    ) {
+    /// Queues a metrics record; never blocks on the network.
+    pub fn report(&self, report: Report) {
         let _ = self.tx.send(Outgoing::Msg(Message::Report {
-            step,
-            metrics,
-            checkpoint,
-            timing,
+            step: report.step,
+            metrics: report.metrics,
+            checkpoint: report.checkpoint,
+            timing: report.timing,
+            saving: report.saving,
+            total_steps: report.total_steps,
         }));
     }
 

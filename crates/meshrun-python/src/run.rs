@@ -5,6 +5,7 @@
 use std::sync::mpsc;
 use std::time::Duration;
 
+use meshrun_core::controller::progress::ProgressMode;
 use meshrun_core::{
     execute, Entry, ExecOptions, FailurePolicy, OutcomeStatus, PlatformChoice, RayTarget, RunSpec,
     StopHandle, Tee,
@@ -38,7 +39,7 @@ fn tee(name: &str) -> PyResult<Tee> {
 }
 
 #[pyfunction]
-#[pyo3(signature = (*, nprocs, hosts, devices_per_proc, gpus_per_proc, platform_name, name, runs_dir, tee_name, python, agent_command, env, payload, retention_json=None, checkpoint_every=None, max_failures=0, hang_timeout_s=None, ray_address=None, ray_strategy="PACK", control_host=None))]
+#[pyo3(signature = (*, nprocs, hosts, devices_per_proc, gpus_per_proc, platform_name, name, runs_dir, tee_name, python, agent_command, env, payload, retention_json=None, checkpoint_every=None, max_failures=0, hang_timeout_s=None, ray_address=None, ray_strategy="PACK", control_host=None, progress=true, tensorboard=false))]
 #[allow(clippy::too_many_arguments)]
 pub fn run<'py>(
     py: Python<'py>,
@@ -61,6 +62,8 @@ pub fn run<'py>(
     ray_address: Option<String>,
     ray_strategy: &str,
     control_host: Option<String>,
+    progress: bool,
+    tensorboard: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     let control_host = control_host
         .map(|h| {
@@ -90,6 +93,7 @@ pub fn run<'py>(
         env,
         retention,
         checkpoint_every,
+        tensorboard,
         failure: FailurePolicy {
             max_failures,
             hang_timeout_s,
@@ -108,6 +112,11 @@ pub fn run<'py>(
         handle_signals: false,
         payload: Some(payload),
         stop: Some(stop.clone()),
+        progress: if progress {
+            ProgressMode::Auto
+        } else {
+            ProgressMode::Off
+        },
     };
     let (tx, rx) = mpsc::channel();
     // A Receiver is not Sync; the wait below runs without the GIL.

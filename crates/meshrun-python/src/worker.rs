@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use meshrun_core::token::Token;
-use meshrun_core::worker_client::{OnControllerLoss, WorkerClient as Client};
+use meshrun_core::worker_client::{OnControllerLoss, Report, WorkerClient as Client};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
@@ -45,14 +45,17 @@ impl WorkerClient {
 
     /// Queues a metrics record (a JSON object as text); returns at once.
     /// `checkpoint`: the report came with the state to save.
-    /// `timing_json`: where this worker's time went so far (goodput).
-    #[pyo3(signature = (step, metrics_json, checkpoint=false, timing_json=None))]
+    /// `timing_json`: where this worker's time went so far (goodput);
+    /// `saving`: a save of this step began; `total_steps`: for the ETA.
+    #[pyo3(signature = (step, metrics_json, checkpoint=false, timing_json=None, saving=false, total_steps=None))]
     fn report(
         &self,
         step: Option<u64>,
         metrics_json: &str,
         checkpoint: bool,
         timing_json: Option<&str>,
+        saving: bool,
+        total_steps: Option<u64>,
     ) -> PyResult<()> {
         let metrics = serde_json::from_str(metrics_json)
             .map_err(|e| PyValueError::new_err(format!("metrics are not JSON: {e}")))?;
@@ -60,7 +63,14 @@ impl WorkerClient {
             .map(serde_json::from_str)
             .transpose()
             .map_err(|e| PyValueError::new_err(format!("timing is not JSON: {e}")))?;
-        self.0.report(step, metrics, checkpoint, timing);
+        self.0.report(Report {
+            step,
+            metrics,
+            checkpoint,
+            saving,
+            timing,
+            total_steps,
+        });
         Ok(())
     }
 

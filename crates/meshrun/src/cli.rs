@@ -144,6 +144,10 @@ pub struct RunArgs {
     #[arg(long, value_enum, default_value_t = TeeArg::Rank0)]
     pub tee: TeeArg,
 
+    /// No live progress line (without a terminal, no periodic progress lines).
+    #[arg(short, long)]
+    pub quiet: bool,
+
     /// Keep at most this many committed checkpoints (the newest always stays).
     #[arg(long, value_name = "N")]
     pub keep_checkpoints: Option<usize>,
@@ -164,6 +168,11 @@ pub struct RunArgs {
     /// steps that are multiples of N (and when preempted).
     #[arg(long, value_name = "N")]
     pub checkpoint_every: Option<u64>,
+
+    /// Write rank 0's metrics as TensorBoard event files in the run's
+    /// tensorboard/ folder (`tensorboard --logdir runs` shows every run).
+    #[arg(long)]
+    pub tensorboard: bool,
 
     /// Restart from the newest checkpoint after up to N failed attempts.
     #[arg(long, default_value_t = 0, value_name = "N")]

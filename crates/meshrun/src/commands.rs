@@ -3,12 +3,13 @@
 use std::io::Write;
 
 use meshrun_core::agent::{self, AgentConfig};
+use meshrun_core::controller::progress::ProgressMode;
 use meshrun_core::plan::{FailurePolicy, RayTarget, Retention, ScoreOrder};
 use meshrun_core::token::Token;
 use meshrun_core::{execute, Entry, ExecOptions, PlatformChoice, RunSpec, Tee};
 
-use crate::{ckpt, runs};
 use crate::cli::{AgentArgs, Cli, Command, PlatformArg, RunArgs, ScoreOrderArg, TeeArg};
+use crate::{ckpt, runs};
 use crate::{exit, Launcher};
 
 pub fn dispatch(cli: Cli, launcher: &Launcher) -> i32 {
@@ -102,6 +103,7 @@ pub fn spec(args: RunArgs, launcher: &Launcher) -> RunSpec {
         env: vec![],
         retention,
         checkpoint_every: args.checkpoint_every,
+        tensorboard: args.tensorboard,
         failure: FailurePolicy {
             max_failures: args.max_failures,
             hang_timeout_s: args.hang_timeout,
@@ -115,6 +117,7 @@ pub fn spec(args: RunArgs, launcher: &Launcher) -> RunSpec {
 }
 
 fn run(args: RunArgs, launcher: &Launcher) -> i32 {
+    let quiet = args.quiet;
     let plan = match spec(args, launcher).validate() {
         Ok(plan) => plan,
         Err(e) => {
@@ -124,6 +127,11 @@ fn run(args: RunArgs, launcher: &Launcher) -> i32 {
     };
     let opts = ExecOptions {
         handle_signals: true,
+        progress: if quiet {
+            ProgressMode::Off
+        } else {
+            ProgressMode::Auto
+        },
         ..ExecOptions::default()
     };
     match execute(plan, opts) {

@@ -84,23 +84,30 @@ fn parse_time(text: Option<&str>) -> Option<SystemTime> {
     humantime::parse_rfc3339(text?).ok()
 }
 
-/// The last complete line of a JSON-lines file, read from its end.
-fn last_record(path: &Path) -> Option<Value> {
-    let mut file = File::open(path).ok()?;
-    let len = file.metadata().ok()?.len();
-    let start = len.saturating_sub(64 * 1024);
-    file.seek(SeekFrom::Start(start)).ok()?;
+/// The complete records among the last 64 KiB of a JSON-lines file,
+/// newest first.
+fn last_records(path: &Path) -> Vec<Value> {
+    let Ok(mut file) = File::open(path) else {
+        return Vec::new();
+    };
+    let len = file.metadata().map_or(0, |m| m.len());
     let mut text = String::new();
-    file.read_to_string(&mut text).ok()?;
+    if file.seek(SeekFrom::Start(len.saturating_sub(64 * 1024))).is_err()
+        || file.read_to_string(&mut text).is_err()
+    {
+        return Vec::new();
+    }
     text.lines()
         .rev()
-        .find_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .collect()
 }
 
 impl RunView {
     /// Reads a run's folder; `now` ends the duration of a running run.
     pub fn load(dir: &Path, now: SystemTime) -> Option<Self> {
-        let record: Value = serde_json::from_slice(&std::fs::read(dir.join("run.json")).ok()?).ok()?;
+        let record: Value =
+            serde_json::from_slice(&std::fs::read(dir.join("run.json")).ok()?).ok()?;
         let attempts = record["attempts"].as_array().map_or(0, Vec::len);
         let started = parse_time(record["created"].as_str());
         let ended = record["attempts"]
@@ -112,21 +119,27 @@ impl RunView {
             let end = if state == "running" { Some(now) } else { ended };
             end?.duration_since(s).ok()
         });
-        let last = last_record(&dir.join("metrics.jsonl"));
-        let metrics = last.as_ref().map(|r| &r["metrics"]);
+        let tail = last_records(&dir.join("metrics.jsonl"));
+        let last = tail.first();
+        let metrics = last.map(|r| &r["metrics"]);
         let goodput = std::fs::read(dir.join("goodput.json"))
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok());
         Some(Self {
             name: record["name"].as_str().map_or_else(
-                || dir.file_name().unwrap_or_default().to_string_lossy().into_owned(),
+                || {
+                    dir.file_name()
+                        .unwrap_or_default()
+                        .to_string_lossy()
+                        .into_owned()
+                },
                 str::to_string,
             ),
             dir: dir.to_path_buf(),
             state,
             attempts,
-            step: last.as_ref().and_then(|r| r["step"].as_u64()),
-            loss: metrics.and_then(|m| m["loss"].as_f64()),
+            step: last.and_then(|r| r["step"].as_u64()),
+            loss: tail.iter().find_map(|r| r["metrics"]["loss"].as_f64()),
             last: metrics.cloned(),
             duration,
             goodput,
@@ -238,11 +251,16 @@ fn failure_text(f: &Value) -> String {
             }
         }
         Some("exit") => format!("ended with {}", compact_exit(&cause["exit"])),
-        Some("hang") => format!("hung (no report for {:.0} s)", cause["secs"].as_f64().unwrap_or(0.0)),
+        Some("hang") => format!(
+            "hung (no report for {:.0} s)",
+            cause["secs"].as_f64().unwrap_or(0.0)
+        ),
         Some("unresponsive") => "stopped sending heartbeats".into(),
         Some("agent_lost") => format!("lost its agent (host {})", cause["host"]),
         Some("connection_lost") => "lost its connection to the controller".into(),
-        Some("spawn_failed") => format!("could not start: {}", cause["error"].as_str().unwrap_or("")),
+        Some("spawn_failed") => {
+            format!("could not start: {}", cause["error"].as_str().unwrap_or(""))
+        }
         Some(other) => other.replace('_', " "),
         None => "failed".into(),
     };
@@ -346,7 +364,10 @@ pub fn render_status(run: &RunView) -> String {
             }
         }
         None => {
-            let _ = writeln!(out, "\ngoodput   not recorded yet (written when the run ends)");
+            let _ = writeln!(
+                out,
+                "\ngoodput   not recorded yet (written when the run ends)"
+            );
         }
     }
     let _ = writeln!(out, "\nfolder    {}", run.dir.display());
@@ -405,18 +426,31 @@ pub fn logs(
             dir: run.dir.join("logs"),
         });
     }
-    let read = |p: &Path| File::open(p).map_err(|source| RunsError::Read { path: p.into(), source });
+    let read = |p: &Path| {
+        File::open(p).map_err(|source| RunsError::Read {
+            path: p.into(),
+            source,
+        })
+    };
     let mut reader = BufReader::new(read(&path)?);
     if let Some(k) = attempt {
         let mut text = String::new();
         reader
             .read_to_string(&mut text)
-            .map_err(|source| RunsError::Read { path: path.clone(), source })?;
+            .map_err(|source| RunsError::Read {
+                path: path.clone(),
+                source,
+            })?;
         let have: Vec<u32> = text.lines().filter_map(header_attempt).collect();
         if !have.contains(&k) {
             // A run still on an earlier attempt may reach K: only --follow waits for it.
             if !follow || run.state != "running" {
-                return Err(RunsError::NoAttempt { name: name.into(), rank, attempt: k, have });
+                return Err(RunsError::NoAttempt {
+                    name: name.into(),
+                    rank,
+                    attempt: k,
+                    have,
+                });
             }
         }
         let mut inside = false;
@@ -439,7 +473,10 @@ pub fn logs(
     let mut text = String::new();
     reader
         .read_to_string(&mut text)
-        .map_err(|source| RunsError::Read { path: path.clone(), source })?;
+        .map_err(|source| RunsError::Read {
+            path: path.clone(),
+            source,
+        })?;
     out(&text);
     if follow {
         return follow_file(&run.dir, reader, None);
@@ -486,5 +523,92 @@ fn follow_file(
             }
         }
         std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A finished run that failed once and resumed, and a running one.
+    fn runs_dir() -> tempfile::TempDir {
+        let tmp = tempfile::tempdir().unwrap();
+        let demo = tmp.path().join("demo");
+        std::fs::create_dir_all(demo.join("checkpoints/step-20")).unwrap();
+        std::fs::write(demo.join("checkpoints/step-20/manifest.json"), "{}").unwrap();
+        let failure = json!({"rank": 1, "host": 0, "attempt": 1, "exit": {"code": 1, "signal": null},
+            "cause": {"kind": "exception", "exception": "ValueError", "message": "injected failure at step 12", "traceback": ""}});
+        let record = json!({
+            "name": "demo", "state": "succeeded", "created": "2026-12-02T10:00:00Z",
+            "plan": {"nprocs": 2, "hosts": 1, "platform": "cpu"},
+            "attempts": [
+                {"attempt": 1, "state": "failed", "started": "2026-12-02T10:00:00Z", "ended": "2026-12-02T10:00:41Z", "failure": failure},
+                {"attempt": 2, "state": "succeeded", "started": "2026-12-02T10:00:43Z", "ended": "2026-12-02T10:02:05Z", "failure": null}
+            ]
+        });
+        std::fs::write(demo.join("run.json"), record.to_string()).unwrap();
+        let metrics = (1..=30)
+            .map(|s| json!({"time": 1.0, "attempt": 2, "step": s, "metrics": {"step": s, "loss": 3.0 - f64::from(s) * 0.05, "tokens_per_s": 2310.5}}).to_string() + "\n")
+            .collect::<String>();
+        std::fs::write(demo.join("metrics.jsonl"), metrics).unwrap();
+        let goodput = json!({"wall_s": 125.0,
+            "seconds": {"startup": 5.0, "compile": 20.0, "restore": 1.0, "data": 2.0, "step": 80.0, "checkpoint": 3.0, "lost": 13.0, "other": 1.0},
+            "fractions": {"startup": 0.04, "compile": 0.16, "restore": 0.008, "data": 0.016, "step": 0.64, "checkpoint": 0.024, "lost": 0.104, "other": 0.008}});
+        std::fs::write(demo.join("goodput.json"), goodput.to_string()).unwrap();
+
+        let live = tmp.path().join("live");
+        std::fs::create_dir_all(&live).unwrap();
+        let record = json!({"name": "live", "state": "running", "created": "2026-12-02T11:00:00Z",
+            "plan": {"nprocs": 4, "hosts": 2, "platform": "cpu", "ray": {"address": "127.0.0.1:6379", "strategy": "PACK"}},
+            "attempts": [{"attempt": 1, "state": "running", "started": "2026-12-02T11:00:00Z"}]});
+        std::fs::write(live.join("run.json"), record.to_string()).unwrap();
+        tmp
+    }
+
+    fn now() -> SystemTime {
+        humantime::parse_rfc3339("2026-12-02T11:05:30Z").unwrap()
+    }
+
+    #[test]
+    fn ls_snapshot() {
+        let tmp = runs_dir();
+        insta::assert_snapshot!(render_ls(&load_all(tmp.path(), now()).unwrap()));
+    }
+
+    #[test]
+    fn status_snapshot() {
+        let tmp = runs_dir();
+        let run = RunView::load(&tmp.path().join("demo"), now()).unwrap();
+        let text = render_status(&run).replace(&tmp.path().display().to_string(), "<runs>");
+        insta::assert_snapshot!(text);
+    }
+
+    #[test]
+    fn status_of_a_running_run_snapshot() {
+        let tmp = runs_dir();
+        let run = RunView::load(&tmp.path().join("live"), now()).unwrap();
+        let text = render_status(&run).replace(&tmp.path().display().to_string(), "<runs>");
+        insta::assert_snapshot!(text);
+    }
+
+    #[test]
+    fn a_missing_run_is_a_usage_error_naming_it() {
+        let tmp = runs_dir();
+        let err = find("nope", tmp.path()).unwrap_err();
+        assert_eq!(err.exit_code(), crate::exit::USAGE);
+        assert!(
+            err.to_string().starts_with("no run named 'nope' in "),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn log_headers_name_their_attempt() {
+        assert_eq!(
+            header_attempt("===== meshrun attempt 3, rank 1, started x ====="),
+            Some(3)
+        );
+        assert_eq!(header_attempt("step 3"), None);
     }
 }

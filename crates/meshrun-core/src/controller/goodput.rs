@@ -189,7 +189,11 @@ impl Ledger {
     }
 
     pub fn json(&self) -> Value {
-        let wall: f64 = self.attempts.iter().map(|a| (a.end - a.start).max(0.0)).sum();
+        let wall: f64 = self
+            .attempts
+            .iter()
+            .map(|a| (a.end - a.start).max(0.0))
+            .sum();
         let mut total = Parts::default();
         for a in &self.attempts {
             for p in PARTS {
@@ -276,7 +280,10 @@ mod tests {
         });
         let out = ledger.json();
         assert!((out["wall_s"].as_f64().unwrap() - 50.0).abs() < 1e-9);
-        let sum: f64 = PARTS.iter().map(|p| out["fractions"][p].as_f64().unwrap()).sum();
+        let sum: f64 = PARTS
+            .iter()
+            .map(|p| out["fractions"][p].as_f64().unwrap())
+            .sum();
         assert!((sum - 1.0).abs() < 1e-9);
         assert!((out["seconds"]["lost"].as_f64().unwrap() - 12.0).abs() < 1e-9);
         let again = Ledger::load(Some(&out)).json();

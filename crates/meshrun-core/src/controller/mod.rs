@@ -13,9 +13,11 @@ mod checkpoints;
 pub mod goodput;
 mod launch;
 mod output;
+pub mod progress;
 mod server;
 mod summary;
 mod supervisor;
+mod tensorboard;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -44,6 +46,8 @@ pub struct ExecOptions {
     pub payload: Option<Vec<u8>>,
     /// Lets another thread ask the run to stop.
     pub stop: Option<StopHandle>,
+    /// The live status line (a bar on a terminal, plain lines otherwise).
+    pub progress: progress::ProgressMode,
 }
 
 /// A cloneable request to stop a run, usable from any thread.

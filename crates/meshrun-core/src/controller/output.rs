@@ -7,6 +7,8 @@ use std::fs::{File, OpenOptions};
 use std::io::{LineWriter, Write};
 use std::path::PathBuf;
 
+use indicatif::ProgressBar;
+
 use crate::error::CoreError;
 use crate::plan::Tee;
 use crate::protocol::Stream;
@@ -15,6 +17,8 @@ const TAIL_KEEP: usize = 40;
 
 pub struct Output {
     tee: Tee,
+    /// Lines are printed above the progress bar, which is redrawn under them.
+    bar: Option<ProgressBar>,
     files: Vec<LineWriter<File>>,
     tails: Vec<VecDeque<String>>,
 }
@@ -44,6 +48,7 @@ impl Output {
         }
         Ok(Self {
             tee,
+            bar: None,
             tails: vec![VecDeque::with_capacity(TAIL_KEEP); paths.len()],
             files,
         })
@@ -67,11 +72,21 @@ impl Output {
             Tee::None => None,
         };
         if let Some(prefix) = shown {
-            let _ = match stream {
-                Stream::Stdout => writeln!(std::io::stdout().lock(), "{prefix}{line}"),
-                Stream::Stderr => writeln!(std::io::stderr().lock(), "{prefix}{line}"),
+            let print = || {
+                let _ = match stream {
+                    Stream::Stdout => writeln!(std::io::stdout().lock(), "{prefix}{line}"),
+                    Stream::Stderr => writeln!(std::io::stderr().lock(), "{prefix}{line}"),
+                };
             };
+            match &self.bar {
+                Some(bar) => bar.suspend(print),
+                None => print(),
+            }
         }
+    }
+
+    pub fn set_bar(&mut self, bar: Option<ProgressBar>) {
+        self.bar = bar;
     }
 
     /// A note from meshrun itself, in the rank's log only.

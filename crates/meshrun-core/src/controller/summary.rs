@@ -223,4 +223,49 @@ mod tests {
             "{text}"
         );
     }
+
+    #[test]
+    fn failure_summary_snapshot() {
+        let failure = FailureRecord {
+            rank: 1,
+            host: 0,
+            attempt: 2,
+            cause: Cause::Exception {
+                exception: "ValueError".into(),
+                message: "injected failure at step 12".into(),
+                traceback: "Traceback (most recent call last):\n  File \"train.py\", line 40, in <module>\n    step(state)\n  File \"train.py\", line 21, in step\n    raise ValueError(\"injected failure at step 12\")\nValueError: injected failure at step 12".into(),
+            },
+            exit: Some(ExitInfo { code: Some(1), signal: None }),
+        };
+        let ranks = [
+            RankEnd {
+                rank: 0,
+                exit: Some(ExitInfo {
+                    code: None,
+                    signal: Some(15),
+                }),
+                stopped_by_meshrun: true,
+            },
+            RankEnd {
+                rank: 1,
+                exit: Some(ExitInfo {
+                    code: Some(1),
+                    signal: None,
+                }),
+                stopped_by_meshrun: false,
+            },
+            RankEnd {
+                rank: 2,
+                exit: None,
+                stopped_by_meshrun: false,
+            },
+        ];
+        insta::assert_snapshot!(render(
+            "demo",
+            &failure,
+            &ranks,
+            &[],
+            Path::new("runs/demo/logs/rank-1.log")
+        ));
+    }
 }

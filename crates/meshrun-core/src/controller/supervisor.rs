@@ -16,8 +16,10 @@ use super::checkpoints::Checkpoints;
 use super::goodput::{self, AttemptParts, Ledger, Parts, Timing, GOODPUT_FILE};
 use super::launch::{host_launches, FUNCTION_FILE};
 use super::output::Output;
+use super::progress::Progress;
 use super::server::{bind, spawn_accept_loop, Event};
 use super::summary::{render, render_attempts, Cause, FailureRecord, RankEnd};
+use super::tensorboard::TensorBoard;
 use super::{ExecOptions, Outcome, OutcomeStatus, StopHandle, STOP_GRACE_MS};
 use crate::error::CoreError;
 use crate::plan::RunPlan;
@@ -114,6 +116,7 @@ struct Supervisor<'a> {
     stacks_dumped: bool,
     /// The newest step committed in this attempt.
     last_committed: Option<u64>,
+    progress: Progress,
 }
 
 /// SIGINT and SIGTERM, when this run handles them. Installed before
@@ -169,6 +172,11 @@ pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, Core
             .unwrap_or_default(),
     };
     let mut ledger = Ledger::load(rundir.read_json(GOODPUT_FILE).as_ref());
+    let tensorboard = if plan.tensorboard {
+        Some(TensorBoard::start(&plan)?)
+    } else {
+        None
+    };
     let mut failed: Vec<FailureRecord> = Vec::new();
     let mut made = 0;
     loop {
@@ -217,6 +225,10 @@ pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, Core
                 plan.failure.max_failures
             );
             continue;
+        }
+        if let Some(tb) = tensorboard {
+            rundir.flush()?;
+            tb.stop().await;
         }
         let state = state_name(end.status);
         rundir.write_json("run.json", &record.json(&plan, state))?;
@@ -340,8 +352,10 @@ async fn attempt(
         attempt,
         addr.to_string(),
         checkpoints,
+        Progress::new(opts.progress, attempt),
     );
     let result = sup.run(&mut events, &mut agent_procs, opts, signals).await;
+    sup.progress.finish();
     for link in sup.agents.values() {
         let _ = link.tx.send(Message::Shutdown);
     }
@@ -430,6 +444,7 @@ impl<'a> Supervisor<'a> {
         attempt: u32,
         control_addr: String,
         checkpoints: Checkpoints,
+        progress: Progress,
     ) -> Self {
         Self {
             ranks: vec![RankState::default(); plan.nprocs as usize],
@@ -451,6 +466,7 @@ impl<'a> Supervisor<'a> {
             preempt_deadline: None,
             stacks_dumped: false,
             last_committed: None,
+            progress,
         }
     }
 
@@ -514,6 +530,7 @@ impl<'a> Supervisor<'a> {
     fn watch(&mut self) -> Result<(), CoreError> {
         // Metrics are buffered between ticks, so readers see them live.
         self.rundir.flush()?;
+        self.progress.tick();
         let now = Instant::now();
         if let Some(deadline) = self.preempt_deadline {
             if now >= deadline {
@@ -706,6 +723,8 @@ impl<'a> Supervisor<'a> {
                 metrics,
                 checkpoint,
                 timing,
+                saving,
+                total_steps,
             } => {
                 let state = &mut self.ranks[rank as usize];
                 state.progress = Some(Instant::now());
@@ -718,6 +737,10 @@ impl<'a> Supervisor<'a> {
                 }
                 self.checkpointing |= checkpoint;
                 if rank == 0 {
+                    self.progress.report(step, &metrics, total_steps);
+                    if saving {
+                        self.progress.saving(step);
+                    }
                     self.rundir.metrics(&json!({
                         "time": unix_time(),
                         "attempt": self.attempt,
@@ -738,10 +761,15 @@ impl<'a> Supervisor<'a> {
                         json!({ "attempt": self.attempt, "step": step, "path": path.display().to_string() }),
                     )?;
                     self.last_committed = self.last_committed.max(Some(step));
+                    self.progress.saving(None);
                     if let Some(newest) = self.last_committed {
                         for r in &mut self.ranks {
                             // Keep the figures of the newest commit and later.
-                            let keep = r.saved_timings.range(..=newest).next_back().map(|(s, _)| *s);
+                            let keep = r
+                                .saved_timings
+                                .range(..=newest)
+                                .next_back()
+                                .map(|(s, _)| *s);
                             r.saved_timings.retain(|s, _| Some(*s) >= keep);
                         }
                     }
@@ -829,12 +857,14 @@ impl<'a> Supervisor<'a> {
         let paths: Vec<_> = (0..self.plan.nprocs)
             .map(|r| self.rundir.log_path(r))
             .collect();
-        self.output = Some(Output::open(
+        let mut output = Output::open(
             self.plan.tee,
             &paths,
             self.attempt,
             &utc_rfc3339(SystemTime::now()),
-        )?);
+        )?;
+        output.set_bar(self.progress.bar());
+        self.output = Some(output);
         self.rundir.event(
             "launched",
             json!({ "attempt": self.attempt, "coordinator": coordinator }),

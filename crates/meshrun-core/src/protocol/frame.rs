@@ -182,6 +182,8 @@ mod tests {
             metrics: serde_json::json!({"loss": 0.5}),
             checkpoint: false,
             timing: Some(serde_json::json!({"now": 1.5})),
+            saving: true,
+            total_steps: Some(10),
         };
         let mut buf = Vec::new();
         write_frame(&mut buf, &msg).unwrap();

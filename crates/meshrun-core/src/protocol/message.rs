@@ -134,6 +134,12 @@ pub enum Message {
         /// `controller::goodput`); sent with saves and at most once a second.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         timing: Option<serde_json::Value>,
+        /// A save of this step began at this report.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        saving: bool,
+        /// How many steps the program will run, when it says so.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        total_steps: Option<u64>,
     },
     /// Where the worker's time went, sent once more when its program ends.
     Timing {
