@@ -88,7 +88,7 @@ pub struct RunSpec {
     pub retention: Option<Retention>,
     /// Save a checkpoint passed to `report` only every N steps.
     pub checkpoint_every: Option<u64>,
-    /// Write rank 0's metrics as TensorBoard event files under the run.
+    /// Write rank 0's metrics as `TensorBoard` event files under the run.
     pub tensorboard: bool,
     /// Restarts and hang detection.
     pub failure: FailurePolicy,

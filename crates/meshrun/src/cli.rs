@@ -169,7 +169,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "N")]
     pub checkpoint_every: Option<u64>,
 
-    /// Write rank 0's metrics as TensorBoard event files in the run's
+    /// Write rank 0's metrics as tensorboard event files in the run's
     /// tensorboard/ folder (`tensorboard --logdir runs` shows every run).
     #[arg(long)]
     pub tensorboard: bool,

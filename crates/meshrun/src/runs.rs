@@ -92,7 +92,9 @@ fn last_records(path: &Path) -> Vec<Value> {
     };
     let len = file.metadata().map_or(0, |m| m.len());
     let mut text = String::new();
-    if file.seek(SeekFrom::Start(len.saturating_sub(64 * 1024))).is_err()
+    if file
+        .seek(SeekFrom::Start(len.saturating_sub(64 * 1024)))
+        .is_err()
         || file.read_to_string(&mut text).is_err()
     {
         return Vec::new();
@@ -239,42 +241,11 @@ pub fn load_all(runs_dir: &Path, now: SystemTime) -> Result<Vec<RunView>, RunsEr
 }
 
 fn failure_text(f: &Value) -> String {
-    let cause = &f["cause"];
-    let what = match cause["kind"].as_str() {
-        Some("exception") => {
-            let message = cause["message"].as_str().unwrap_or("");
-            let exception = cause["exception"].as_str().unwrap_or("an exception");
-            if message.is_empty() {
-                format!("raised {exception}")
-            } else {
-                format!("raised {exception}: {message}")
-            }
-        }
-        Some("exit") => format!("ended with {}", compact_exit(&cause["exit"])),
-        Some("hang") => format!(
-            "hung (no report for {:.0} s)",
-            cause["secs"].as_f64().unwrap_or(0.0)
-        ),
-        Some("unresponsive") => "stopped sending heartbeats".into(),
-        Some("agent_lost") => format!("lost its agent (host {})", cause["host"]),
-        Some("connection_lost") => "lost its connection to the controller".into(),
-        Some("spawn_failed") => {
-            format!("could not start: {}", cause["error"].as_str().unwrap_or(""))
-        }
-        Some(other) => other.replace('_', " "),
-        None => "failed".into(),
-    };
-    format!("rank {} {what}", f["rank"])
-}
-
-fn compact_exit(exit: &Value) -> String {
-    if let Some(code) = exit["code"].as_i64() {
-        format!("exit code {code}")
-    } else if let Some(signal) = exit["signal"].as_i64() {
-        format!("signal {signal}")
-    } else {
-        exit.to_string()
-    }
+    format!(
+        "rank {} {}",
+        f["rank"],
+        meshrun_core::report::model::headline(&f["cause"])
+    )
 }
 
 /// The `status` page of one run.

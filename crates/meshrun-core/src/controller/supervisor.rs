@@ -237,6 +237,12 @@ pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, Core
             json!({ "attempt": record.attempts.len(), "state": state }),
         )?;
         rundir.flush()?;
+        // The page is a view of what is already written: failing to write
+        // it must not fail the run.
+        if let Err(e) = crate::report::write(&plan.run_dir) {
+            tracing::warn!("report.html not written: {e}");
+            eprintln!("meshrun: warning: report.html not written: {e}");
+        }
         let summary = match (&end.summary, failed.len()) {
             (Some(text), n) if n > 1 && end.status == OutcomeStatus::Failed => Some(format!(
                 "meshrun: run '{}' failed {n} times, more than --max-failures {} allows:\n{}{text}",
@@ -436,6 +442,8 @@ async fn stop_requested(handle: Option<&StopHandle>) {
 }
 
 impl<'a> Supervisor<'a> {
+    // Each argument is a separate piece of the attempt's set-up.
+    #[allow(clippy::too_many_arguments)]
     fn new(
         plan: RunPlan,
         rundir: &'a mut RunDir,

@@ -1,18 +1,271 @@
 //! The run's report page: one self-contained `report.html` in the run
 //! directory, built from `run.json`, `events.jsonl`, `metrics.jsonl` and
-//! `goodput.json`.
+//! `goodput.json`. Charts are inline SVG made here; the page has no script
+//! and loads nothing.
+//!
+//! - [`model`] reads the run directory, tolerating missing files and
+//!   half-written lines;
+//! - [`series`] turns metrics records into curves (one segment per attempt,
+//!   thinned past [`series::MAX_POINTS`]);
+//! - [`svg`] draws line charts, [`timeline`] the attempts and goodput bar;
+//! - [`html`] assembles the page and escapes every string put into it.
 
 use std::path::{Path, PathBuf};
 
 use crate::error::CoreError;
 
+pub mod html;
+pub mod model;
+pub mod series;
+pub mod svg;
+pub mod timeline;
+
 /// The file name of the report in a run directory.
 pub const REPORT_FILE: &str = "report.html";
 
-/// Writes `run_dir/report.html` and returns its path.
+/// Writes `run_dir/report.html` and returns its path. The page replaces the
+/// old one atomically, so a browser never sees half a page.
 pub fn write(run_dir: &Path) -> Result<PathBuf, CoreError> {
+    let run = model::Run::load(run_dir)?;
+    let page = html::page(&run);
     let path = run_dir.join(REPORT_FILE);
-    std::fs::write(&path, "<!doctype html><title>meshrun report</title>")
-        .map_err(CoreError::io("cannot write", &path))?;
+    let tmp = run_dir.join(format!(".{REPORT_FILE}.tmp"));
+    std::fs::write(&tmp, page).map_err(CoreError::io("cannot write", &tmp))?;
+    std::fs::rename(&tmp, &path).map_err(CoreError::io("cannot write", &path))?;
     Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fmt::Write as _;
+    use std::fs;
+
+    use serde_json::json;
+
+    use super::*;
+
+    const T0: f64 = 1_796_248_566.0;
+
+    /// A run of 2 attempts: the first fails on rank 1 at step 12 after a
+    /// checkpoint at step 10, the second resumes from it and finishes 30.
+    fn synthetic(dir: &Path, with_goodput: bool) {
+        let failure = json!({
+            "rank": 1, "host": 0, "attempt": 1,
+            "cause": {"kind": "exception", "exception": "ValueError",
+                      "message": "injected failure at step 12",
+                      "traceback": "Traceback (most recent call last):\n  File \"x.py\", line 3\nValueError: injected failure at step 12\n"},
+            "exit": {"code": null, "signal": 9}
+        });
+        let run = json!({
+            "name": "demo", "run_id": "abc123", "state": "succeeded",
+            "created": "2026-12-02T21:56:06Z",
+            "plan": {"nprocs": 2, "entry": {"kind": "script", "path": "/x/<train>.py"}, "tee": "none"},
+            "versions": {"meshrun": "0.1.0", "protocol": 1},
+            "attempts": [
+                {"attempt": 1, "started": "2026-12-02T21:56:06Z", "ended": "2026-12-02T21:56:08Z", "state": "failed", "failure": failure},
+                {"attempt": 2, "started": "2026-12-02T21:56:08Z", "ended": "2026-12-02T21:56:10Z", "state": "succeeded", "failure": null}
+            ]
+        });
+        fs::write(
+            dir.join("run.json"),
+            serde_json::to_string_pretty(&run).unwrap(),
+        )
+        .unwrap();
+        let events = [
+            json!({"event": "attempt_started", "attempt": 1, "time": T0}),
+            json!({"event": "worker_started", "attempt": 1, "rank": 0, "pid": 10, "time": T0 + 0.01}),
+            json!({"event": "checkpoint_committed", "attempt": 1, "step": 10, "path": "/x/step-10", "time": T0 + 1.5}),
+            json!({"event": "worker_failed", "attempt": 1, "rank": 1, "host": 0, "cause": failure["cause"], "exit": null, "time": T0 + 1.9}),
+            json!({"event": "attempt_ended", "attempt": 1, "state": "failed", "time": T0 + 2.0}),
+            json!({"event": "restarting", "after_attempt": 1, "from_step": 10, "time": T0 + 2.0}),
+            json!({"event": "attempt_started", "attempt": 2, "time": T0 + 2.0}),
+            json!({"event": "checkpoint_committed", "attempt": 2, "step": 20, "path": "/x/step-20", "time": T0 + 3.0}),
+            json!({"event": "attempt_ended", "attempt": 2, "state": "succeeded", "time": T0 + 4.5}),
+            json!({"event": "run_ended", "state": "succeeded", "time": T0 + 4.5}),
+        ];
+        let mut text = String::new();
+        for e in events {
+            let _ = writeln!(text, "{e}");
+        }
+        fs::write(dir.join("events.jsonl"), text).unwrap();
+
+        let mut text = String::new();
+        let mut line = |attempt: u64, step: u64, t: f64| {
+            let mut m = json!({"step": step, "loss": 30.0 / step as f64, "<b>": 1.0});
+            if step.is_multiple_of(5) {
+                m["val_loss"] = json!(25.0 / step as f64);
+            }
+            let _ = writeln!(
+                text,
+                "{}",
+                json!({"time": t, "attempt": attempt, "step": step, "metrics": m})
+            );
+        };
+        for step in 1..=11 {
+            line(1, step, T0 + 0.5 + 0.1 * step as f64);
+        }
+        for step in 11..=30 {
+            line(2, step, T0 + 2.5 + 0.1 * (step - 10) as f64);
+        }
+        // A line cut short by a crash must not stop the rest from being read.
+        text.push_str(r#"{"time": 1796248570.9, "attempt": 2, "st"#);
+        fs::write(dir.join("metrics.jsonl"), text).unwrap();
+
+        if with_goodput {
+            let goodput = json!({
+                "wall_s": 4.5,
+                "seconds": {"startup": 0.5, "compile": 0.4, "restore": 0.1, "data": 0.2, "step": 2.5, "checkpoint": 0.2, "lost": 0.5, "other": 0.1},
+                "fractions": {"startup": 0.111, "compile": 0.089, "restore": 0.022, "data": 0.044, "step": 0.556, "checkpoint": 0.044, "lost": 0.111, "other": 0.022},
+                "attempts": [{"attempt": 1, "state": "failed", "wall_s": 2.0, "seconds": {"step": 1.0, "lost": 0.5}}]
+            });
+            fs::write(dir.join("goodput.json"), goodput.to_string()).unwrap();
+        }
+    }
+
+    /// The element that starts with `open` (e.g. `<svg class="chart" id="chart-loss"`)
+    /// up to its end tag.
+    fn element<'a>(page: &'a str, open: &str, close: &str) -> &'a str {
+        let start = page
+            .find(open)
+            .unwrap_or_else(|| panic!("no {open} in the page"));
+        let end = page[start..].find(close).expect("closed") + start;
+        &page[start..end]
+    }
+
+    fn assert_chart(page: &str, id: &str) {
+        let svg = element(page, &format!(r#"<svg class="chart" id="{id}""#), "</svg>");
+        let x = element(svg, r#"<g class="axis x""#, "</g>");
+        let y = element(svg, r#"<g class="axis y""#, "</g>");
+        for axis in [x, y] {
+            assert!(
+                axis.contains("<line x1=") && axis.contains("stroke="),
+                "{axis}"
+            );
+            assert!(
+                axis.contains(r#"class="tick""#) && axis.contains("</text>"),
+                "{axis}"
+            );
+            assert!(axis.contains(r#"class="axis-title""#), "{axis}");
+        }
+        let d = element(svg, r#"<path class="series""#, "/>");
+        assert!(d.contains(r#" d="M"#), "{d}");
+    }
+
+    #[test]
+    fn a_failed_and_restarted_run_gets_every_section() {
+        let dir = tempfile::TempDir::new().unwrap();
+        synthetic(dir.path(), true);
+        let path = write(dir.path()).unwrap();
+        assert_eq!(path, dir.path().join(REPORT_FILE));
+        let page = fs::read_to_string(&path).unwrap();
+
+        for id in ["chart-loss", "chart-val", "chart-throughput"] {
+            assert_chart(&page, id);
+        }
+        // The restart draws a second stroke, not a line back in time.
+        let loss = element(&page, r#"<path class="series" data-name="loss""#, "/>");
+        assert_eq!(loss.matches('M').count(), 2, "{loss}");
+        assert!(page.contains("attempt 2 resumes at step 10"));
+
+        let timeline = element(&page, r#"<svg id="timeline""#, "</svg>");
+        let failure = element(timeline, r#"<g class="failure">"#, "</g>");
+        assert!(
+            failure.contains(
+                "attempt 1 failed: rank 1 raised ValueError: injected failure at step 12"
+            ),
+            "{failure}"
+        );
+        assert!(timeline.contains(r#"class="attempt state-failed""#));
+        assert!(timeline.contains(r#"class="attempt state-succeeded""#));
+        assert_eq!(timeline.matches(r#"<g class="checkpoint">"#).count(), 2);
+        assert!(page.contains("rank 1 (host 0)"));
+
+        let goodput = element(&page, r#"<svg id="goodput""#, "</svg>");
+        assert!(goodput.contains(r#"class="seg seg-step""#), "{goodput}");
+        assert!(goodput.contains("55.6%"), "{goodput}");
+        assert!(page.contains(r#"<table class="goodput-table">"#));
+
+        assert!(page.contains("<b class=\"version\">0.1.0</b>"));
+        assert!(page.contains("<td>nprocs</td><td>2</td>"));
+        assert!(page.contains("final step</dt><dd>30</dd>"), "header");
+        assert!(page.contains("1 unreadable line(s)"));
+        assert!(!page.contains("http://") && !page.contains("https://"));
+        assert!(!page.contains("<script"));
+    }
+
+    #[test]
+    fn strings_from_the_run_are_escaped() {
+        let dir = tempfile::TempDir::new().unwrap();
+        synthetic(dir.path(), false);
+        let metrics = fs::read_to_string(dir.path().join("metrics.jsonl"))
+            .unwrap()
+            .replace("val_loss", "val_<b>");
+        fs::write(dir.path().join("metrics.jsonl"), metrics).unwrap();
+        let record = fs::read_to_string(dir.path().join("run.json"))
+            .unwrap()
+            .replace(
+                "injected failure at step 12",
+                "<script>alert('x')</script> & more",
+            );
+        fs::write(dir.path().join("run.json"), record).unwrap();
+        let page = fs::read_to_string(write(dir.path()).unwrap()).unwrap();
+        assert!(page.contains("val_&lt;b&gt;"));
+        assert!(!page.contains("val_<b>"));
+        assert!(page.contains("/x/&lt;train&gt;.py"));
+        assert!(!page.contains("<train>"));
+        assert!(page.contains("no goodput data"));
+        assert!(!page.contains("<script"));
+        assert!(page.contains(
+            "raised ValueError: &lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt; &amp; more"
+        ));
+    }
+
+    #[test]
+    fn a_run_without_metrics_or_events_still_gets_a_page() {
+        let dir = tempfile::TempDir::new().unwrap();
+        fs::write(
+            dir.path().join("run.json"),
+            r#"{"name": "bare", "state": "running", "attempts": []}"#,
+        )
+        .unwrap();
+        let page = fs::read_to_string(write(dir.path()).unwrap()).unwrap();
+        assert!(page.contains("no metrics recorded"));
+        assert!(page.contains("no goodput data"));
+        assert!(page.contains("no attempts recorded"));
+        assert!(!page.contains(r#"class="chart""#));
+
+        let empty = tempfile::TempDir::new().unwrap();
+        let page = fs::read_to_string(write(empty.path()).unwrap()).unwrap();
+        assert!(page.contains("no plan recorded"));
+    }
+
+    #[test]
+    fn a_broken_run_json_is_an_error_naming_the_file() {
+        let dir = tempfile::TempDir::new().unwrap();
+        fs::write(dir.path().join("run.json"), "{not json").unwrap();
+        let err = write(dir.path()).unwrap_err().to_string();
+        assert!(
+            err.contains("cannot parse") && err.contains("run.json"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn long_runs_are_thinned() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let mut text = String::new();
+        for step in 0..50_000u32 {
+            let _ = writeln!(
+                text,
+                r#"{{"time": {}, "attempt": 1, "step": {step}, "metrics": {{"loss": {}}}}}"#,
+                T0 + f64::from(step) * 0.01,
+                1.0 / f64::from(step + 1)
+            );
+        }
+        fs::write(dir.path().join("metrics.jsonl"), text).unwrap();
+        let page = fs::read_to_string(write(dir.path()).unwrap()).unwrap();
+        assert!(page.len() < 300_000, "{} bytes", page.len());
+        let loss = element(&page, r#"<path class="series" data-name="loss""#, "/>");
+        assert!(loss.matches('L').count() <= series::MAX_POINTS, "thinned");
+    }
 }
