@@ -146,3 +146,26 @@ def test_tensorboard_event_files_hold_the_reported_metrics(tmp_path):
     assert max(abs(got[s] - want[s]) for s in want) < 1e-6
     record = json.loads((done.run_dir / "run.json").read_text())
     assert record["plan"]["tensorboard"] is True
+
+
+def three_steps():
+    import meshrun
+
+    for step in range(1, 4):
+        meshrun.report({"step": step, "loss": 1.0 / step}, total_steps=3)
+
+
+def test_trainer_run_config_writes_tensorboard_without_progress(tmp_path):
+    import meshrun
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    result = meshrun.Trainer(
+        three_steps,
+        scaling_config=meshrun.ScalingConfig(num_workers=2),
+        run_config=meshrun.RunConfig(name="fit", storage_path=str(tmp_path / "runs"), tee="none", tensorboard=True, progress=False),
+    ).fit()
+    assert result.status == "succeeded", result.error
+    events = EventAccumulator(str(tmp_path / "runs" / "fit" / "tensorboard"))
+    events.Reload()
+    assert [(e.step, round(e.value, 6)) for e in events.Scalars("loss")] == [(1, 1.0), (2, 0.5), (3, round(1 / 3, 6))]
+    assert (tmp_path / "runs" / "fit" / "report.html").exists()
