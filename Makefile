@@ -10,7 +10,7 @@ DEPS_STAMP := $(VENV)/.deps-installed
 BUILD_STAMP := $(VENV)/.meshrun-built
 RUST_SOURCES := $(shell find crates -name '*.rs' -o -name 'Cargo.toml') Cargo.toml $(wildcard Cargo.lock) pyproject.toml
 
-.PHONY: help install demo test test-rust test-python lint bench-startup bench-step-parity bench-data bench-ckpt bench-recovery bench-vs-ray soak clean
+.PHONY: help install demo test test-rust test-python lint bench-startup bench-step-parity bench-data bench-ckpt bench-recovery bench-vs-ray soak fuzz load clean
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -66,6 +66,15 @@ bench-vs-ray: install  ## meshrun (local and on Ray) against Ray Train's JaxTrai
 
 soak: install  ## The GPT killed with SIGKILL at 10 random moments must end bit-identical to an uninterrupted run (the suite runs 3).
 	MESHRUN_SOAK_KILLS=10 MESHRUN_SOAK_STEPS=200 $(VENV)/bin/pytest tests/test_recovery.py -k soak -s
+
+load:  ## 64 fake workers x 1,000 records/s for 60 s through the controller: records lost (0) and its peak memory.
+	MESHRUN_LOAD_SECONDS=60 cargo test --release -q -p meshrun-loadtest -- --nocapture
+
+FUZZ_SECONDS ?= 600
+
+fuzz:  ## Fuzz the control protocol's frame decoder for FUZZ_SECONDS (600) with cargo fuzz; prints runs and crashes.
+	@command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
+	cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run frame --sanitizer none -- -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1
 
 clean:  ## Remove build outputs and the virtualenv.
 	rm -rf $(VENV) target

@@ -63,7 +63,23 @@ struct RankState {
     /// step not yet superseded by a commit.
     timing: Option<Timing>,
     saved_timings: BTreeMap<u64, Timing>,
+    /// How many reports it sent (recorded in `run.json`).
+    reports: u64,
 }
+
+impl RankState {
+    /// Everything the worker sent has been read: its exit (reported by the
+    /// agent over another connection) can overtake its last reports, so a
+    /// rank only counts as finished once its own connection has ended, or
+    /// has been quiet for [`DRAIN_QUIET`] (a process it left behind may
+    /// hold the socket open).
+    fn drained(&self) -> bool {
+        self.tx.is_none() || self.heard.is_none_or(|h| h.elapsed() >= DRAIN_QUIET)
+    }
+}
+
+/// See [`RankState::drained`].
+const DRAIN_QUIET: Duration = Duration::from_secs(2);
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum StopReason {
@@ -380,6 +396,7 @@ async fn attempt(
         last["ended"] = json!(utc_rfc3339(SystemTime::now()));
         last["state"] = json!(state_name(status));
         last["failure"] = json!(sup.failure);
+        last["reports"] = json!(sup.ranks.iter().map(|r| r.reports).collect::<Vec<_>>());
     }
     sup.rundir.event(
         "attempt_ended",
@@ -490,6 +507,7 @@ impl<'a> Supervisor<'a> {
         let join_deadline = Instant::now() + AGENT_JOIN_TIMEOUT;
         let mut agent_check = tokio::time::interval(Duration::from_millis(200));
         let mut watch = tokio::time::interval(Duration::from_millis(250));
+        let mut drain = tokio::time::interval(Duration::from_millis(50));
         loop {
             if self.finished() {
                 return Ok(());
@@ -519,6 +537,8 @@ impl<'a> Supervisor<'a> {
                     }
                 }
                 _ = watch.tick(), if self.launched && self.stop.is_none() => self.watch()?,
+                // Wakes the loop to see whether the draining is over.
+                _ = drain.tick(), if self.draining() => {}
                 () = tokio::time::sleep_until(deadline.into()) => {
                     if !self.launched && self.stop.is_none() {
                         let host = (0..self.plan.hosts).find(|h| !self.agents.contains_key(h)).unwrap_or(0);
@@ -585,7 +605,12 @@ impl<'a> Supervisor<'a> {
         if !self.launched {
             return self.stop.is_some();
         }
-        self.ranks.iter().all(|r| r.done)
+        self.ranks.iter().all(|r| r.done && r.drained())
+    }
+
+    /// Some worker has exited but what it sent is still being read.
+    fn draining(&self) -> bool {
+        self.ranks.iter().any(|r| r.done && !r.drained())
     }
 
     fn on_event(&mut self, event: Event) -> Result<(), CoreError> {
@@ -737,6 +762,7 @@ impl<'a> Supervisor<'a> {
                 let state = &mut self.ranks[rank as usize];
                 state.progress = Some(Instant::now());
                 state.last_step = step.or(state.last_step);
+                state.reports += 1;
                 if let Some(t) = timing.as_ref().and_then(Timing::parse) {
                     if let (true, Some(s)) = (checkpoint, step) {
                         state.saved_timings.insert(s, t.clone());

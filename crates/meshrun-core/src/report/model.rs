@@ -98,7 +98,7 @@ impl Run {
     pub fn load(dir: &Path) -> Result<Run, CoreError> {
         let record = read_json(&dir.join("run.json"))?.unwrap_or(Value::Null);
         let (events, bad_events) = read_jsonl(&dir.join("events.jsonl"))?;
-        let (metrics, bad_metrics) = read_jsonl(&dir.join("metrics.jsonl"))?;
+        let (records, bad_metrics) = read_records(&dir.join("metrics.jsonl"))?;
         let goodput = match read_json(&dir.join("goodput.json")) {
             Ok(Some(v)) => Goodput::Data(v),
             Ok(None) => Goodput::Missing,
@@ -108,7 +108,6 @@ impl Run {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let records: Vec<Record> = metrics.iter().filter_map(parse_record).collect();
         let mut run = Run {
             name: str_of(&record, "name").unwrap_or(dir_name),
             run_id: str_of(&record, "run_id"),
@@ -327,6 +326,36 @@ fn read_json(path: &Path) -> Result<Option<Value>, CoreError> {
 }
 
 /// The objects of a JSONL file, and how many lines were not JSON objects.
+/// The records of `metrics.jsonl`, each line parsed and reduced to its
+/// charted numbers at once: a long run has millions of lines, and whole
+/// JSON values of them all would take about a kilobyte each.
+fn read_records(path: &Path) -> Result<(Vec<Record>, usize), CoreError> {
+    use std::io::BufRead;
+
+    let file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((Vec::new(), 0)),
+        Err(e) => return Err(CoreError::io("cannot read", path)(e)),
+    };
+    let mut records = Vec::new();
+    let mut bad = 0;
+    for line in std::io::BufReader::new(file).split(b'\n') {
+        let line = line.map_err(CoreError::io("cannot read", path))?;
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        match serde_json::from_slice::<Value>(&line)
+            .ok()
+            .as_ref()
+            .and_then(parse_record)
+        {
+            Some(r) => records.push(r),
+            None => bad += 1,
+        }
+    }
+    Ok((records, bad))
+}
+
 fn read_jsonl(path: &Path) -> Result<(Vec<Value>, usize), CoreError> {
     let Some(bytes) = read_bytes(path)? else {
         return Ok((Vec::new(), 0));

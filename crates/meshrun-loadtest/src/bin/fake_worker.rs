@@ -1,0 +1,52 @@
+//! A worker that speaks meshrun's control protocol and nothing else. The
+//! controller starts it in place of the Python interpreter (its arguments,
+//! `-m meshrun._bootstrap ...`, are ignored); it reports
+//! `MESHRUN_LOAD_RATE` records a second for `MESHRUN_LOAD_SECONDS`, writes
+//! how many it sent to `sent-<rank>` in the run directory, and says goodbye.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use meshrun_core::token::Token;
+use meshrun_core::worker_client::{OnControllerLoss, Report, WorkerClient};
+use meshrun_loadtest::{RATE_ENV, SECONDS_ENV};
+
+fn var(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set"))
+}
+
+fn main() {
+    let rank: u32 = var("MESHRUN_RANK").parse().expect("a rank");
+    let attempt: u32 = var("MESHRUN_ATTEMPT").parse().expect("an attempt");
+    let token = Token::from_hex(&var("MESHRUN_TOKEN")).expect("a run token");
+    let rate: f64 = var(RATE_ENV).parse().expect("records per second");
+    let seconds: f64 = var(SECONDS_ENV).parse().expect("seconds");
+    let client = WorkerClient::connect(
+        &var("MESHRUN_CONTROL_ADDR"),
+        &token,
+        rank,
+        attempt,
+        OnControllerLoss::Ignore,
+    )
+    .expect("the controller accepts the worker");
+    let total = (rate * seconds) as u64;
+    let start = Instant::now();
+    for i in 0..total {
+        // Paced in batches of 10, as a training loop reports in bursts.
+        if i % 10 == 0 {
+            let due = start + Duration::from_secs_f64(i as f64 / rate);
+            if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                std::thread::sleep(wait);
+            }
+        }
+        client.report(Report {
+            step: Some(i),
+            metrics: serde_json::json!({ "step": i, "loss": 1.0 / (i + 1) as f64, "rank": rank }),
+            ..Report::default()
+        });
+    }
+    client.flush(Duration::from_mins(2));
+    let sent = Path::new(&var("MESHRUN_RUN_DIR")).join(format!("sent-{rank}"));
+    std::fs::write(&sent, total.to_string()).expect("the run directory is writable");
+    client.close(Duration::from_secs(10));
+}
