@@ -55,10 +55,6 @@ def user_code_starts() -> None:
     _user_start = time.time()
 
 
-def add(part: str, seconds: float) -> None:
-    _totals[part] += seconds
-
-
 @contextmanager
 def timed(part: str) -> Iterator[None]:
     t0 = time.perf_counter()
