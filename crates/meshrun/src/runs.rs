@@ -8,19 +8,8 @@ use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
+use meshrun_core::controller::goodput::PARTS as GOODPUT_ORDER;
 use serde_json::Value;
-
-/// Goodput categories in the order they are shown.
-pub const GOODPUT_ORDER: [&str; 8] = [
-    "startup",
-    "compile",
-    "restore",
-    "data",
-    "step",
-    "checkpoint",
-    "lost",
-    "other",
-];
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunsError {

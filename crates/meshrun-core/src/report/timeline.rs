@@ -16,16 +16,7 @@ const LANE: f64 = 54.0;
 const CHAR_W: f64 = 6.6;
 
 /// Goodput categories, in the order they are drawn.
-pub const GOODPUT_ORDER: [&str; 8] = [
-    "startup",
-    "compile",
-    "restore",
-    "data",
-    "step",
-    "checkpoint",
-    "lost",
-    "other",
-];
+pub use crate::controller::goodput::PARTS as GOODPUT_ORDER;
 
 /// The colour of an attempt's state.
 pub fn state_color(state: &str) -> &'static str {
