@@ -59,8 +59,8 @@ struct RankState {
     heard: Option<Instant>,
     /// When its connection broke without a goodbye.
     connection_lost: Option<Instant>,
-    /// Its latest goodput figures, and those sent with each checkpointed
-    /// step not yet superseded by a commit.
+    /// Its latest goodput figures, and those sent with each save not yet
+    /// superseded by a newer commit.
     timing: Option<Timing>,
     saved_timings: BTreeMap<u64, Timing>,
     /// How many reports it sent (recorded in `run.json`).
@@ -764,7 +764,9 @@ impl<'a> Supervisor<'a> {
                 state.last_step = step.or(state.last_step);
                 state.reports += 1;
                 if let Some(t) = timing.as_ref().and_then(Timing::parse) {
-                    if let (true, Some(s)) = (checkpoint, step) {
+                    // A save's figures: where a failure's lost time starts
+                    // once that step is committed.
+                    if let (true, Some(s)) = (saving, step) {
                         state.saved_timings.insert(s, t.clone());
                     }
                     state.timing = Some(t);
