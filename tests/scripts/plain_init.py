@@ -21,4 +21,7 @@ record = {
 out = os.path.join(os.environ["MESHRUN_RUN_DIR"], f"plain-{jax.process_index()}.json")
 with open(out, "w") as f:
     json.dump(record, f)
-print("joined", record["process_index"], "of", record["process_count"], flush=True)
+# One write: workers run unbuffered, so a print of several pieces can be
+# split by Gloo's own messages, which a C++ thread writes to the same pipe.
+sys.stdout.write(f"joined {record['process_index']} of {record['process_count']}\n")
+sys.stdout.flush()

@@ -76,6 +76,16 @@ impl RankState {
     fn drained(&self) -> bool {
         self.tx.is_none() || self.heard.is_none_or(|h| h.elapsed() >= DRAIN_QUIET)
     }
+
+    /// Gives up on a worker that can no longer be stopped or heard from in
+    /// order (its agent is gone, or its exit never came). Dropping the
+    /// connection's sender closes it, so a worker still alive sees its
+    /// controller go and kills itself; and an orphan that keeps sending
+    /// heartbeats cannot hold the attempt open.
+    fn abandon(&mut self) {
+        self.done = true;
+        self.tx = None;
+    }
 }
 
 /// See [`RankState::drained`].
@@ -546,7 +556,7 @@ impl<'a> Supervisor<'a> {
                     }
                     // Exits that never came: the workers are treated as lost.
                     for r in &mut self.ranks {
-                        r.done = true;
+                        r.abandon();
                     }
                 }
             }
@@ -662,7 +672,7 @@ impl<'a> Supervisor<'a> {
                     .filter(|&r| !self.ranks[r as usize].done)
                     .collect();
                 for &rank in &lost {
-                    self.ranks[rank as usize].done = true;
+                    self.ranks[rank as usize].abandon();
                 }
                 if let Some(&rank) = lost.first() {
                     self.fail(rank, Cause::AgentLost { host, error })?;
