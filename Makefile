@@ -32,12 +32,15 @@ install: $(BUILD_STAMP)  ## Create .venv, install pinned dependencies, build mes
 demo: install  ## Set up, then run the main job: the sharded GPT on 2 processes x 2 devices (fsdp=2, tensor=2).
 	$(VENV)/bin/meshrun run -n 2 --devices-per-proc 2 examples/gpt.py --fsdp 2 --tensor 2 --steps 150 --eval-every 50
 
+# The Rust tests build in the release profile: they then share every
+# dependency `make install` already compiled, instead of compiling them all
+# again unoptimized.
 test: install  ## Set up, then run the Rust and Python test suites.
-	cargo test --workspace --quiet
+	cargo test --workspace --release --quiet
 	$(VENV)/bin/pytest
 
 test-rust:  ## Rust tests only.
-	cargo test --workspace --quiet
+	cargo test --workspace --release --quiet
 
 test-python: install  ## Python tests only.
 	$(VENV)/bin/pytest

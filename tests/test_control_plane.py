@@ -13,7 +13,6 @@ import os
 import socket
 import stat
 import struct
-import time
 
 from conftest import SCRIPTS, assert_none_left, read_jsonl, start, stop, wait_for
 

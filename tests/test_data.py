@@ -13,7 +13,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import meshrun
 from meshrun import data
 
 
@@ -109,52 +108,6 @@ def test_npy_rows_are_records(tmp_path):
     np.testing.assert_array_equal(batch["x"], x[:5])
 
 
-def test_fingerprint_mismatch_is_refused(token_file, tmp_path):
-    loader = data.Loader(data.tokens(token_file, "uint16", 16), 8)
-    next(loader)
-    state = loader.state()
-    other = tmp_path / "other.bin"
-    np.arange(20_000, dtype=np.uint16)[::-1].copy().tofile(other)
-    with pytest.raises(meshrun.DataError, match="another data set"):
-        data.Loader(data.tokens(other, "uint16", 16), 8, state=state)
-    with pytest.raises(meshrun.ConfigError, match="seed=0, this loader seed=1"):
-        data.Loader(data.tokens(token_file, "uint16", 16), 8, state=state, seed=1)
-
-
-def test_bad_inputs_name_the_file_and_the_problem(tmp_path, token_file):
-    with pytest.raises(meshrun.DataError, match=r"'.*missing\.bin' does not exist"):
-        data.tokens(tmp_path / "missing.bin", "uint16", 8)
-    odd = tmp_path / "odd.bin"
-    odd.write_bytes(b"\x00" * 1001)
-    with pytest.raises(meshrun.DataError, match=r"odd\.bin' is 1001 bytes, not a multiple of 2"):
-        data.tokens(odd, "uint16", 8)
-    with pytest.raises(meshrun.DataError, match="holds 20000 tokens, fewer than one window of seq_len \\+ 1 = 20001"):
-        data.tokens(token_file, "uint16", 20_000)
-    with pytest.raises(meshrun.ConfigError, match="unsupported dtype 'float32'"):
-        data.tokens(token_file, "float32", 8)
-    with pytest.raises(meshrun.ConfigError, match="global batch size 10 is not divisible by the 4 processes"):
-        data.Loader(data.tokens(token_file, "uint16", 8), 10, rank=0, num_processes=4)
-
-    table = pa.table({"tokens": pa.array([[1, 2, 3]] * 1000, type=pa.list_(pa.int32()))})
-    good = tmp_path / "good.parquet"
-    pq.write_table(table, good, row_group_size=100, compression="snappy")
-    with pytest.raises(meshrun.DataError, match=r"good\.parquet' has no column 'text'; its columns are: tokens"):
-        data.parquet(good, ["text"], seq_len=4)
-    raw = good.read_bytes()
-    cut = tmp_path / "cut.parquet"
-    cut.write_bytes(raw[: len(raw) // 2])
-    with pytest.raises(meshrun.DataError, match=r"Parquet file '.*cut\.parquet' cannot be read"):
-        data.parquet(cut, ["tokens"], seq_len=4)
-    # a damaged data page inside a row group: the footer still reads
-    meta = pq.ParquetFile(good).metadata
-    col = meta.row_group(3).column(0)
-    start = col.data_page_offset
-    damaged = bytearray(raw)
-    damaged[start + 10 : start + 40] = b"\xff" * 30
-    bad_group = tmp_path / "bad_group.parquet"
-    bad_group.write_bytes(bytes(damaged))
-    with pytest.raises(meshrun.DataError, match=r"bad_group\.parquet"):
-        data.parquet(bad_group, ["tokens"], seq_len=4)
 
 
 def test_ctrl_c_during_iteration_returns_promptly(tmp_path):

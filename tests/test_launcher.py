@@ -169,24 +169,6 @@ def test_killed_controller_takes_its_workers_along(runs):
     assert_none_left(run_dir, timeout=10)
 
 
-def test_name_in_use_by_a_running_run(runs):
-    proc = start(["-n", "1", str(SCRIPTS / "sleeper.py")], runs_dir=runs, name="busy")
-    run_dir = runs / "busy"
-    try:
-        wait_for(lambda: (run_dir / "ready-0").exists(), 90, "the first run to start")
-        before = sorted(p.name for p in run_dir.iterdir())
-        second = meshrun(["-n", "1", str(SCRIPTS / "hello.py")], runs_dir=runs, name="busy", check_left=False)
-        assert second.code == 2
-        assert "run name 'busy' is in use by a running run" in second.stderr
-        assert str(proc.pid) in second.stderr
-        assert sorted(p.name for p in run_dir.iterdir()) == before
-        assert proc.poll() is None
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=20)
-        stop(proc)
-    assert_none_left(run_dir)
-
 
 def test_workers_report_metrics_to_rank0_file(runs, tmp_path):
     script = tmp_path / "rep.py"

@@ -102,7 +102,7 @@ def soak(tmp_path: Path, kills: int, steps: int, seed: int) -> None:
 
 def test_sigkill_soak_short(tmp_path):
     seed = int(os.environ.get("MESHRUN_SOAK_SEED", str(random.randrange(1 << 30))))
-    soak(tmp_path, kills=int(os.environ.get("MESHRUN_SOAK_KILLS", "3")), steps=int(os.environ.get("MESHRUN_SOAK_STEPS", "40")), seed=seed)
+    soak(tmp_path, kills=int(os.environ.get("MESHRUN_SOAK_KILLS", "2")), steps=int(os.environ.get("MESHRUN_SOAK_STEPS", "30")), seed=seed)
 
 
 def test_hang_is_detected_with_stacks_and_restarted(tmp_path):

@@ -60,20 +60,6 @@ def test_first_matching_rule_wins_and_default_applies():
     assert sharding.spec_for("ln/scale", rules, default=P("data")) == P("data")
 
 
-def test_indivisible_dimension_names_parameter_shape_and_axis():
-    mesh = sharding.make_mesh(data=1, fsdp=4)
-    tree = {"layer": {"kernel": jax.ShapeDtypeStruct((6, 8), np.float32)}}
-    with pytest.raises(ConfigError, match=r"parameter 'layer/kernel' of shape \(6, 8\): dimension 0 \(size 6\) is not divisible by mesh axis fsdp of size 4"):
-        sharding.shardings_for(tree, [(r"kernel", P("fsdp", None))], mesh)
-
-
-def test_unknown_axis_and_too_long_spec_are_errors():
-    mesh = sharding.make_mesh(data=1, fsdp=4)
-    tree = {"b": jax.ShapeDtypeStruct((8,), np.float32)}
-    with pytest.raises(ConfigError, match="names mesh axis 'model'"):
-        sharding.shardings_for(tree, [("b", P("model"))], mesh)
-    with pytest.raises(ConfigError, match="has 1 dimension"):
-        sharding.shardings_for(tree, [("b", P("fsdp", None))], mesh)
 
 
 def test_optimizer_state_follows_its_parameter():

@@ -4,7 +4,6 @@ in real processes with real jax.distributed."""
 from __future__ import annotations
 
 import json
-import threading
 
 import pytest
 from conftest import assert_none_left
@@ -73,18 +72,6 @@ def test_failure_is_returned_as_result_error(tmp_path):
     assert result.failure["rank"] == 1
     assert_none_left(tmp_path / "runs" / "bad")
 
-
-def test_unpicklable_function_is_a_config_error(tmp_path):
-    lock = threading.Lock()
-
-    def uses_lock():
-        with lock:
-            pass
-
-    trainer = meshrun.Trainer(uses_lock, run_config=meshrun.RunConfig(storage_path=str(tmp_path / "runs")))
-    with pytest.raises(meshrun.ConfigError, match="cannot be pickled"):
-        trainer.fit()
-    assert not (tmp_path / "runs").exists()
 
 
 @pytest.mark.parametrize(

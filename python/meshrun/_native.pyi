@@ -31,6 +31,7 @@ def run(
     ray_address: str | None = None,
     ray_strategy: str = "PACK",
     control_host: str | None = None,
+    control_port: int | None = None,
 ) -> dict[str, object]: ...
 
 class WorkerClient:

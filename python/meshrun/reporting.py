@@ -111,6 +111,8 @@ def report(
 
     if not isinstance(metrics, Mapping):
         raise TypeError(f"meshrun.report expects a dict of metrics, got {type(metrics).__name__}")
+    if total_steps is not None and (isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 0):
+        raise TypeError(f"meshrun.report(total_steps=...) must be a non-negative integer, got {total_steps!r}")
     saving = False
     if checkpoint is not None:
         from meshrun import checkpoint as ckpt
@@ -129,8 +131,6 @@ def report(
         return
     if step is None and isinstance(metrics.get("step"), int):
         step = metrics["step"]
-    if total_steps is not None and (isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 0):
-        raise TypeError(f"meshrun.report(total_steps=...) must be a non-negative integer, got {total_steps!r}")
     record = _Record(step, dict(metrics), checkpoint is not None, saving, _goodput.due(saving), total_steps)
     with _lock:
         _queue.append(record)

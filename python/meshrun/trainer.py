@@ -26,7 +26,8 @@ class ScalingConfig:
     each host is a placement-group bundle with its workers' CPUs and GPUs
     on the Ray cluster at ``ray_address`` (``"auto"`` or the head's
     ``HOST:PORT``), placed with ``ray_strategy``; the controller listens
-    on ``control_host`` (default: every interface).
+    on ``control_host`` (default: every interface) at ``control_port``
+    (default: any free port).
     """
 
     num_workers: int = 1
@@ -39,6 +40,7 @@ class ScalingConfig:
     ray_address: str | None = None
     ray_strategy: str = "PACK"
     control_host: str | None = None
+    control_port: int | None = None
 
     def _platform(self) -> str:
         if self.platform is not None:
@@ -67,14 +69,16 @@ class CheckpointConfig:
     every_n_steps: int | None = None
 
     def _json(self) -> str | None:
+        # Checked even when nothing is pruned: a typo should not wait for
+        # the day retention is switched on.
+        if self.score_order not in ("max", "min"):
+            raise ConfigError(f"CheckpointConfig.score_order must be 'max' or 'min', got {self.score_order!r}")
         if self.num_to_keep is None and self.keep_every_n_steps is None:
             return None
         if self.num_to_keep is not None:
             _count("CheckpointConfig.num_to_keep", self.num_to_keep)
         if self.keep_every_n_steps is not None:
             _count("CheckpointConfig.keep_every_n_steps", self.keep_every_n_steps)
-        if self.score_order not in ("max", "min"):
-            raise ConfigError(f"CheckpointConfig.score_order must be 'max' or 'min', got {self.score_order!r}")
         return json.dumps(
             {
                 "num_to_keep": self.num_to_keep,
@@ -131,11 +135,13 @@ class Result:
     attempts: int = 1
 
 
-def _count(name: str, value: Any, minimum: int = 1) -> int:
+def _count(name: str, value: Any, minimum: int = 1, maximum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{name} must be an integer, got {value!r}")
     if value < minimum:
         raise ConfigError(f"{name} must be at least {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"{name} must be at most {maximum}, got {value}")
     return value
 
 
@@ -211,6 +217,7 @@ class Trainer:
             ray_address=s.ray_address if s.backend == "ray" else None,
             ray_strategy=s.ray_strategy,
             control_host=s.control_host,
+            control_port=None if s.control_port is None else _count("ScalingConfig.control_port", s.control_port, minimum=1, maximum=65535),
             progress=bool(self.run.progress),
             tensorboard=bool(self.run.tensorboard),
         )

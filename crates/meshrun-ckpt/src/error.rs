@@ -11,7 +11,7 @@ pub enum CkptError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("'{path}' is not a valid safetensors shard file: {message}")]
+    #[error("'{path}' is not a valid safetensors shard file: {message}; the file is damaged, restore another checkpoint (`meshrun ckpt ls` lists them)")]
     Format { path: PathBuf, message: String },
     #[error("dtype '{0}' cannot be checkpointed; supported: {1}")]
     Dtype(String, &'static str),
@@ -26,9 +26,14 @@ pub enum CkptError {
         start: usize,
         end: usize,
     },
+    #[error(
+        "shard file '{0}' is missing: the manifest lists it, so this checkpoint is incomplete; \
+         restore another one (`meshrun ckpt ls` lists them) or copy the file back"
+    )]
+    MissingShard(PathBuf),
     #[error("'{0}' has no manifest.json: it is not a committed checkpoint")]
     NotCommitted(PathBuf),
-    #[error("manifest '{path}' cannot be read: {message}")]
+    #[error("manifest '{path}' cannot be read: {message}; the checkpoint is damaged, restore another one (`meshrun ckpt ls` lists them)")]
     Manifest { path: PathBuf, message: String },
     #[error("checkpoint has no leaf '{0}'")]
     NoLeaf(String),

@@ -24,7 +24,17 @@ struct ShardFile {
 
 impl ShardFile {
     fn open(path: PathBuf) -> Result<Self, CkptError> {
-        let file = std::fs::File::open(&path).map_err(CkptError::io("cannot open", &path))?;
+        let file = std::fs::File::open(&path).map_err(|source| {
+            if source.kind() == std::io::ErrorKind::NotFound {
+                CkptError::MissingShard(path.clone())
+            } else {
+                CkptError::Io {
+                    what: "cannot open",
+                    path: path.clone(),
+                    source,
+                }
+            }
+        })?;
         // SAFETY: committed checkpoint files are never written again.
         #[allow(unsafe_code)]
         let mmap = unsafe { Mmap::map(&file) }.map_err(CkptError::io("cannot map", &path))?;

@@ -69,6 +69,17 @@ pub enum UsageError {
     EmptyRayAddress,
     #[error("cannot determine the working directory: {0}")]
     NoCwd(io::Error),
+    #[error("--control-port {port} on {host} is in use ({source}); choose a free port, or leave --control-port out and meshrun picks one")]
+    ControlPortInUse {
+        host: std::net::IpAddr,
+        port: u16,
+        source: io::Error,
+    },
+    #[error("the controller cannot listen on --control-host {host} ({source}); give an address of this machine, or 0.0.0.0 for all of them")]
+    ControlHostUnusable {
+        host: std::net::IpAddr,
+        source: io::Error,
+    },
 }
 
 /// A failure of the engine itself while a run is being set up or supervised.

@@ -97,6 +97,8 @@ pub struct RunSpec {
     /// The address the controller listens on (default: 127.0.0.1; with
     /// Ray, every interface, since the agents may live on other machines).
     pub control_host: Option<IpAddr>,
+    /// The port it listens on (default: any free port).
+    pub control_port: Option<u16>,
 }
 
 /// The Ray backend: where the cluster is and how to spread the agents.
@@ -145,6 +147,9 @@ pub struct RunPlan {
     pub failure: FailurePolicy,
     pub ray: Option<RayTarget>,
     pub control_host: IpAddr,
+    /// 0: any free port.
+    #[serde(default)]
+    pub control_port: u16,
 }
 
 impl RunPlan {
@@ -253,6 +258,13 @@ impl RunSpec {
             }
             None => default_run_name(),
         };
+        let control_host = self.control_host.unwrap_or(if self.ray.is_some() {
+            IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)
+        } else {
+            IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)
+        });
+        let control_port = self.control_port.unwrap_or(0);
+        check_control_address(control_host, control_port)?;
         let runs_dir = cwd.join(&self.runs_dir);
         check_runs_dir(&runs_dir)?;
         Ok(RunPlan {
@@ -277,11 +289,8 @@ impl RunSpec {
             checkpoint_every: self.checkpoint_every,
             tensorboard: self.tensorboard,
             failure: self.failure,
-            control_host: self.control_host.unwrap_or(if self.ray.is_some() {
-                IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)
-            } else {
-                IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)
-            }),
+            control_host,
+            control_port,
             ray: self.ray,
         })
     }
@@ -370,8 +379,22 @@ fn default_run_name() -> String {
     )
 }
 
-/// The runs directory must be (or become) a writable directory. Probed
-/// without leaving anything behind that was not there before.
+/// The controller must be able to listen where it was told to. Checked by
+/// binding once before anything is written (the attempt binds again, so a
+/// port taken in between still fails, later and with the same message).
+fn check_control_address(host: IpAddr, port: u16) -> Result<(), UsageError> {
+    match std::net::TcpListener::bind((host, port)) {
+        Ok(_) => Ok(()),
+        Err(source) if port != 0 && source.kind() == std::io::ErrorKind::AddrInUse => {
+            Err(UsageError::ControlPortInUse { host, port, source })
+        }
+        Err(source) => Err(UsageError::ControlHostUnusable { host, source }),
+    }
+}
+
+/// The runs directory must be (or become) a writable directory with room
+/// for a byte. Probed without leaving anything behind that was not there
+/// before.
 fn check_runs_dir(path: &Path) -> Result<(), UsageError> {
     let unusable = |reason: String| UsageError::RunsDirUnusable {
         path: path.to_path_buf(),
@@ -382,11 +405,17 @@ fn check_runs_dir(path: &Path) -> Result<(), UsageError> {
             return Err(unusable("it exists and is not a directory".into()));
         }
         let probe = path.join(format!(".meshrun-probe-{}", std::process::id()));
-        return match std::fs::File::create(&probe) {
-            Ok(_) => {
-                let _ = std::fs::remove_file(&probe);
-                Ok(())
-            }
+        let written = std::fs::File::create(&probe).and_then(|mut f| {
+            // An empty file needs no space: a full file system only shows
+            // on the first byte.
+            std::io::Write::write_all(&mut f, b"x")
+        });
+        let _ = std::fs::remove_file(&probe);
+        return match written {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::StorageFull => Err(unusable(format!(
+                "its file system is full ({e}); free some space or choose another --runs-dir"
+            ))),
             Err(e) => Err(unusable(format!("not writable ({e})"))),
         };
     }
@@ -443,6 +472,7 @@ mod tests {
             failure: FailurePolicy::default(),
             ray: None,
             control_host: None,
+            control_port: None,
         }
     }
 

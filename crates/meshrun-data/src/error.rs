@@ -34,7 +34,9 @@ pub enum DataError {
     TooShort { path: String, have: u64, need: u64 },
     #[error("seq_len must be at least 1, got {0}")]
     BadSeqLen(u64),
-    #[error("Parquet file '{path}' cannot be read: {message}")]
+    #[error(
+        "Parquet file '{path}' cannot be read: {message}; it is damaged or not a Parquet file"
+    )]
     Parquet { path: PathBuf, message: String },
     #[error("Parquet file '{path}' has no column '{column}'; its columns are: {available}")]
     MissingColumn {

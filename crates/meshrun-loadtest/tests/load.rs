@@ -66,6 +66,7 @@ fn controller_keeps_up_with_64_workers_at_1000_records_a_second() {
         failure: FailurePolicy::default(),
         ray: None,
         control_host: None,
+        control_port: None,
     }
     .validate()
     .expect("a valid plan");

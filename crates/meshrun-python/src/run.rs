@@ -39,7 +39,7 @@ fn tee(name: &str) -> PyResult<Tee> {
 }
 
 #[pyfunction]
-#[pyo3(signature = (*, nprocs, hosts, devices_per_proc, gpus_per_proc, platform_name, name, runs_dir, tee_name, python, agent_command, env, payload, retention_json=None, checkpoint_every=None, max_failures=0, hang_timeout_s=None, ray_address=None, ray_strategy="PACK", control_host=None, progress=true, tensorboard=false))]
+#[pyo3(signature = (*, nprocs, hosts, devices_per_proc, gpus_per_proc, platform_name, name, runs_dir, tee_name, python, agent_command, env, payload, retention_json=None, checkpoint_every=None, max_failures=0, hang_timeout_s=None, ray_address=None, ray_strategy="PACK", control_host=None, control_port=None, progress=true, tensorboard=false))]
 #[allow(clippy::too_many_arguments)]
 pub fn run<'py>(
     py: Python<'py>,
@@ -62,6 +62,7 @@ pub fn run<'py>(
     ray_address: Option<String>,
     ray_strategy: &str,
     control_host: Option<String>,
+    control_port: Option<u16>,
     progress: bool,
     tensorboard: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
@@ -103,6 +104,7 @@ pub fn run<'py>(
             strategy: ray_strategy.to_uppercase(),
         }),
         control_host,
+        control_port,
     };
     let plan = py
         .detach(|| spec.validate())

@@ -203,6 +203,11 @@ pub struct RunArgs {
     #[arg(long, value_name = "IP")]
     pub control_host: Option<IpAddr>,
 
+    /// The port the controller listens on (default: any free port), for
+    /// clusters whose firewall opens only known ports.
+    #[arg(long, value_name = "PORT")]
+    pub control_port: Option<u16>,
+
     /// Run PROGRAM as a module (like python -m) instead of a script path.
     #[arg(short = 'm', long = "module")]
     pub module: bool,

@@ -113,6 +113,7 @@ pub fn spec(args: RunArgs, launcher: &Launcher) -> RunSpec {
             strategy: args.ray_strategy.to_uppercase(),
         }),
         control_host: args.control_host,
+        control_port: args.control_port,
     }
 }
 

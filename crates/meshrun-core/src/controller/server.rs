@@ -169,9 +169,10 @@ fn spawn_sender(mut sink: FrameSink) -> mpsc::UnboundedSender<Message> {
 }
 
 /// Binds the control listener on `host` (loopback for the local backend;
-/// the Ray backend's agents may be on other machines) at a free port.
-pub async fn bind(host: std::net::IpAddr) -> std::io::Result<(TcpListener, SocketAddr)> {
-    let listener = TcpListener::bind(SocketAddr::new(host, 0)).await?;
+/// the Ray backend's agents may be on other machines) at `port`, or at a
+/// free port when it is 0.
+pub async fn bind(host: std::net::IpAddr, port: u16) -> std::io::Result<(TcpListener, SocketAddr)> {
+    let listener = TcpListener::bind(SocketAddr::new(host, port)).await?;
     let addr = listener.local_addr()?;
     Ok((listener, addr))
 }

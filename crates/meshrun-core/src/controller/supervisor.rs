@@ -333,7 +333,7 @@ async fn attempt(
 ) -> Result<AttemptEnd, CoreError> {
     let attempt = record.attempts.len() as u32 + 1;
     let started_unix = unix_time();
-    let (listener, addr) = bind(plan.control_host)
+    let (listener, addr) = bind(plan.control_host, plan.control_port)
         .await
         .map_err(|source| CoreError::Net {
             what: "cannot bind the control port",
@@ -393,6 +393,9 @@ async fn attempt(
     }
     agent_procs.finish().await;
     accept.abort();
+    // Waiting for the abort drops the listener now, so a fixed
+    // --control-port is free again for the next attempt.
+    let _ = accept.await;
     sup.tidy_stacks();
     if let Err(e) = result {
         return Err(errored(sup.rundir, plan, record, e));

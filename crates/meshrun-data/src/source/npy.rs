@@ -38,6 +38,10 @@ fn layout_as<T: ndarray_npy::ViewElement>(
     ))
 }
 
+/// The element types [`layout`] tries, as numpy names them.
+const BATCHABLE: &str =
+    "uint8, int8, uint16, int16, uint32, int32, uint64, int64, float32, float64, bool";
+
 fn layout(bytes: &[u8]) -> Result<Layout, ViewNpyError> {
     // The header names one element type; every other type's attempt fails
     // with WrongDescriptor before touching the data.
@@ -77,7 +81,12 @@ impl NpySource {
             path: path.to_path_buf(),
             message,
         };
-        let (dtype, offset, shape, c_order) = layout(&mmap).map_err(|e| bad(e.to_string()))?;
+        let (dtype, offset, shape, c_order) = layout(&mmap).map_err(|e| match e {
+            ViewNpyError::WrongDescriptor(descr) => bad(format!(
+                "its dtype {descr} cannot be batched; save it as one of: {BATCHABLE}"
+            )),
+            other => bad(other.to_string()),
+        })?;
         if !c_order {
             return Err(bad(
                 "it is stored in Fortran order; save it with np.ascontiguousarray".into(),
