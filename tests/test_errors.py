@@ -1,11 +1,14 @@
 """The bad-input catalogue: one test per row of docs/errors.md, named by the
 row's id. The expected message, exit status or exception come from the
 table itself, so the page and the behaviour cannot drift apart; each test
-also checks that nothing already written was lost or altered."""
+also checks that nothing already written was lost or altered. The rows of
+meshes and rules are tested in test_sharding.py: they start JAX in this
+process, and the Ray tests' forks must come before that."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -16,21 +19,14 @@ import threading
 import time
 from pathlib import Path
 
-import jax
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import MESHRUN, ROOT, SCRIPTS, assert_none_left, meshrun, start, stop, wait_for
 
-# The same device count as test_sharding: whichever module starts JAX first
-# in this process fixes it for all of them.
-jax.config.update("jax_num_cpu_devices", 4)
-
-import numpy as np  # noqa: E402
-import pyarrow as pa  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
-import pytest  # noqa: E402
-from conftest import MESHRUN, ROOT, SCRIPTS, meshrun, start, stop, wait_for  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
-
-import meshrun as mr  # noqa: E402
-from meshrun import checkpoint, data, sharding  # noqa: E402
+import meshrun as mr
+from meshrun import checkpoint, data
 
 HELLO = str(SCRIPTS / "hello.py")
 TABLE = ROOT / "docs" / "errors.md"
@@ -206,6 +202,28 @@ exit $status
     proc = subprocess.run(["unshare", "--map-root-user", "--mount", "sh", "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert proc.returncode not in (98, 99), f"the run started, or the runs directory changed: {proc.stderr}"
     exits("run-runs-dir-full", proc)
+
+
+@covers("run-runs-dir-fills-up")
+def test_runs_dir_that_fills_up_during_the_run(tmp_path):
+    full, kept = tmp_path / "full", tmp_path / "kept"
+    full.mkdir()
+    script = f"""mount -t tmpfs -o size=256k tmpfs {full} || exit 97
+{MESHRUN} run -q --runs-dir {full}/runs --name f {SCRIPTS / "fill_disk.py"}
+status=$?
+cp -r {full}/runs/f {kept}
+exit $status
+"""
+    proc = subprocess.run(["unshare", "--map-root-user", "--mount", "sh", "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    exits("run-runs-dir-fills-up", proc)
+    assert_none_left(kept)
+    # What was written before the disk filled up is whole: the record of
+    # the run, every event, every metric but a last line cut short.
+    assert json.loads((kept / "run.json").read_text())["name"] == "f"
+    assert not list(kept.glob(".*.tmp")), "a half-written copy was left behind"
+    assert [json.loads(line)["event"] for line in (kept / "events.jsonl").read_text().splitlines()][-1] == "run_ended"
+    metrics = (kept / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in metrics[:-1]] == list(range(len(metrics) - 1))
 
 
 @covers("run-name-in-use")
@@ -390,24 +408,6 @@ def test_report_arguments():
 def test_save_outside_a_run(monkeypatch):
     monkeypatch.delenv("MESHRUN_RUN_DIR", raising=False)
     raises("py-save-outside-a-run", lambda: mr.save(1, {"w": np.zeros(2)}))
-
-
-# ------------------------------------------------------ meshes and rules
-
-@covers("mesh-product-not-device-count", "mesh-two-unknown-axes", "mesh-axis-zero")
-def test_meshes_that_do_not_fit_the_devices():
-    raises("mesh-product-not-device-count", lambda: sharding.make_mesh(data=3))
-    raises("mesh-two-unknown-axes", lambda: sharding.make_mesh(data=-1, fsdp=-1))
-    raises("mesh-axis-zero", lambda: sharding.make_mesh(data=0))
-
-
-@covers("rule-dimension-not-divisible", "rule-unknown-axis", "rule-too-many-dimensions")
-def test_rules_that_do_not_fit_the_parameters():
-    mesh = sharding.make_mesh(data=1, fsdp=4)
-    tree = {"layer": {"kernel": jax.ShapeDtypeStruct((6, 8), np.float32), "bias": jax.ShapeDtypeStruct((8,), np.float32)}}
-    raises("rule-dimension-not-divisible", lambda: sharding.shardings_for(tree, [("kernel", P("fsdp", None))], mesh))
-    raises("rule-unknown-axis", lambda: sharding.shardings_for(tree, [("kernel", P("model"))], mesh))
-    raises("rule-too-many-dimensions", lambda: sharding.shardings_for(tree, [("bias", P("fsdp", None))], mesh))
 
 
 # ------------------------------------------------------------------- data

@@ -18,6 +18,7 @@ from flax import nnx  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from meshrun import ConfigError, sharding  # noqa: E402
+from test_errors import covers, raises  # noqa: E402
 
 
 def load_gpt():
@@ -118,3 +119,21 @@ def test_fsdp_memory_is_a_quarter_plus_replicated_leftovers():
     assert "blocks/0/attn/q/kernel" in text and "('fsdp', 'tensor')" in text
     assert "total per device" in text
     assert math.isclose(table.total_bytes, sum(x.nbytes for x in jax.tree.leaves(tree)))
+
+
+# Rows of docs/errors.md (see test_errors.py).
+
+@covers("mesh-product-not-device-count", "mesh-two-unknown-axes", "mesh-axis-zero")
+def test_meshes_that_do_not_fit_the_devices():
+    raises("mesh-product-not-device-count", lambda: sharding.make_mesh(data=3))
+    raises("mesh-two-unknown-axes", lambda: sharding.make_mesh(data=-1, fsdp=-1))
+    raises("mesh-axis-zero", lambda: sharding.make_mesh(data=0))
+
+
+@covers("rule-dimension-not-divisible", "rule-unknown-axis", "rule-too-many-dimensions")
+def test_rules_that_do_not_fit_the_parameters():
+    mesh = sharding.make_mesh(data=1, fsdp=4)
+    tree = {"layer": {"kernel": jax.ShapeDtypeStruct((6, 8), np.float32), "bias": jax.ShapeDtypeStruct((8,), np.float32)}}
+    raises("rule-dimension-not-divisible", lambda: sharding.shardings_for(tree, [("kernel", P("fsdp", None))], mesh))
+    raises("rule-unknown-axis", lambda: sharding.shardings_for(tree, [("kernel", P("model"))], mesh))
+    raises("rule-too-many-dimensions", lambda: sharding.shardings_for(tree, [("bias", P("fsdp", None))], mesh))

@@ -17,7 +17,7 @@ pub enum CkptError {
     Dtype(String, &'static str),
     #[error(
         "checksum mismatch in '{path}', tensor '{tensor}' (leaf '{leaf}'), bytes {start}..{end}: \
-         the file is corrupt"
+         the file is corrupt; restore another checkpoint (`meshrun ckpt ls` lists them)"
     )]
     Crc {
         path: PathBuf,
@@ -31,7 +31,7 @@ pub enum CkptError {
          restore another one (`meshrun ckpt ls` lists them) or copy the file back"
     )]
     MissingShard(PathBuf),
-    #[error("'{0}' has no manifest.json: it is not a committed checkpoint")]
+    #[error("'{0}' has no manifest.json: it is not a committed checkpoint; give a folder like runs/NAME/checkpoints/step-N")]
     NotCommitted(PathBuf),
     #[error("manifest '{path}' cannot be read: {message}; the checkpoint is damaged, restore another one (`meshrun ckpt ls` lists them)")]
     Manifest { path: PathBuf, message: String },

@@ -82,12 +82,23 @@ pub enum UsageError {
     },
 }
 
+/// What to do when the runs directory fills up during a run: the run
+/// stops, and everything committed so far is there to resume from.
+fn full_disk_hint(source: &io::Error) -> &'static str {
+    if source.kind() == io::ErrorKind::StorageFull {
+        "; the runs directory's file system is full: free some space, then run again with the \
+         same --name to resume from the newest checkpoint"
+    } else {
+        ""
+    }
+}
+
 /// A failure of the engine itself while a run is being set up or supervised.
 #[derive(Debug, thiserror::Error)]
 pub enum CoreError {
     #[error("{0}")]
     Usage(#[from] UsageError),
-    #[error("{what} '{path}': {source}")]
+    #[error("{what} '{path}': {source}{}", full_disk_hint(source))]
     Io {
         what: &'static str,
         path: PathBuf,

@@ -128,7 +128,11 @@ impl RunDir {
         let path = self.root.join(name);
         let tmp = self.root.join(format!(".{name}.tmp"));
         let text = serde_json::to_string_pretty(value).expect("json value serializes");
-        fs::write(&tmp, text + "\n").map_err(CoreError::io("cannot write", &tmp))?;
+        if let Err(e) = fs::write(&tmp, text + "\n") {
+            // A full disk leaves the old file as it was, and no half copy.
+            let _ = fs::remove_file(&tmp);
+            return Err(CoreError::io("cannot write", &tmp)(e));
+        }
         fs::rename(&tmp, &path).map_err(CoreError::io("cannot replace", &path))
     }
 

@@ -51,7 +51,9 @@ pub enum Event {
 }
 
 /// Accepts connections until the returned task is aborted at the end of
-/// the attempt. Each attempt listens on its own port, so nothing from an
+/// the attempt. Each attempt listens on its own port (or, with
+/// --control-port, binds the same one again once this loop and every
+/// connection it held are gone; workers never reconnect), so nothing from an
 /// earlier attempt's processes can reach a later one; and aborting drops
 /// every connection the loop accepted, so a worker the attempt could not
 /// stop (its agent died) sees its controller go and kills itself.
