@@ -116,8 +116,9 @@ def test_ctrl_c_during_iteration_returns_promptly(tmp_path):
     np.zeros(64 * 1024 * 1024, dtype=np.uint16).tofile(big)
     script = tmp_path / "iterate.py"
     script.write_text(textwrap.dedent(f"""
-        import sys, time
+        import faulthandler, signal, sys, time
         from meshrun import data
+        faulthandler.register(signal.SIGUSR1)
         loader = data.Loader(data.tokens({str(big)!r}, "uint16", 1024), 8192, threads=1, prefetch=1)
         print("ready", flush=True)
         try:
@@ -127,13 +128,21 @@ def test_ctrl_c_during_iteration_returns_promptly(tmp_path):
             print("interrupted", flush=True)
             sys.exit(0)
     """))
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "ready"
         time.sleep(1.0)
         t0 = time.monotonic()
         proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=10)
+        try:
+            out, _ = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            # Where it is stuck, for the failure message.
+            proc.send_signal(signal.SIGUSR1)
+            time.sleep(1.0)
+            proc.kill()
+            _, stacks = proc.communicate()
+            raise AssertionError(f"no exit 10 s after SIGINT; its threads:\n{stacks}") from None
         elapsed = time.monotonic() - t0
     finally:
         if proc.poll() is None:
