@@ -381,7 +381,7 @@ fn default_run_name() -> String {
 
 /// The controller must be able to listen where it was told to. Checked by
 /// binding once before anything is written (the attempt binds again, so a
-/// port taken in between still fails, later and with the same message).
+/// port taken in between still fails, later, as a run failure naming it).
 fn check_control_address(host: IpAddr, port: u16) -> Result<(), UsageError> {
     match std::net::TcpListener::bind((host, port)) {
         Ok(_) => Ok(()),
