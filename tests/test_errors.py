@@ -125,15 +125,6 @@ USAGE = {
 covers(*USAGE)
 
 
-@pytest.fixture
-def runs_with_a_run(tmp_path):
-    """A runs directory that already holds a finished run."""
-    runs = tmp_path / "runs"
-    done = meshrun(["-n", "1", "--tee", "none", HELLO], runs_dir=runs, name="earlier")
-    assert done.code == 0, done.stderr
-    return runs
-
-
 @pytest.fixture(scope="module")
 def earlier_run(tmp_path_factory):
     runs = tmp_path_factory.mktemp("errors") / "runs"
