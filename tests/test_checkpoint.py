@@ -70,7 +70,8 @@ def test_ckpt_cli_ls_inspect_verify_export(saved, tmp_path):
 
     step = saved / "ck" / "checkpoints" / "step-5"
     ls = ckpt_cli("ls", "ck", "--runs-dir", saved)
-    assert ls.returncode == 0 and f"5\t6\t855\t{step}" in ls.stdout
+    assert ls.returncode == 0 and ls.stdout.split("\n")[0].split() == ["STEP", "LEAVES", "BYTES", "PATH"]
+    assert ["5", "6", "855", str(step)] in [line.split() for line in ls.stdout.splitlines()], ls.stdout
     inspect = ckpt_cli("inspect", step)
     assert inspect.returncode == 0
     assert 'metrics: {"loss":1.5}' in inspect.stdout

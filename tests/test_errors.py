@@ -110,6 +110,8 @@ USAGE = {
     "run-module-name-bad": ["-m", "not a module"],
     "run-name-with-slash": ["--name", "a/b", HELLO],
     "run-name-dot-dot": ["--name", "..", HELLO],
+    "run-name-dot-dot-inside": ["--name", "x..", HELLO],
+    "run-name-leading-dash": ["--name=-x", HELLO],
     "run-checkpoint-every-zero": ["--checkpoint-every", "0", HELLO],
     "run-keep-checkpoints-zero": ["--keep-checkpoints", "0", HELLO],
     "run-keep-every-zero": ["--keep-every-n-steps", "0", HELLO],
@@ -245,7 +247,9 @@ def test_ray_address_that_does_not_answer(tmp_path):
 
 @covers("run-worker-fails")
 def test_a_failed_worker_keeps_its_logs_and_metrics(tmp_path):
-    done = meshrun(["-n", "2", "-q", str(SCRIPTS / "exit_code.py")], runs_dir=tmp_path / "runs", name="fails")
+    # A JAX program, as users' are: its exit is reported before JAX's
+    # shutdown barrier can hold it (minutes, then SIGABRT).
+    done = meshrun(["-n", "2", "-q", str(SCRIPTS / "jax_exit_code.py")], runs_dir=tmp_path / "runs", name="fails", timeout=60)
     exits("run-worker-fails", done)
     assert "rank 1 giving up" in done.log(1)
     assert (done.run_dir / "run.json").exists() and (done.run_dir / "events.jsonl").exists()
@@ -479,3 +483,31 @@ def test_every_row_has_a_test_and_every_test_a_row():
     assert len(CATALOGUE) >= 40
     assert sorted(set(CATALOGUE) - TESTED) == [], "rows without a test"
     assert sorted(TESTED - set(CATALOGUE)) == [], "tests of rows the page does not have"
+
+
+# ------------------------------------------------ resuming from a given step
+
+@covers("run-resume-from-missing-step", "run-resume-from-no-checkpoints", "py-resume-from-missing-step")
+def test_resume_from_a_step_that_is_not_there(saved, earlier_run):
+    runs = saved.parents[2]
+    before, before_two = snapshot(runs), snapshot(earlier_run)
+    exits("run-resume-from-missing-step", cli("run", "--runs-dir", runs, "--name", "ck", "--resume-from", "999", HELLO))
+    exits("run-resume-from-no-checkpoints", cli("run", "--runs-dir", earlier_run, "--name", "two", "--resume-from", "1", HELLO))
+    raises("py-resume-from-missing-step", lambda: mr.Trainer(lambda: None, run_config=mr.RunConfig(name="ck", storage_path=str(runs), resume_from=999)).fit())
+    assert snapshot(runs) == before and snapshot(earlier_run) == before_two, "a refused resume changed a run"
+
+
+@covers("run-resume-from-damaged")
+def test_resume_from_a_step_that_does_not_verify(saved, tmp_path):
+    runs = tmp_path / "runs"
+    shutil.copytree(saved.parents[1], runs / "ck")
+    flip_a_byte(runs / "ck" / "checkpoints" / "step-3" / "rank-0.safetensors")
+    before = snapshot(runs)
+    exits("run-resume-from-damaged", cli("run", "--runs-dir", runs, "--name", "ck", "--resume-from", "3", HELLO))
+    assert snapshot(runs) == before, "the refused run changed the run or its checkpoint"
+
+
+@covers("py-resume-from-negative")
+def test_resume_from_a_negative_step(tmp_path):
+    raises("py-resume-from-negative", lambda: fit(tmp_path, run={"resume_from": -1}))
+    assert not (tmp_path / "runs").exists()

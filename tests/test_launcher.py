@@ -25,6 +25,9 @@ def test_unmodified_initialize_joins_the_run(runs):
     assert "joined 0 of 2" in done.stdout
     assert "joined 1 of 2" not in done.stdout
     assert "joined 1 of 2" in done.log(1)
+    # Gloo's connection lines stay in the logs, out of the terminal (no -v)
+    assert "[Gloo]" in done.log(0)
+    assert "[Gloo]" not in done.stdout + done.stderr
 
 
 def test_env_contract_with_two_hosts(runs):

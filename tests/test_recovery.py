@@ -147,8 +147,14 @@ def test_preemption_checkpoints_then_the_same_name_resumes(tmp_path):
     preempting = events(run_dir, "preempting")
     assert len(preempting) == 1 and committed
     assert all(e["time"] > preempting[0]["time"] for e in events(run_dir, "checkpoint_committed"))
-    step = max(committed)
+    # One commit ends it: no rank trains or saves past that step, and the
+    # group is gone at once.
+    assert len(committed) == 1, committed
+    step = committed[0]
     assert 3 <= step < 60
+    assert max((r["step"] or 0) for r in read_jsonl(run_dir / "metrics.jsonl")) == step
+    stopping = events(run_dir, "stopping")[0]["time"]
+    assert all(e["time"] - stopping < 0.5 for e in events(run_dir, "worker_exited"))
     assert f"preempted: every worker saved checkpoint step-{step}" in err
     assert json.loads((run_dir / "run.json").read_text())["state"] == "preempted"
 

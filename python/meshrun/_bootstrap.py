@@ -47,14 +47,19 @@ def main(argv: list[str]) -> None:
 
     _runtime.start()
     if _cluster.register():
+        _cluster.make_initialize_agree()
         _goodput.watch_jax()
     _goodput.user_code_starts()
     try:
         _run(kind, target, args)
-    except SystemExit:
-        # An explicit exit, whatever its code, is the program's own decision;
-        # the exit status tells the controller the rest.
-        _runtime.finish()
+    except SystemExit as exc:
+        code = _runtime.exit_code(exc)
+        if code == 0:
+            _runtime.finish()
+        else:
+            # A failure like an exception, told before the exit, which JAX's
+            # shutdown barrier can hold for minutes.
+            _runtime.report_exit(exc, code)
         raise
     except BaseException as exc:
         exc = _runtime.user_frames(exc)

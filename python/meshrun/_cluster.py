@@ -8,9 +8,13 @@ also be visible, because meshrun is what placed this process.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import socket
+import sys
 import time
+from typing import Any
 
 
 def wait_for_coordinator(address: str, timeout: float = 300.0) -> None:
@@ -78,6 +82,117 @@ def register() -> bool:
     types.insert(0, MeshrunCluster)
     _cache_from_every_process()
     return True
+
+
+def _contradictions(given: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(argument, value given, value meshrun uses) for every explicit
+    argument to ``initialize`` that contradicts where meshrun placed this
+    process."""
+    run = {
+        "coordinator_address": os.environ["JAX_COORDINATOR_ADDRESS"],
+        "num_processes": int(os.environ["MESHRUN_WORLD_SIZE"]),
+        "process_id": int(os.environ["MESHRUN_RANK"]),
+    }
+    found = [(name, given[name], ours) for name, ours in run.items() if given.get(name) is not None and given[name] != ours]
+    ids = given.get("local_device_ids")
+    gpus = os.environ.get("MESHRUN_GPUS")
+    if ids is not None and gpus:
+        # Ids count from 0 within the GPUs meshrun made visible; on CPU JAX
+        # ignores them, so they contradict nothing there.
+        wanted = [ids] if isinstance(ids, int) else list(ids)
+        count = len(gpus.split(","))
+        if len(set(wanted)) != len(wanted) or any(not 0 <= i < count for i in wanted):
+            found.append(("local_device_ids", ids, None))
+    return found
+
+
+def make_initialize_agree() -> None:
+    """Replaces explicit arguments to ``jax.distributed.initialize`` that
+    contradict the run with meshrun's, saying so on stderr.
+
+    JAX's own multi-process example passes the coordinator, the process
+    count and id from its command line; started by meshrun, every rank
+    would pass the same ones and the run would hang without a word. With
+    this the script runs unchanged as one program."""
+    import jax
+
+    original = jax.distributed.initialize
+    if getattr(original, "_meshrun_agrees", False):
+        return
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def initialize(*args: Any, **kwargs: Any) -> Any:
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError:
+            return original(*args, **kwargs)  # JAX says what is wrong
+        found = _contradictions(bound.arguments)
+        if found:
+            for name, _, ours in found:
+                bound.arguments[name] = ours
+            changes = ", ".join(
+                f"{name} {given!r} -> {'all of its GPUs' if ours is None else repr(ours)}" for name, given, ours in found
+            )
+            sys.stderr.write(
+                f"meshrun: warning: jax.distributed.initialize() was given arguments that contradict where "
+                f"meshrun placed this process; using meshrun's: {changes}\n"
+            )
+            sys.stderr.flush()
+        if bound.arguments.get("process_id") is not None:
+            # JAX will not ask meshrun's ClusterEnv, whose hook waits for
+            # the coordinator, so wait here.
+            wait_for_coordinator(bound.arguments.get("coordinator_address") or os.environ["JAX_COORDINATOR_ADDRESS"])
+        return original(*bound.args, **bound.kwargs)
+
+    initialize._meshrun_agrees = True  # type: ignore[attr-defined]
+    jax.distributed.initialize = initialize
+
+
+_join_checked = False
+
+
+def warn_if_not_joined() -> None:
+    """Warns once, from rank 0, when a run of several processes uses JAX
+    without ``jax.distributed``: each process is then a program of its own,
+    which a user who forgot ``initialize()`` would otherwise never learn.
+
+    Called at every report until it can tell, and at the end. "Uses JAX"
+    means its backend is up: meshrun's worker code imports JAX itself, and
+    a program may report before it joins, but never computes before it.
+    ``MESHRUN_INDEPENDENT=1`` says independent programs are intended."""
+    global _join_checked
+    if _join_checked:
+        return
+    if (
+        os.environ.get("MESHRUN_RANK") != "0"
+        or int(os.environ.get("MESHRUN_WORLD_SIZE", "1")) < 2
+        or os.environ.get("MESHRUN_INDEPENDENT") == "1"
+    ):
+        _join_checked = True
+        return
+    if "jax" not in sys.modules:
+        return
+    try:
+        import jax
+        from jax._src import xla_bridge
+
+        joined = jax.distributed.is_initialized()
+        used = xla_bridge.backends_are_initialized()
+    except Exception:  # another JAX's internals; this runs on failure paths too: never raise
+        _join_checked = True
+        return
+    if joined or not used:
+        _join_checked = joined
+        return
+    _join_checked = True
+    n = os.environ["MESHRUN_WORLD_SIZE"]
+    sys.stderr.write(
+        f"meshrun: warning: rank 0 of {n} never called jax.distributed.initialize() before using JAX, so the {n} "
+        f"processes run as {n} independent programs, not one; call it (or meshrun.init()) first, or set "
+        "MESHRUN_INDEPENDENT=1 if that is intended\n"
+    )
+    sys.stderr.flush()
 
 
 def _cache_from_every_process() -> None:

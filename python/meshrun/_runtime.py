@@ -2,9 +2,9 @@
 
 Started by :mod:`meshrun._bootstrap` before the user's program, it holds the
 native client (whose Rust threads send heartbeats and reports without the
-GIL) and reports an uncaught exception before the process tries to exit,
-since a JAX worker that raised may otherwise wait minutes in a shutdown
-barrier before anyone learns of it.
+GIL) and reports an uncaught exception, or a ``sys.exit`` with a non-zero
+code, before the process tries to exit, since a JAX worker that ends early
+may otherwise wait minutes in a shutdown barrier before anyone learns of it.
 """
 
 from __future__ import annotations
@@ -55,13 +55,44 @@ def start() -> None:
 
 def report_failure(exc: BaseException) -> None:
     """Sends the exception and its traceback; waits until it is sent."""
-    from meshrun import reporting
+    from meshrun import _cluster, reporting
 
+    _cluster.warn_if_not_joined()
     reporting.drain(wait=False)
     if _client is None:
         return
     text = "".join(traceback.format_exception(exc))
     _client.report_failure(type(exc).__qualname__, str(exc), text)
+
+
+def exit_code(exc: SystemExit) -> int:
+    """The status ``sys.exit(arg)`` asks for, as Python decides it: ``None``
+    is 0, an integer is itself, anything else (a message) is 1."""
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        # Beyond what the protocol carries: still a non-zero request.
+        return code if -(2**31) <= code < 2**31 else 1
+    return 1
+
+
+def report_exit(exc: SystemExit, code: int) -> None:
+    """Sends a non-zero ``sys.exit`` with where it was called; waits until it
+    is sent. The controller then stops the group at once: a JAX process that
+    exits waits in JAX's shutdown barrier for the others, minutes if they
+    keep working, and its status would come too late and be a SIGABRT."""
+    from meshrun import _cluster, reporting
+
+    _cluster.warn_if_not_joined()
+    reporting.drain(wait=False)
+    if _client is None:
+        return
+    text = "".join(traceback.format_exception(user_frames(exc)))
+    argument = repr(exc.code)
+    if len(argument) > 200:
+        argument = argument[:197] + "..."
+    _client.report_exit(code, argument, text)
 
 
 def user_frames(exc: BaseException) -> BaseException:
@@ -81,8 +112,9 @@ def _is_meshrun_frame(filename: str) -> bool:
 
 def finish() -> None:
     """The program ended normally: send what is queued, then say goodbye."""
-    from meshrun import reporting
+    from meshrun import _cluster, reporting
 
+    _cluster.warn_if_not_joined()
     reporting.drain(wait=True)
     from meshrun import checkpoint
 

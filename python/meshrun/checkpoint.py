@@ -151,21 +151,24 @@ def save(step: int, state: Any, *, metrics: dict[str, Any] | None = None, extra:
 
 
 def get_checkpoint() -> Checkpoint | None:
-    """The newest committed checkpoint of this run, or None."""
+    """The checkpoint to resume from, or None: the one the controller chose
+    for this attempt (the newest that verifies, or ``--resume-from``), or a
+    newer one this attempt has committed since. A newer checkpoint that the
+    controller skipped as damaged is never given out."""
     root = _root()
-    best = None
-    for entry in root.glob("step-*") if root.exists() else []:
-        if (entry / "manifest.json").exists():
-            step = int(entry.name.removeprefix("step-"))
-            if best is None or step > best.step:
-                best = Checkpoint(str(entry), step)
-    return best
+    chosen = os.environ.get("MESHRUN_RESUME_STEP")
+    if chosen is None:  # not started by a controller: the newest committed
+        found = _native.resume_checkpoint(str(root))
+    else:
+        step = None if chosen == "none" else int(chosen)
+        found = _native.resume_checkpoint(str(root), get_context().attempt, step)
+    return None if found is None else Checkpoint(*found)
 
 
 @_goodput.counts_as("restore")
 def restore(target: Any, checkpoint: Checkpoint | str | os.PathLike | None = None) -> Any:
     """``target``'s tree with every leaf read from the checkpoint (default:
-    the newest), placed by the target leaf's sharding."""
+    :func:`get_checkpoint`'s), placed by the target leaf's sharding."""
     import jax
 
     if checkpoint is None:

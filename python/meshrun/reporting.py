@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from meshrun import _goodput
+from meshrun import _cluster, _goodput
 
 class _Record(NamedTuple):
     step: int | None
@@ -113,7 +113,7 @@ def report(
         raise TypeError(f"meshrun.report expects a dict of metrics, got {type(metrics).__name__}")
     if total_steps is not None and (isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 0):
         raise TypeError(f"meshrun.report(total_steps=...) must be a non-negative integer, got {total_steps!r}")
-    saving = False
+    saving = preempting = False
     if checkpoint is not None:
         from meshrun import checkpoint as ckpt
 
@@ -121,6 +121,10 @@ def report(
         if not isinstance(at, int):
             raise TypeError("meshrun.report(checkpoint=...) needs the step: pass step= or a metrics['step'] integer")
         if _checkpoint_due(at):
+            client = _runtime.client()
+            preempting = client is not None and client.checkpoint_requested()
+            if preempting:
+                client.preempt_save(at)
             plain = json.loads(json.dumps(dict(metrics), default=_to_json))
             ckpt.save(at, checkpoint, metrics=plain, extra=extra)
             saving = True
@@ -129,12 +133,36 @@ def report(
             _warned = True
             warnings.warn("meshrun.report: not running under meshrun; metrics are not recorded", RuntimeWarning, stacklevel=2)
         return
+    # A cheap flag once it has decided; the first report is where a user
+    # who forgot jax.distributed.initialize() can first be told.
+    _cluster.warn_if_not_joined()
     if step is None and isinstance(metrics.get("step"), int):
         step = metrics["step"]
     record = _Record(step, dict(metrics), checkpoint is not None, saving, _goodput.due(saving), total_steps)
     with _lock:
         _queue.append(record)
     _send_ready(wait=False)
+    if preempting:
+        _wait_for_the_stop(at)
+
+
+# After a preemption save a worker waits for the stop (the controller
+# commits the step and ends the group at once) or for word that the step
+# cannot commit; a controller that says neither for this long is stuck,
+# and the program goes on.
+_PREEMPT_WAIT_S = 120.0
+
+
+def _wait_for_the_stop(step: int) -> None:
+    """No rank trains past the checkpoint that ends a preempted run."""
+    from meshrun import _runtime
+    from meshrun import checkpoint as ckpt
+
+    _send_ready(wait=True)
+    ckpt.wait()
+    client = _runtime.client()
+    if client is not None:
+        client.wait_resumed(step, _PREEMPT_WAIT_S)
 
 
 def drain(wait: bool) -> None:

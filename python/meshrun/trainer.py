@@ -120,6 +120,9 @@ class RunConfig:
     progress: bool = True
     #: Rank 0's metrics as TensorBoard event files in ``<run>/tensorboard``.
     tensorboard: bool = False
+    #: Resume run ``name`` from its checkpoint of this step instead of the
+    #: newest that verifies; the newer ones are set aside (``--resume-from``).
+    resume_from: int | None = None
 
 
 @dataclass
@@ -143,6 +146,39 @@ def _count(name: str, value: Any, minimum: int = 1, maximum: int | None = None) 
     if maximum is not None and value > maximum:
         raise ConfigError(f"{name} must be at most {maximum}, got {value}")
     return value
+
+
+def _dumps_keeping_file_names(obj: Any) -> bytes:
+    """``cloudpickle.dumps``, except that functions pickled by value keep
+    the name of the file they were written in.
+
+    cloudpickle renames every such function's file to ``<dynamic-code>`` (so
+    that a notebook cell pickles the same wherever it runs), and a failing
+    worker's traceback then named no file at all. The line numbers travel
+    anyway; with the name, the worker's traceback shows the user's file,
+    line and source. Should cloudpickle's internals change shape, this
+    falls back to its plain output."""
+    import io
+    import types
+    from collections import ChainMap
+
+    import cloudpickle
+
+    reduce_code = getattr(cloudpickle.cloudpickle, "_code_reduce", None)
+    table = getattr(cloudpickle.Pickler, "dispatch_table", None)
+    if reduce_code is None or table is None:
+        return cloudpickle.dumps(obj)
+
+    def code_with_its_file(code: types.CodeType) -> Any:
+        rebuild, args = reduce_code(code)
+        return rebuild, tuple(code.co_filename if isinstance(a, str) and a == "<dynamic-code>" else a for a in args)
+
+    class Pickler(cloudpickle.Pickler):
+        dispatch_table = ChainMap({types.CodeType: code_with_its_file}, table)
+
+    out = io.BytesIO()
+    Pickler(out, protocol=cloudpickle.DEFAULT_PROTOCOL).dump(obj)
+    return out.getvalue()
 
 
 class Trainer:
@@ -172,10 +208,8 @@ class Trainer:
         self.datasets = datasets
 
     def _payload(self) -> bytes:
-        import cloudpickle
-
         try:
-            return cloudpickle.dumps((self.train_fn, self.config))
+            return _dumps_keeping_file_names((self.train_fn, self.config))
         except Exception as exc:
             raise ConfigError(
                 f"train_loop_per_worker or train_loop_config cannot be pickled ({type(exc).__name__}: {exc}); "
@@ -220,6 +254,7 @@ class Trainer:
             control_port=None if s.control_port is None else _count("ScalingConfig.control_port", s.control_port, minimum=1, maximum=65535),
             progress=bool(self.run.progress),
             tensorboard=bool(self.run.tensorboard),
+            resume_from=None if self.run.resume_from is None else _count("RunConfig.resume_from", self.run.resume_from, minimum=0),
         )
         # Workers import what this process can import.
         paths = [p for p in sys.path if p and os.path.isdir(p)]

@@ -63,6 +63,24 @@ pub fn committed(root: &Path) -> Vec<(u64, PathBuf)> {
     out
 }
 
+/// Renames the committed `step-<step>` to `<label>-step-<step>` (with a
+/// `.2`, `.3`, ... suffix if that name is taken), out of the run's line of
+/// checkpoints but with every file as it was: nothing is read from it, and
+/// retention never deletes it. Returns the new path.
+pub fn set_aside(root: &Path, step: u64, label: &str) -> Result<PathBuf, CkptError> {
+    let from = step_dir(root, step);
+    let base = format!("{label}-step-{step}");
+    let mut to = root.join(&base);
+    let mut n = 1;
+    while to.exists() {
+        n += 1;
+        to = root.join(format!("{base}.{n}"));
+    }
+    fs::rename(&from, &to).map_err(CkptError::io("cannot set aside", &from))?;
+    sync_dir(root)?;
+    Ok(to)
+}
+
 /// Removes every uncommitted `tmp-*` folder (left by a crash).
 pub fn clean_uncommitted(root: &Path) -> Result<Vec<PathBuf>, CkptError> {
     let mut removed = Vec::new();

@@ -7,13 +7,16 @@
 //! a manifest is never read. Restore asks for any region of any leaf
 //! ([`read::Reader`]) and gets it assembled from whichever stored shards
 //! overlap it, reading (and checking) only the chunks it needs, so a
-//! checkpoint restores onto another process count or mesh.
+//! checkpoint restores onto another process count or mesh. Before each
+//! attempt the controller picks the checkpoint to resume from: the newest
+//! that verifies, or the step asked for ([`resume`]).
 
 pub mod boxes;
 pub mod commit;
 pub mod error;
 pub mod manifest;
 pub mod read;
+pub mod resume;
 pub mod retention;
 pub mod shard;
 

@@ -36,6 +36,11 @@ pub struct Manifest {
     /// Everything else the run saves with the step (tree structure,
     /// metrics, loader state, RNG), as the Python layer gives it.
     pub extra: serde_json::Value,
+    /// The attempt whose workers saved it: a worker tells the checkpoints
+    /// its own attempt committed from older ones that the controller
+    /// skipped (see [`crate::resume`]). Absent in manifests written before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
 }
 
 impl Manifest {

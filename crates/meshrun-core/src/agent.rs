@@ -1,11 +1,15 @@
 //! The agent: one per host. It dials the controller, proves the run token,
 //! starts the workers it is told to start, forwards their output and exits,
 //! and stops them on command. If the controller goes away, the agent kills
-//! its workers and exits: a worker never outlives its run.
+//! its workers and exits: a worker never outlives its run, and nothing a
+//! worker started outlives the worker (see `leftovers`).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
+use std::os::fd::AsRawFd;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
@@ -13,8 +17,10 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::net::TcpSocket;
 use tokio::sync::mpsc;
 
+use crate::cgroup::{self, WorkerCgroup};
 use crate::error::CoreError;
 use crate::gpu::Inventory;
+use crate::leftovers::{Contained, Containment};
 use crate::process::{exit_info, signal_group, signal_process};
 use crate::protocol::{auth, Connection, Message, Stream, WorkerLaunch};
 use crate::token::Token;
@@ -40,8 +46,15 @@ pub struct AgentConfig {
     pub host_ip: IpAddr,
 }
 
-/// The runtime an agent process runs on: one thread is plenty.
+/// Set by [`runtime`]: this process is an agent and nothing else, so it
+/// may become the subreaper of its workers' descendants.
+static OWN_PROCESS: AtomicBool = AtomicBool::new(false);
+
+/// The runtime an agent process (`meshrun agent`) runs on: one thread is
+/// plenty. Only such a process calls it, so it also marks the process as
+/// an agent's own (an agent inside the controller's process never is).
 pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    OWN_PROCESS.store(true, Ordering::Relaxed);
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -81,20 +94,21 @@ pub async fn run(cfg: AgentConfig) -> Result<(), CoreError> {
 
     let (mut sink, mut from_controller) = conn.split();
     let (events_tx, mut events) = mpsc::unbounded_channel::<Message>();
-    // rank -> pid of every worker that has not been reported as exited.
-    let mut live: HashMap<u32, u32> = HashMap::new();
+    let containment = Arc::new(Containment::detect(OWN_PROCESS.load(Ordering::Relaxed)));
+    // rank -> every worker that has not been reported as exited.
+    let mut live: HashMap<u32, Contained> = HashMap::new();
     loop {
         tokio::select! {
             msg = from_controller.recv() => match msg {
                 Ok(Message::Launch { workers, .. }) => {
                     for w in workers {
-                        if let Some(pid) = spawn_worker(&w, &events_tx) {
-                            live.insert(w.rank, pid);
+                        if let Some(worker) = spawn_worker(&w, &events_tx, &containment) {
+                            live.insert(w.rank, worker);
                         }
                     }
                 }
                 Ok(Message::Stop { grace_ms, dump_stacks }) => {
-                    stop(live.values().copied().collect(), Duration::from_millis(grace_ms), dump_stacks);
+                    stop(live.values().map(|w| w.pid).collect(), Duration::from_millis(grace_ms), dump_stacks);
                 }
                 Ok(Message::Shutdown) => break,
                 Ok(_) => {}
@@ -113,9 +127,8 @@ pub async fn run(cfg: AgentConfig) -> Result<(), CoreError> {
             }
         }
     }
-    for pid in live.values() {
-        signal_group(*pid, Signal::SIGKILL);
-    }
+    let live: Vec<Contained> = live.into_values().collect();
+    containment.end_all(&live).await;
     Ok(())
 }
 
@@ -141,9 +154,14 @@ fn stop(pids: Vec<u32>, grace: Duration, dump_stacks: bool) {
     });
 }
 
-/// Starts one worker as the leader of its own process group and returns
-/// its pid; a worker that cannot start is reported, not fatal to the agent.
-fn spawn_worker(w: &WorkerLaunch, events: &mpsc::UnboundedSender<Message>) -> Option<u32> {
+/// Starts one worker as the leader of its own process group, in a cgroup
+/// of its own where there are cgroups, and returns it; a worker that
+/// cannot start is reported, not fatal to the agent.
+fn spawn_worker(
+    w: &WorkerLaunch,
+    events: &mpsc::UnboundedSender<Message>,
+    containment: &Arc<Containment>,
+) -> Option<Contained> {
     let Some((program, args)) = w.argv.split_first() else {
         let _ = events.send(Message::SpawnFailed {
             rank: w.rank,
@@ -151,15 +169,33 @@ fn spawn_worker(w: &WorkerLaunch, events: &mpsc::UnboundedSender<Message>) -> Op
         });
         return None;
     };
-    let mut cmd = tokio::process::Command::new(program);
-    cmd.args(args)
-        .envs(w.env.iter().map(|(k, v)| (k, v)))
-        .current_dir(&w.cwd)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
-    let mut child = match cmd.spawn() {
+    let command = || {
+        let mut cmd = tokio::process::Command::new(program);
+        cmd.args(args)
+            .envs(w.env.iter().map(|(k, v)| (k, v)))
+            .current_dir(&w.cwd)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0);
+        cmd
+    };
+    let mut cgroup = containment.cgroup_for(w.rank);
+    let spawned = match cgroup.as_ref().map(|cg| spawn_in(command(), cg)) {
+        None => command().spawn(),
+        Some(Ok(child)) => Ok(child),
+        // Joining may have failed, or the program may be missing: once
+        // more without the cgroup tells which.
+        Some(Err(first)) => {
+            if let Some(cg) = cgroup.take() {
+                cg.try_remove();
+            }
+            command().spawn().inspect(|_| {
+                tracing::warn!(rank = w.rank, "worker not put in its cgroup: {first}");
+            })
+        }
+    };
+    let mut child = match spawned {
         Ok(child) => child,
         Err(e) => {
             let _ = events.send(Message::SpawnFailed {
@@ -170,8 +206,15 @@ fn spawn_worker(w: &WorkerLaunch, events: &mpsc::UnboundedSender<Message>) -> Op
         }
     };
     let pid = child.id().unwrap_or_default();
+    containment.started(pid, w.rank);
     let _ = events.send(Message::WorkerStarted { rank: w.rank, pid });
     let rank = w.rank;
+    let worker = Contained {
+        pid,
+        cgroup: cgroup.map(Arc::new),
+    };
+    let contained = worker.clone();
+    let containment = Arc::clone(containment);
     let events = events.clone();
     let out = child
         .stdout
@@ -189,12 +232,42 @@ fn spawn_worker(w: &WorkerLaunch, events: &mpsc::UnboundedSender<Message>) -> Op
                 signal: None,
             },
         };
+        containment.reaped(pid);
+        // Before draining: a leftover holding the output pipe would
+        // otherwise keep it open for the whole grace.
+        let ended = containment.end(&contained).await;
+        if !ended.pids.is_empty() {
+            let _ = events.send(Message::LeftoversEnded {
+                rank,
+                pids: ended.pids,
+                how: ended.how.to_string(),
+            });
+        }
         for task in [out, err].into_iter().flatten() {
             let _ = tokio::time::timeout(DRAIN_GRACE, task).await;
         }
         let _ = events.send(Message::WorkerExited { rank, exit });
     });
-    Some(pid)
+    Some(worker)
+}
+
+/// Spawns `cmd` so that the child joins `cgroup` before it execs: nothing
+/// the worker forks can start outside it.
+fn spawn_in(
+    mut cmd: tokio::process::Command,
+    cgroup: &WorkerCgroup,
+) -> std::io::Result<tokio::process::Child> {
+    let procs = cgroup.opener()?;
+    let fd = procs.as_raw_fd();
+    #[allow(unsafe_code)]
+    // SAFETY: the closure runs between fork and exec and only makes one
+    // write(2) on `fd`, which stays open until `spawn` has returned.
+    unsafe {
+        cmd.pre_exec(move || cgroup::join(fd));
+    }
+    let child = cmd.spawn();
+    drop(procs);
+    child
 }
 
 fn forward_lines(
@@ -206,22 +279,54 @@ fn forward_lines(
     tokio::spawn(async move {
         let mut reader = BufReader::new(reader);
         let mut buf = Vec::new();
+        // The bytes of a character cut at the end of a piece, for the next.
+        let mut carry = Vec::new();
+        // A piece with `more` was sent: the line must still be ended.
+        let mut open = false;
         loop {
             buf.clear();
-            match read_line_capped(&mut reader, &mut buf, MAX_LINE_BYTES).await {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {
-                    while buf.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
-                        buf.pop();
-                    }
-                    let line = String::from_utf8_lossy(&buf).into_owned();
-                    if events.send(Message::Log { rank, stream, line }).is_err() {
-                        break;
-                    }
-                }
+            buf.append(&mut carry);
+            let n = read_line_capped(&mut reader, &mut buf, MAX_LINE_BYTES)
+                .await
+                .unwrap_or(0);
+            let eof = n == 0;
+            if eof && buf.is_empty() && !open {
+                break;
             }
+            let ended = eof || buf.last() == Some(&b'\n');
+            if ended {
+                while buf.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+                    buf.pop();
+                }
+            } else {
+                carry = split_cut_char(&mut buf);
+            }
+            let line = String::from_utf8_lossy(&buf).into_owned();
+            let more = !ended;
+            if events
+                .send(Message::Log {
+                    rank,
+                    stream,
+                    line,
+                    more,
+                })
+                .is_err()
+                || eof
+            {
+                break;
+            }
+            open = more;
         }
     })
+}
+
+/// Splits off a UTF-8 character that a piece's end cut in two, so each
+/// piece decodes whole.
+fn split_cut_char(buf: &mut Vec<u8>) -> Vec<u8> {
+    match std::str::from_utf8(buf) {
+        Err(e) if e.error_len().is_none() => buf.split_off(e.valid_up_to()),
+        _ => Vec::new(),
+    }
 }
 
 /// Reads up to and including a newline, or `cap` bytes, whichever is first,
@@ -267,6 +372,16 @@ mod tests {
         assert_eq!(read_line_capped(&mut reader, &mut buf, 4).await.unwrap(), 4);
         buf.clear();
         assert_eq!(read_line_capped(&mut reader, &mut buf, 4).await.unwrap(), 2);
+    }
+
+    #[test]
+    fn a_character_cut_by_a_piece_goes_to_the_next() {
+        let mut buf = "ab\u{e9}".as_bytes().to_vec();
+        buf.pop();
+        assert_eq!(split_cut_char(&mut buf), vec![0xc3]);
+        assert_eq!(buf, b"ab");
+        let mut whole = b"abc".to_vec();
+        assert!(split_cut_char(&mut whole).is_empty());
     }
 
     #[tokio::test]

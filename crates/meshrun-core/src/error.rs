@@ -43,13 +43,13 @@ pub enum UsageError {
     #[error("module name '{0}' is not a dotted Python module name (like 'pkg.train')")]
     BadModule(String),
     #[error(
-        "run name '{0}' is not accepted: use letters, digits, '.', '_' and '-', not starting \
-         with '.' and at most 100 characters (no '/' or '..')"
+        "run name '{0}' is not accepted: use 1 to 100 letters, digits, '.', '_' and '-', not \
+         starting with '.' or '-' and with no '..'"
     )]
     BadRunName(String),
     #[error("runs directory '{path}' cannot be used: {reason}")]
     RunsDirUnusable { path: PathBuf, reason: String },
-    #[error("run name '{name}' is in use by a running run (pid {pid}) in '{path}'; wait for it, stop it, or pick another --name")]
+    #[error("run name '{name}' is in use by a running run (pid {pid}) in '{path}'; wait for it, stop it (meshrun stop {name}), or pick another --name")]
     NameInUse {
         name: String,
         pid: String,
@@ -63,6 +63,8 @@ pub enum UsageError {
     CheckpointEveryZero,
     #[error("--hang-timeout must be a positive number of seconds, got {0}")]
     BadHangTimeout(f64),
+    #[error("--finish-timeout must be a positive number of seconds, got {0}")]
+    BadFinishTimeout(f64),
     #[error("--ray-strategy '{0}' is not a Ray placement strategy; use one of PACK, SPREAD, STRICT_PACK, STRICT_SPREAD")]
     BadRayStrategy(String),
     #[error("--ray needs the cluster's address (HOST:PORT of the head node) or 'auto'")]
@@ -80,6 +82,8 @@ pub enum UsageError {
         host: std::net::IpAddr,
         source: io::Error,
     },
+    #[error(transparent)]
+    Resume(#[from] meshrun_ckpt::resume::ResumeError),
 }
 
 /// What to do when the runs directory fills up during a run: the run
@@ -127,6 +131,10 @@ pub enum CoreError {
     AgentGone { host: u32, what: String },
     #[error("could not place the run on Ray: {0}")]
     RayPlacement(String),
+    #[error("run '{name}' is not running (no live controller holds '{}'); nothing to stop", path.display())]
+    NotRunning { name: String, path: PathBuf },
+    #[error("the run's controller did not accept the token in '{}' ({why}); it must be the one the run wrote", path.display())]
+    TokenRefused { path: PathBuf, why: String },
 }
 
 impl CoreError {

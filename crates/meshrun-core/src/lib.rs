@@ -4,15 +4,18 @@
 //! - [`plan`] turns a user's request into a validated [`plan::RunPlan`];
 //! - [`controller`] owns a run: it starts the agents, hands out ranks,
 //!   supervises the workers and writes the run directory;
-//! - [`agent`] spawns and watches the workers of one host;
+//! - [`agent`] spawns and watches the workers of one host; [`leftovers`]
+//!   and [`cgroup`] see that nothing a worker starts outlives it;
 //! - [`worker_client`] is the worker's side of the control protocol,
 //!   used from inside the user's Python process;
 //! - [`protocol`] is the one authenticated TCP protocol they all speak.
 
 pub mod agent;
+pub mod cgroup;
 pub mod controller;
 pub mod error;
 pub mod gpu;
+pub mod leftovers;
 pub mod plan;
 pub mod process;
 pub mod protocol;

@@ -99,6 +99,9 @@ pub struct RunSpec {
     pub control_host: Option<IpAddr>,
     /// The port it listens on (default: any free port).
     pub control_port: Option<u16>,
+    /// Resume from this committed checkpoint step instead of the newest
+    /// that verifies (checked here: it must exist and verify).
+    pub resume_from: Option<u64>,
 }
 
 /// The Ray backend: where the cluster is and how to spread the agents.
@@ -119,6 +122,22 @@ pub struct FailurePolicy {
     pub max_failures: u32,
     /// An attempt in which some rank has not reported for this long has hung.
     pub hang_timeout_s: Option<f64>,
+    /// Once a rank has finished its program, a rank with no report for this
+    /// long has hung (`None`: [`DEFAULT_FINISH_TIMEOUT_S`]).
+    #[serde(default)]
+    pub finish_timeout_s: Option<f64>,
+}
+
+/// JAX holds a finished rank in its shutdown barrier for 300 s, then
+/// aborts it; a rank that has not caught up after a minute is stuck.
+pub const DEFAULT_FINISH_TIMEOUT_S: f64 = 60.0;
+
+impl FailurePolicy {
+    pub fn finish_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs_f64(
+            self.finish_timeout_s.unwrap_or(DEFAULT_FINISH_TIMEOUT_S),
+        )
+    }
 }
 
 /// A validated run: every field is known to be usable.
@@ -150,6 +169,9 @@ pub struct RunPlan {
     /// 0: any free port.
     #[serde(default)]
     pub control_port: u16,
+    /// The first attempt resumes from this step (see `RunSpec`).
+    #[serde(default)]
+    pub resume_from: Option<u64>,
 }
 
 impl RunPlan {
@@ -220,6 +242,11 @@ impl RunSpec {
                 return Err(UsageError::BadHangTimeout(t));
             }
         }
+        if let Some(t) = self.failure.finish_timeout_s {
+            if !(t.is_finite() && t > 0.0) {
+                return Err(UsageError::BadFinishTimeout(t));
+            }
+        }
         if let Some(ray) = &self.ray {
             if !RAY_STRATEGIES.contains(&ray.strategy.as_str()) {
                 return Err(UsageError::BadRayStrategy(ray.strategy.clone()));
@@ -267,6 +294,9 @@ impl RunSpec {
         check_control_address(control_host, control_port)?;
         let runs_dir = cwd.join(&self.runs_dir);
         check_runs_dir(&runs_dir)?;
+        if let Some(step) = self.resume_from {
+            meshrun_ckpt::resume::check_requested(&runs_dir.join(&name), &name, step)?;
+        }
         Ok(RunPlan {
             run_dir: runs_dir.join(&name),
             name,
@@ -292,6 +322,7 @@ impl RunSpec {
             control_host,
             control_port,
             ray: self.ray,
+            resume_from: self.resume_from,
         })
     }
 
@@ -350,11 +381,16 @@ fn is_module_name(name: &str) -> bool {
         })
 }
 
-/// Run names become folder names: keep them to a safe, portable alphabet.
+/// Run names become folder names and command-line arguments: a safe,
+/// portable alphabet, no leading '.' (hidden, or `..`), no leading '-' (it
+/// would read as an option to `status`, `logs` ...), and no `..` anywhere,
+/// so the rule is the one the message states. `run` and every command that
+/// takes a run's name check it the same way.
 pub fn check_run_name(name: &str) -> Result<(), UsageError> {
     let ok = !name.is_empty()
         && name.len() <= 100
-        && !name.starts_with('.')
+        && !name.starts_with(['.', '-'])
+        && !name.contains("..")
         && name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
@@ -473,6 +509,7 @@ mod tests {
             ray: None,
             control_host: None,
             control_port: None,
+            resume_from: None,
         }
     }
 
@@ -514,10 +551,19 @@ mod tests {
 
     #[test]
     fn run_names_are_checked() {
-        for bad in ["a/b", "..", ".hidden", "", "x y", "../up"] {
-            assert!(check_run_name(bad).is_err(), "{bad}");
+        let too_long = "a".repeat(101);
+        for bad in [
+            "a/b", "..", ".hidden", "", "x y", "../up", "-x", "--name", "x..", "a..b", "é",
+            &too_long,
+        ] {
+            let err = check_run_name(bad).unwrap_err().to_string();
+            assert!(
+                err.starts_with(&format!("run name '{bad}' is not accepted")),
+                "{err}"
+            );
         }
-        for good in ["gpt-1", "run_2.b", "A"] {
+        let longest = "a".repeat(100);
+        for good in ["gpt-1", "run_2.b", "A", "x-", "v1.2.3", "_a", &longest] {
             assert!(check_run_name(good).is_ok(), "{good}");
         }
     }

@@ -34,6 +34,34 @@ pub fn unix_time() -> f64 {
         .as_secs_f64()
 }
 
+/// Whether a live process holds the run's lock, that is, whether a
+/// controller is still running it. `run.json` alone cannot tell: a
+/// controller killed with SIGKILL leaves it saying `running` for ever, and
+/// the pid in the lock file may by now be another process's. The kernel
+/// drops a flock with the last descriptor of its holder, so a shared,
+/// non-blocking lock that is granted proves that no controller is there; it
+/// is released at once, and a live run's exclusive lock is never touched. A
+/// folder without a lock file has no controller; when the probe itself
+/// fails (no permission, a file system without flock), `run.json` is
+/// believed.
+pub fn lock_is_held(root: &Path) -> bool {
+    match File::open(root.join(".lock")) {
+        Ok(file) => Flock::lock(file, FlockArg::LockSharedNonblock).is_err(),
+        Err(e) => e.kind() != std::io::ErrorKind::NotFound,
+    }
+}
+
+/// The state to show for a run or an attempt that `run.json` records as
+/// `recorded`: `running` without a live controller (see [`lock_is_held`])
+/// was cut short, and is `interrupted`.
+pub fn shown_state(recorded: &str, live: bool) -> &str {
+    if recorded == "running" && !live {
+        "interrupted"
+    } else {
+        recorded
+    }
+}
+
 /// An open run directory, locked for the lifetime of this value so that no
 /// second run can use the same name at once.
 pub struct RunDir {
@@ -194,6 +222,28 @@ mod tests {
         assert!(text.contains(&std::process::id().to_string()), "{text}");
         drop(first);
         RunDir::open(&root, "r").unwrap();
+    }
+
+    #[test]
+    fn the_lock_probe_sees_a_live_run_without_disturbing_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("r");
+        assert!(!lock_is_held(&root), "no folder, no controller");
+        let first = RunDir::open(&root, "r").unwrap();
+        assert!(lock_is_held(&root));
+        assert!(lock_is_held(&root), "probing twice changes nothing");
+        assert!(
+            RunDir::open(&root, "r").is_err(),
+            "the probe left the lock held"
+        );
+        drop(first);
+        assert!(!lock_is_held(&root), "a lock nobody holds");
+        let again = RunDir::open(&root, "r").unwrap();
+        assert!(lock_is_held(&root), "the probe left no lock behind");
+        drop(again);
+        assert_eq!(shown_state("running", false), "interrupted");
+        assert_eq!(shown_state("running", true), "running");
+        assert_eq!(shown_state("failed", false), "failed");
     }
 
     #[test]

@@ -8,6 +8,7 @@
 use std::io::{BufWriter, Write};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Condvar;
 use std::sync::mpsc::{self, RecvTimeoutError, SyncSender, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -52,6 +53,15 @@ pub struct WorkerClient {
     closing: Arc<AtomicBool>,
     /// Set when the controller asks for a checkpoint (`CheckpointNow`).
     checkpoint_requested: Arc<AtomicBool>,
+    /// The newest step the controller released with `Resume`.
+    resumed: Arc<Resumed>,
+}
+
+/// `Resume` steps, for a worker waiting after a preemption save.
+#[derive(Default)]
+struct Resumed {
+    step: Mutex<Option<u64>>,
+    changed: Condvar,
 }
 
 /// What the worker does when the controller's connection ends unasked.
@@ -107,6 +117,8 @@ impl WorkerClient {
         let closing_seen = Arc::clone(&closing);
         let checkpoint_requested = Arc::new(AtomicBool::new(false));
         let requested = Arc::clone(&checkpoint_requested);
+        let resumed = Arc::new(Resumed::default());
+        let resume_seen = Arc::clone(&resumed);
         let writer = std::thread::Builder::new()
             .name("meshrun-writer".into())
             .spawn(move || write_loop(out, &rx))
@@ -117,8 +129,17 @@ impl WorkerClient {
                 // Any end of the stream that we did not ask for means the
                 // controller is gone.
                 while let Ok(msg) = read_frame(&mut reader) {
-                    if msg == Message::CheckpointNow {
-                        requested.store(true, Ordering::SeqCst);
+                    match msg {
+                        Message::CheckpointNow => requested.store(true, Ordering::SeqCst),
+                        Message::Resume { step } => {
+                            let mut newest = resume_seen
+                                .step
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner);
+                            *newest = (*newest).max(Some(step));
+                            resume_seen.changed.notify_all();
+                        }
+                        _ => {}
                     }
                 }
                 if on_loss == OnControllerLoss::KillProcessGroup
@@ -136,7 +157,39 @@ impl WorkerClient {
             writer: Mutex::new(Some(writer)),
             closing,
             checkpoint_requested,
+            resumed,
         })
+    }
+
+    /// Says, before saving, that this rank saves `step` for a preemption.
+    pub fn preempt_save(&self, step: u64) {
+        let _ = self.tx.send(Outgoing::Msg(Message::PreemptSave { step }));
+    }
+
+    /// After a preemption save of `step`: waits until the controller
+    /// releases it (`Resume`, when that step cannot commit) and returns true,
+    /// or returns false after `timeout`. Usually the controller commits the
+    /// step and stops the worker while it waits here.
+    pub fn wait_resumed(&self, step: u64, timeout: Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut newest = self
+            .resumed
+            .step
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        while newest.is_none_or(|s| s < step) {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            newest = self
+                .resumed
+                .changed
+                .wait_timeout(newest, left)
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
+        }
+        true
     }
 
     /// Whether the controller has asked for a checkpoint (the run is being
@@ -188,6 +241,18 @@ impl WorkerClient {
         let _ = self.tx.send(Outgoing::Msg(Message::Failure {
             kind,
             message,
+            traceback,
+        }));
+        self.flush(timeout);
+    }
+
+    /// Sends the user's `sys.exit` with a non-zero code and waits (up to
+    /// `timeout`) until it has been written: the process exits (or is held
+    /// in JAX's shutdown barrier) right after.
+    pub fn report_exit(&self, code: i32, argument: String, traceback: String, timeout: Duration) {
+        let _ = self.tx.send(Outgoing::Msg(Message::ExitRequested {
+            code,
+            argument,
             traceback,
         }));
         self.flush(timeout);

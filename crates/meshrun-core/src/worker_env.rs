@@ -40,6 +40,9 @@ pub struct AttemptInfo<'a> {
     pub user_xla_flags: Option<&'a str>,
     /// The address of the worker's host, as its agent reported it.
     pub host_ip: &'a str,
+    /// The checkpoint step this attempt resumes from (`None`: from the
+    /// beginning), chosen by the controller before the attempt started.
+    pub resume_step: Option<u64>,
 }
 
 const DEVICE_COUNT_FLAG: &str = "--xla_force_host_platform_device_count";
@@ -103,6 +106,10 @@ pub fn worker_env(
         // back in a block buffer and logs would arrive late or be lost.
         ("PYTHONUNBUFFERED".into(), "1".into()),
     ];
+    // Always set, so that `meshrun.get_checkpoint()` gives out the step the
+    // controller verified and never a newer one it skipped as damaged.
+    let resume = info.resume_step.map_or("none".into(), |s| s.to_string());
+    env.push(("MESHRUN_RESUME_STEP".into(), resume));
     if let Some(n) = plan.checkpoint_every {
         env.push(("MESHRUN_CHECKPOINT_EVERY".into(), n.to_string()));
     }

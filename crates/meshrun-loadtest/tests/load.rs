@@ -67,6 +67,7 @@ fn controller_keeps_up_with_64_workers_at_1000_records_a_second() {
         ray: None,
         control_host: None,
         control_port: None,
+        resume_from: None,
     }
     .validate()
     .expect("a valid plan");

@@ -1,5 +1,6 @@
 //! Checkpoint shards for Python: writing one rank's file (GIL released),
-//! and reading regions of a committed checkpoint into numpy arrays.
+//! reading regions of a committed checkpoint into numpy arrays, and which
+//! checkpoint a worker resumes from.
 
 // PyO3 hands arguments over as owned values.
 #![allow(clippy::needless_pass_by_value)]
@@ -8,8 +9,10 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Mutex;
 
+use meshrun_ckpt::commit::committed;
 use meshrun_ckpt::manifest::Leaf;
 use meshrun_ckpt::read::Reader;
+use meshrun_ckpt::resume::for_attempt;
 use meshrun_ckpt::shard::{write_rank_file, ShardIn};
 use numpy::{PyReadonlyArray1, PyReadwriteArray1};
 use pyo3::prelude::*;
@@ -91,6 +94,25 @@ pub fn write_shards(
     }
     let list: Vec<Leaf> = leaves.into_values().collect();
     Ok(serde_json::to_string(&list).expect("leaves serialize"))
+}
+
+/// The checkpoint `meshrun.get_checkpoint()` gives, as (path, step), from
+/// the checkpoints folder `root`. With `attempt`, the controller's choice
+/// for that attempt (`chosen`, `None`: start from the beginning) or a newer
+/// one the attempt committed since; without it (no controller chose), the
+/// newest committed.
+#[pyfunction]
+#[pyo3(signature = (root, attempt=None, chosen=None))]
+pub fn resume_checkpoint(
+    root: PathBuf,
+    attempt: Option<u32>,
+    chosen: Option<u64>,
+) -> Option<(String, u64)> {
+    let found = match attempt {
+        Some(attempt) => for_attempt(&root, chosen, attempt),
+        None => committed(&root).pop(),
+    };
+    found.map(|(step, path)| (path.display().to_string(), step))
 }
 
 #[pyclass(frozen, module = "meshrun._native")]

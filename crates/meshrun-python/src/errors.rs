@@ -67,7 +67,9 @@ pub fn to_py(err: &CoreError) -> PyErr {
         | CoreError::AgentTimeout { .. }
         | CoreError::AgentSpawn { .. }
         | CoreError::AgentGone { .. }
-        | CoreError::RayPlacement(_) => ControlError::new_err(text),
+        | CoreError::RayPlacement(_)
+        | CoreError::NotRunning { .. }
+        | CoreError::TokenRefused { .. } => ControlError::new_err(text),
     }
 }
 

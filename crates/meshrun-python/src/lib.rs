@@ -28,6 +28,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<data::DataSource>()?;
     m.add_class::<checkpoint::CheckpointReader>()?;
     m.add_function(wrap_pyfunction!(checkpoint::write_shards, m)?)?;
+    m.add_function(wrap_pyfunction!(checkpoint::resume_checkpoint, m)?)?;
     m.add_class::<data::DataLoader>()?;
     errors::register(m)?;
     Ok(())

@@ -39,7 +39,7 @@ fn tee(name: &str) -> PyResult<Tee> {
 }
 
 #[pyfunction]
-#[pyo3(signature = (*, nprocs, hosts, devices_per_proc, gpus_per_proc, platform_name, name, runs_dir, tee_name, python, agent_command, env, payload, retention_json=None, checkpoint_every=None, max_failures=0, hang_timeout_s=None, ray_address=None, ray_strategy="PACK", control_host=None, control_port=None, progress=true, tensorboard=false))]
+#[pyo3(signature = (*, nprocs, hosts, devices_per_proc, gpus_per_proc, platform_name, name, runs_dir, tee_name, python, agent_command, env, payload, retention_json=None, checkpoint_every=None, max_failures=0, hang_timeout_s=None, ray_address=None, ray_strategy="PACK", control_host=None, control_port=None, progress=true, tensorboard=false, resume_from=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn run<'py>(
     py: Python<'py>,
@@ -65,6 +65,7 @@ pub fn run<'py>(
     control_port: Option<u16>,
     progress: bool,
     tensorboard: bool,
+    resume_from: Option<u64>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let control_host = control_host
         .map(|h| {
@@ -98,6 +99,7 @@ pub fn run<'py>(
         failure: FailurePolicy {
             max_failures,
             hang_timeout_s,
+            finish_timeout_s: None,
         },
         ray: ray_address.map(|address| RayTarget {
             address,
@@ -105,6 +107,7 @@ pub fn run<'py>(
         }),
         control_host,
         control_port,
+        resume_from,
     };
     let plan = py
         .detach(|| spec.validate())

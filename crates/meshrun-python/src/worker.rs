@@ -87,6 +87,17 @@ impl WorkerClient {
         self.0.checkpoint_requested()
     }
 
+    /// Says, before saving, that this rank saves `step` for a preemption.
+    fn preempt_save(&self, step: u64) {
+        self.0.preempt_save(step);
+    }
+
+    /// After a preemption save: waits (without the GIL) until the controller
+    /// releases `step`, true; false after `timeout_s`.
+    fn wait_resumed(&self, py: Python<'_>, step: u64, timeout_s: f64) -> bool {
+        py.detach(|| self.0.wait_resumed(step, Duration::from_secs_f64(timeout_s.max(0.0))))
+    }
+
     /// Tells the controller this rank's shards of `step` are written;
     /// `leaves_json` is what `write_shards` returned.
     #[pyo3(signature = (step, leaves_json, extra_json=None))]
@@ -122,6 +133,15 @@ impl WorkerClient {
         py.detach(|| {
             self.0
                 .report_failure(kind, message, traceback, Duration::from_secs(2));
+        });
+    }
+
+    /// Sends a `sys.exit` with a non-zero code and waits until it is on
+    /// the wire. `argument`: what was passed to `sys.exit`, as `repr` writes it.
+    fn report_exit(&self, py: Python<'_>, code: i32, argument: String, traceback: String) {
+        py.detach(|| {
+            self.0
+                .report_exit(code, argument, traceback, Duration::from_secs(2));
         });
     }
 

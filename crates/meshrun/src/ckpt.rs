@@ -10,7 +10,10 @@ use meshrun_ckpt::shard::dtype;
 use meshrun_ckpt::CkptError;
 use safetensors::tensor::TensorView;
 
+use meshrun_core::plan::check_run_name;
+
 use crate::cli::CkptCommand;
+use crate::table::table;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CkptCliError {
@@ -18,18 +21,27 @@ pub enum CkptCliError {
         "no run '{run}': '{path}' does not exist; give a run name under --runs-dir or a run folder"
     )]
     NoRun { run: String, path: PathBuf },
+    /// Boxed: `UsageError` is large, and this is the rare path.
+    #[error(transparent)]
+    BadName(Box<meshrun_core::UsageError>),
     #[error(transparent)]
     Ckpt(#[from] CkptError),
     #[error("cannot write '{path}': {message}")]
     Export { path: PathBuf, message: String },
 }
 
+impl From<meshrun_core::UsageError> for CkptCliError {
+    fn from(e: meshrun_core::UsageError) -> Self {
+        CkptCliError::BadName(Box::new(e))
+    }
+}
+
 impl CkptCliError {
     pub fn exit_code(&self) -> i32 {
         match self {
-            CkptCliError::NoRun { .. } | CkptCliError::Ckpt(CkptError::NotCommitted(_)) => {
-                crate::exit::USAGE
-            }
+            CkptCliError::NoRun { .. }
+            | CkptCliError::BadName(_)
+            | CkptCliError::Ckpt(CkptError::NotCommitted(_)) => crate::exit::USAGE,
             _ => crate::exit::FAILURE,
         }
     }
@@ -55,10 +67,13 @@ pub fn run(cmd: CkptCommand) -> Result<(), CkptCliError> {
     }
 }
 
-fn ls(run: &str, runs_dir: &Path) -> Result<(), CkptCliError> {
-    let dir = if Path::new(run).is_dir() {
+/// The folder `run` names: a folder given as a path (it exists, or has a
+/// '/'), else a run name under `runs_dir`, checked like `meshrun run --name`.
+fn run_folder(run: &str, runs_dir: &Path) -> Result<PathBuf, CkptCliError> {
+    let dir = if Path::new(run).is_dir() || run.contains('/') {
         PathBuf::from(run)
     } else {
+        check_run_name(run)?;
         runs_dir.join(run)
     };
     if !dir.is_dir() {
@@ -67,8 +82,14 @@ fn ls(run: &str, runs_dir: &Path) -> Result<(), CkptCliError> {
             path: dir,
         });
     }
-    out("step\tleaves\tbytes\tpath");
-    for (step, path) in committed(&dir.join("checkpoints")) {
+    Ok(dir)
+}
+
+fn ls(run: &str, runs_dir: &Path) -> Result<(), CkptCliError> {
+    let dir = run_folder(run, runs_dir)?;
+    let checkpoints = dir.join("checkpoints");
+    let mut rows = Vec::new();
+    for (step, path) in committed(&checkpoints) {
         let reader = Reader::open(&path)?;
         let m = reader.manifest();
         let bytes: usize = m
@@ -76,11 +97,21 @@ fn ls(run: &str, runs_dir: &Path) -> Result<(), CkptCliError> {
             .iter()
             .map(|l| l.shape.iter().product::<usize>() * itemsize(&l.dtype).unwrap_or(0))
             .sum();
+        rows.push(vec![
+            step.to_string(),
+            m.leaves.len().to_string(),
+            bytes.to_string(),
+            path.display().to_string(),
+        ]);
+    }
+    if rows.is_empty() {
         out(&format!(
-            "{step}\t{}\t{bytes}\t{}",
-            m.leaves.len(),
-            path.display()
+            "no committed checkpoints in '{}'",
+            checkpoints.display()
         ));
+    } else {
+        let text = table(&["STEP", "LEAVES", "BYTES", "PATH"], &rows);
+        out(text.trim_end());
     }
     Ok(())
 }
@@ -144,4 +175,29 @@ fn export(path: &Path, target: &Path) -> Result<(), CkptCliError> {
         leaves.len()
     ));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_are_given_by_name_or_folder() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir(tmp.path().join("a")).unwrap();
+        assert_eq!(run_folder("a", tmp.path()).unwrap(), tmp.path().join("a"));
+        let folder = tmp.path().join("a").display().to_string();
+        assert_eq!(
+            run_folder(&folder, Path::new("elsewhere")).unwrap(),
+            tmp.path().join("a")
+        );
+        let bad = run_folder("-a", tmp.path()).unwrap_err();
+        assert_eq!(bad.exit_code(), crate::exit::USAGE);
+        assert!(
+            bad.to_string().starts_with("run name '-a' is not accepted"),
+            "{bad}"
+        );
+        let missing = run_folder("b", tmp.path()).unwrap_err();
+        assert!(missing.to_string().starts_with("no run 'b': "), "{missing}");
+    }
 }

@@ -62,6 +62,37 @@ pub enum Command {
         #[arg(long, default_value = "runs", value_name = "DIR")]
         runs_dir: PathBuf,
     },
+    /// Ask a running run to stop: every worker saves a checkpoint at its
+    /// next report and the run ends (as on SIGTERM); with --now, at once.
+    /// Works from any shell on the controller's machine (the run's token
+    /// authenticates the request). Waits until the run has ended.
+    Stop {
+        name: String,
+        /// Stop every worker now, without a checkpoint.
+        #[arg(long)]
+        now: bool,
+        #[arg(long, default_value = "runs", value_name = "DIR")]
+        runs_dir: PathBuf,
+    },
+    /// Print a completion script for a shell (e.g. `meshrun completion bash >
+    /// ~/.local/share/bash-completion/completions/meshrun`).
+    Completion {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+}
+
+/// The command line as completion scripts offer it. The generators of
+/// `clap_complete` offer hidden subcommands too (`agent`), and a `clap::Command`
+/// cannot drop one, so the root is rebuilt from the parser's own arguments
+/// and visible subcommands: nothing is restated, so it cannot drift.
+pub fn completion_command() -> clap::Command {
+    let full = <Cli as clap::CommandFactory>::command();
+    clap::Command::new("meshrun")
+        .version(env!("CARGO_PKG_VERSION"))
+        .propagate_version(true)
+        .args(full.get_arguments().cloned())
+        .subcommands(full.get_subcommands().filter(|s| !s.is_hide_set()).cloned())
 }
 
 #[derive(Debug, Subcommand)]
@@ -178,11 +209,22 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 0, value_name = "N")]
     pub max_failures: u32,
 
+    /// Resume run --name from its checkpoint of this step rather than from
+    /// the newest one that verifies; the newer ones are set aside (renamed
+    /// superseded-step-N, not deleted).
+    #[arg(long, value_name = "STEP")]
+    pub resume_from: Option<u64>,
+
     /// Treat an attempt as hung when a rank has not called `meshrun.report`
     /// for S seconds (start-up and compilation included): dump every rank's
     /// stacks, stop, and restart if failures remain.
     #[arg(long, value_name = "S")]
     pub hang_timeout: Option<f64>,
+
+    /// Once a rank has finished its program, treat a rank that has not
+    /// called `meshrun.report` for S seconds since as hung [default: 60].
+    #[arg(long, value_name = "S")]
+    pub finish_timeout: Option<f64>,
 
     /// Place the agents on a Ray cluster: `auto` or the head's HOST:PORT.
     /// One placement-group bundle per host (--hosts), holding the CPUs and
@@ -235,4 +277,26 @@ pub struct AgentArgs {
     /// The run token (taken from the environment only).
     #[arg(long, env = "MESHRUN_TOKEN", hide_env_values = true, hide = true)]
     pub token: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn completions_offer_the_visible_commands_only() {
+        let full = <Cli as clap::CommandFactory>::command();
+        let visible: Vec<&str> = full
+            .get_subcommands()
+            .filter(|s| !s.is_hide_set())
+            .map(clap::Command::get_name)
+            .collect();
+        let offered = completion_command();
+        let offered: Vec<&str> = offered
+            .get_subcommands()
+            .map(clap::Command::get_name)
+            .collect();
+        assert_eq!(offered, visible);
+        assert!(!offered.contains(&"agent") && offered.contains(&"completion"));
+    }
 }

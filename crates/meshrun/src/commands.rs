@@ -8,8 +8,10 @@ use meshrun_core::plan::{FailurePolicy, RayTarget, Retention, ScoreOrder};
 use meshrun_core::token::Token;
 use meshrun_core::{execute, Entry, ExecOptions, PlatformChoice, RunSpec, Tee};
 
-use crate::cli::{AgentArgs, Cli, Command, PlatformArg, RunArgs, ScoreOrderArg, TeeArg};
-use crate::{ckpt, runs};
+use crate::cli::{
+    completion_command, AgentArgs, Cli, Command, PlatformArg, RunArgs, ScoreOrderArg, TeeArg,
+};
+use crate::{ckpt, logs, runs, stop};
 use crate::{exit, Launcher};
 
 pub fn dispatch(cli: Cli, launcher: &Launcher) -> i32 {
@@ -31,9 +33,24 @@ pub fn dispatch(cli: Cli, launcher: &Launcher) -> i32 {
             attempt,
             follow,
             runs_dir,
-        } => finish(runs::logs(&name, &runs_dir, rank, attempt, follow)),
+        } => finish(logs::logs(&name, &runs_dir, rank, attempt, follow)),
         Command::Report { name, runs_dir } => finish(runs::report(&name, &runs_dir)),
+        Command::Stop {
+            name,
+            now,
+            runs_dir,
+        } => stop::stop(&name, &runs_dir, now),
+        Command::Completion { shell } => completion(shell),
     }
+}
+
+/// Generated into memory first: `clap_complete` panics on a failed write,
+/// and `meshrun completion bash | head` closes the pipe early.
+fn completion(shell: clap_complete::Shell) -> i32 {
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut completion_command(), "meshrun", &mut script);
+    let _ = std::io::stdout().lock().write_all(&script);
+    exit::SUCCESS
 }
 
 fn finish(result: Result<(), runs::RunsError>) -> i32 {
@@ -107,6 +124,7 @@ pub fn spec(args: RunArgs, launcher: &Launcher) -> RunSpec {
         failure: FailurePolicy {
             max_failures: args.max_failures,
             hang_timeout_s: args.hang_timeout,
+            finish_timeout_s: args.finish_timeout,
         },
         ray: args.ray.map(|address| RayTarget {
             address,
@@ -114,6 +132,7 @@ pub fn spec(args: RunArgs, launcher: &Launcher) -> RunSpec {
         }),
         control_host: args.control_host,
         control_port: args.control_port,
+        resume_from: args.resume_from,
     }
 }
 

@@ -6,7 +6,10 @@ mod ckpt;
 pub mod cli;
 pub mod commands;
 mod logging;
+mod logs;
 pub mod runs;
+mod stop;
+mod table;
 
 use std::ffi::OsString;
 use std::path::PathBuf;

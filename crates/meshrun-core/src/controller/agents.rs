@@ -132,7 +132,7 @@ fn start_on_ray(
                 // Its own messages become the run's error; Ray's pass through.
                 match line.strip_prefix("meshrun: ") {
                     Some(message) => said.lock().expect("ray log lock").push(message.to_string()),
-                    None => eprintln!("{line}"),
+                    None => super::terminal::terminal().note(&line),
                 }
             }
         });

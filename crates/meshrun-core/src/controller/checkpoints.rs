@@ -1,15 +1,24 @@
-//! The controller's part of checkpointing: collect every rank's
-//! `CheckpointWritten`, and when all have written, commit the step (write
-//! the manifest, rename `tmp-<step>` to `step-<step>`). Uncommitted folders
-//! left by a crash are removed when a run (re)starts.
+//! The controller's part of checkpointing: choose the checkpoint each
+//! attempt resumes from, collect every rank's `CheckpointWritten`, and when
+//! all have written, commit the step (write the manifest, rename
+//! `tmp-<step>` to `step-<step>`). Uncommitted folders left by a crash are
+//! removed when a run (re)starts.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use meshrun_ckpt::commit::{clean_uncommitted, commit, committed};
+use meshrun_ckpt::commit::{clean_uncommitted, commit, committed, set_aside, step_dir};
 use meshrun_ckpt::manifest::{Leaf, Manifest, FORMAT_VERSION};
+use meshrun_ckpt::resume::{
+    newest_verified, supersede_newer, verify, Skipped, CHECKPOINTS, DAMAGED,
+};
 use meshrun_ckpt::retention::{to_delete, Candidate, Retention};
 use meshrun_ckpt::CkptError;
+use serde_json::json;
+
+use super::terminal::terminal;
+use crate::error::CoreError;
+use crate::rundir::RunDir;
 
 #[derive(Default)]
 struct Pending {
@@ -23,28 +32,105 @@ pub struct Checkpoints {
     world: u32,
     retention: Option<Retention>,
     pending: BTreeMap<u64, Pending>,
+    attempt: u32,
+    /// The step this attempt resumes from.
+    resume: Option<u64>,
+    /// Whether the user asked for it (else: the newest that verifies).
+    requested: bool,
+    /// Newer checkpoints that did not verify when the attempt opened. They
+    /// stay where they are; retention neither counts nor deletes them, and
+    /// if their step is committed again they are set aside, not replaced.
+    skipped: Vec<Skipped>,
+    /// With a requested step: the newer checkpoints set aside, (step, old
+    /// path, new path).
+    superseded: Vec<(u64, PathBuf, PathBuf)>,
 }
 
 impl Checkpoints {
-    /// Opens `run_dir/checkpoints`, removing uncommitted folders; returns
-    /// them for the record.
+    /// Opens `run_dir/checkpoints` for attempt `attempt`: removes
+    /// uncommitted folders (returned, for the record) and chooses the
+    /// checkpoint to resume from: `requested` (the first attempt of a run
+    /// given `--resume-from`; the newer ones are set aside), else the
+    /// newest that verifies. Verifying reads every byte once; the restore
+    /// that follows finds them in the page cache.
     pub fn open(
         run_dir: &Path,
         world: u32,
         retention: Option<Retention>,
+        attempt: u32,
+        requested: Option<u64>,
     ) -> Result<(Self, Vec<PathBuf>), CkptError> {
-        let root = run_dir.join("checkpoints");
+        let root = run_dir.join(CHECKPOINTS);
         std::fs::create_dir_all(&root).map_err(CkptError::io("cannot create", &root))?;
         let removed = clean_uncommitted(&root)?;
-        Ok((
-            Self {
-                root,
-                world,
-                retention,
-                pending: BTreeMap::new(),
-            },
-            removed,
-        ))
+        let mut me = Self {
+            root,
+            world,
+            retention,
+            pending: BTreeMap::new(),
+            attempt,
+            resume: None,
+            requested: requested.is_some(),
+            skipped: Vec::new(),
+            superseded: Vec::new(),
+        };
+        if let Some(step) = requested {
+            // Checked before the run started; checked again, since this is
+            // what the workers will restore.
+            verify(&step_dir(&me.root, step))?;
+            me.superseded = supersede_newer(&me.root, step)?;
+            me.resume = Some(step);
+        } else {
+            let choice = newest_verified(&me.root);
+            me.resume = choice.step;
+            me.skipped = choice.skipped;
+        }
+        Ok((me, removed))
+    }
+
+    /// The step the workers of this attempt resume from.
+    pub fn resume_step(&self) -> Option<u64> {
+        self.resume
+    }
+
+    /// Records the choice in `events.jsonl` and says on stderr what was
+    /// skipped or set aside, and why.
+    pub fn record(&self, rundir: &mut RunDir) -> Result<(), CoreError> {
+        let from = self.resume.map_or_else(
+            || "starting from the beginning: no checkpoint verifies".to_string(),
+            |s| format!("resuming from step-{s}"),
+        );
+        for s in &self.skipped {
+            rundir.event(
+                "checkpoint_skipped",
+                json!({ "attempt": self.attempt, "step": s.step, "path": s.path.display().to_string(), "reason": s.error.to_string(), "resume_step": self.resume }),
+            )?;
+            terminal().note(&format!(
+                "meshrun: checkpoint step-{} skipped: {}; {from}",
+                s.step, s.error
+            ));
+        }
+        for (step, path, to) in &self.superseded {
+            let why = format!(
+                "newer than the step asked to resume from ({})",
+                self.resume.unwrap_or_default()
+            );
+            rundir.event(
+                "checkpoint_set_aside",
+                json!({ "attempt": self.attempt, "step": step, "path": path.display().to_string(), "moved_to": to.display().to_string(), "reason": why }),
+            )?;
+            terminal().note(&format!(
+                "meshrun: checkpoint step-{step} set aside as '{}': {why}",
+                to.display()
+            ));
+        }
+        if let Some(step) = self.resume {
+            rundir.event(
+                "resuming",
+                json!({ "attempt": self.attempt, "step": step, "requested": self.requested }),
+            )?;
+        }
+        Ok(())
     }
 
     /// Records one rank's shards; commits when every rank has written.
@@ -80,7 +166,18 @@ impl Checkpoints {
             step,
             leaves: p.leaves.into_values().collect(),
             extra: p.extra.unwrap_or(serde_json::Value::Null),
+            attempt: Some(self.attempt),
         };
+        if let Some(i) = self.skipped.iter().position(|s| s.step == step) {
+            // The damaged copy is kept for the user: committing would
+            // replace it.
+            let to = set_aside(&self.root, step, DAMAGED)?;
+            self.skipped.remove(i);
+            terminal().note(&format!(
+                "meshrun: damaged checkpoint step-{step} set aside as '{}', so that step {step} saved again does not replace it",
+                to.display()
+            ));
+        }
         commit(&self.root, &manifest).map(Some)
     }
 }
@@ -92,7 +189,11 @@ impl Checkpoints {
         let Some(policy) = &self.retention else {
             return Ok(Vec::new());
         };
-        let all = committed(&self.root);
+        // Damaged ones are not the run's to count or delete.
+        let all: Vec<(u64, PathBuf)> = committed(&self.root)
+            .into_iter()
+            .filter(|(step, _)| !self.skipped.iter().any(|s| s.step == *step))
+            .collect();
         let candidates: Vec<Candidate> = all
             .iter()
             .map(|(step, path)| Candidate {
@@ -114,5 +215,114 @@ impl Checkpoints {
             }
         }
         Ok(doomed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use meshrun_ckpt::commit::tmp_dir;
+    use meshrun_ckpt::retention::ScoreOrder;
+    use meshrun_ckpt::shard::{write_rank_file, ShardIn};
+
+    /// Writes one rank's file of step `step` (4 float32 values), as a
+    /// worker does; returns its leaves for `written`.
+    fn shards(run_dir: &Path, step: u64) -> Vec<Leaf> {
+        let bytes: Vec<u8> = (0..4u32).flat_map(|v| (v as f32).to_le_bytes()).collect();
+        let dir = tmp_dir(&run_dir.join(CHECKPOINTS), step);
+        std::fs::create_dir_all(&dir).unwrap();
+        let input = ShardIn {
+            leaf: "w".into(),
+            dtype: "float32".into(),
+            region: vec![(0, 4)],
+            data: &bytes,
+        };
+        let records = write_rank_file(&dir, 0, &[input]).unwrap();
+        vec![Leaf {
+            path: "w".into(),
+            dtype: "float32".into(),
+            shape: vec![4],
+            shards: records.into_iter().map(|(_, r)| r).collect(),
+        }]
+    }
+
+    fn steps(run_dir: &Path) -> Vec<u64> {
+        committed(&run_dir.join(CHECKPOINTS))
+            .into_iter()
+            .map(|(s, _)| s)
+            .collect()
+    }
+
+    fn shard_file(run_dir: &Path, folder: &str) -> PathBuf {
+        run_dir
+            .join(CHECKPOINTS)
+            .join(folder)
+            .join("rank-0.safetensors")
+    }
+
+    #[test]
+    fn a_damaged_checkpoint_is_skipped_kept_out_of_retention_and_set_aside() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = tmp.path();
+        let (mut first, _) = Checkpoints::open(run, 1, None, 1, None).unwrap();
+        assert_eq!(first.resume_step(), None);
+        for step in [10, 20, 30] {
+            assert!(first
+                .written(0, step, shards(run, step), None)
+                .unwrap()
+                .is_some());
+        }
+        let file = shard_file(run, "step-30");
+        let mut raw = std::fs::read(&file).unwrap();
+        *raw.last_mut().unwrap() ^= 1;
+        std::fs::write(&file, &raw).unwrap();
+
+        let keep_one = Retention {
+            num_to_keep: Some(1),
+            keep_every_n_steps: None,
+            score_attribute: None,
+            score_order: ScoreOrder::Max,
+        };
+        let (mut second, _) = Checkpoints::open(run, 1, Some(keep_one), 2, None).unwrap();
+        assert_eq!(second.resume_step(), Some(20));
+        assert_eq!(second.skipped.len(), 1);
+        // Counted, the damaged step 30 would be "the newest" and the good
+        // ones would all go.
+        second.written(0, 25, shards(run, 25), None).unwrap();
+        assert_eq!(second.retain().unwrap(), vec![10, 20]);
+        assert_eq!(steps(run), vec![25, 30]);
+        // Step 30 saved again: the damaged copy is set aside, as it was.
+        second.written(0, 30, shards(run, 30), None).unwrap();
+        assert_eq!(
+            std::fs::read(shard_file(run, "damaged-step-30")).unwrap(),
+            raw
+        );
+        verify(&step_dir(&run.join(CHECKPOINTS), 30)).unwrap();
+        assert_eq!(
+            Manifest::read(&step_dir(&run.join(CHECKPOINTS), 30))
+                .unwrap()
+                .attempt,
+            Some(2)
+        );
+        assert_eq!(second.retain().unwrap(), vec![25]);
+        assert_eq!(steps(run), vec![30]);
+    }
+
+    #[test]
+    fn a_requested_step_sets_the_newer_ones_aside() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = tmp.path();
+        let (mut first, _) = Checkpoints::open(run, 1, None, 1, None).unwrap();
+        for step in [1, 2, 3] {
+            first.written(0, step, shards(run, step), None).unwrap();
+        }
+        let (second, _) = Checkpoints::open(run, 1, None, 2, Some(1)).unwrap();
+        assert_eq!(second.resume_step(), Some(1));
+        let moved: Vec<u64> = second.superseded.iter().map(|(s, _, _)| *s).collect();
+        assert_eq!(moved, vec![2, 3]);
+        assert_eq!(steps(run), vec![1]);
+        assert!(shard_file(run, "superseded-step-3").exists());
+        // A step that is not there (any more) fails the attempt.
+        assert!(Checkpoints::open(run, 1, None, 3, Some(3)).is_err());
     }
 }

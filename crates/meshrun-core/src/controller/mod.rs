@@ -13,11 +13,14 @@ mod checkpoints;
 pub mod goodput;
 mod launch;
 mod output;
+pub mod remote;
 pub mod progress;
 mod server;
+mod stacks;
 mod summary;
 mod supervisor;
 mod tensorboard;
+pub mod terminal;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};

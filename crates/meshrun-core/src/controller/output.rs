@@ -1,7 +1,9 @@
 //! Worker output: every line goes to `logs/rank-R.log` (each attempt
 //! appended under a header) and, for the ranks being teed, to the terminal.
-//! The last lines of each rank are kept for the failure summary.
+//! The last lines of each rank are kept for the failure summary. The
+//! terminal is written through [`super::terminal`], which never blocks.
 
+use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::io::{LineWriter, Write};
@@ -9,11 +11,22 @@ use std::path::PathBuf;
 
 use indicatif::ProgressBar;
 
+use super::terminal::{terminal, Target, Terminal};
 use crate::error::CoreError;
 use crate::plan::Tee;
 use crate::protocol::Stream;
 
 const TAIL_KEEP: usize = 40;
+
+/// A line is kept whole in the log up to this size; a longer one is
+/// written as it comes (the log still gets every byte, in order).
+const WHOLE_LINE_LIMIT: usize = 16 << 20;
+
+/// How much of a line the terminal shows; the log has all of it.
+const TERMINAL_LINE_LIMIT: usize = 16 << 10;
+
+/// How much of a line a failure summary's tail keeps.
+const TAIL_LINE_LIMIT: usize = 1 << 10;
 
 pub struct Output {
     tee: Tee,
@@ -21,6 +34,28 @@ pub struct Output {
     bar: Option<ProgressBar>,
     files: Vec<LineWriter<File>>,
     tails: Vec<VecDeque<String>>,
+    /// Each rank's stdout and stderr line still coming in pieces.
+    partial: Vec<[String; 2]>,
+    terminal: Terminal,
+    /// Show every line (`-v`), noise included.
+    verbose: bool,
+}
+
+/// The start of `line` when it is longer than `limit` bytes, saying how
+/// much was left out.
+fn shorten(line: &str, limit: usize) -> Cow<'_, str> {
+    if line.len() <= limit {
+        return Cow::Borrowed(line);
+    }
+    let mut end = limit;
+    while !line.is_char_boundary(end) {
+        end -= 1;
+    }
+    Cow::Owned(format!(
+        "{}... [{} more bytes in the rank log]",
+        &line[..end],
+        line.len() - end
+    ))
 }
 
 impl Output {
@@ -50,34 +85,70 @@ impl Output {
             tee,
             bar: None,
             tails: vec![VecDeque::with_capacity(TAIL_KEEP); paths.len()],
+            partial: vec![Default::default(); paths.len()],
             files,
+            terminal: terminal(),
+            verbose: tracing::enabled!(tracing::Level::INFO),
         })
     }
 
-    pub fn line(&mut self, rank: u32, stream: Stream, line: &str) {
+    /// A piece of a rank's output; `more` when the line goes on in the
+    /// next piece (lines longer than a frame come in pieces).
+    pub fn line(&mut self, rank: u32, stream: Stream, piece: &str, more: bool) {
+        let r = rank as usize;
+        let Some(partial) = self.partial.get_mut(r) else {
+            return;
+        };
+        let open = &mut partial[stream as usize];
+        if more || !open.is_empty() {
+            open.push_str(piece);
+            if more {
+                if open.len() >= WHOLE_LINE_LIMIT {
+                    // Past this a line is passed on as it comes, still
+                    // without a newline of meshrun's in the log.
+                    let text = std::mem::take(open);
+                    if let Some(file) = self.files.get_mut(r) {
+                        let _ = file.write_all(text.as_bytes());
+                    }
+                }
+                return;
+            }
+            let line = std::mem::take(open);
+            self.whole_line(rank, stream, &line);
+        } else {
+            self.whole_line(rank, stream, piece);
+        }
+    }
+
+    fn whole_line(&mut self, rank: u32, stream: Stream, line: &str) {
         let r = rank as usize;
         if let Some(file) = self.files.get_mut(r) {
             // A full disk must not stop supervision; the terminal still shows it.
             let _ = writeln!(file, "{line}");
         }
+        // Gloo's connection lines say nothing a user acts on: they stay in
+        // the logs, out of the terminal and the summaries unless -v.
+        if !self.verbose && line.starts_with("[Gloo] ") {
+            return;
+        }
+        let shown = shorten(line, TERMINAL_LINE_LIMIT);
         if let Some(tail) = self.tails.get_mut(r) {
             if tail.len() == TAIL_KEEP {
                 tail.pop_front();
             }
-            tail.push_back(line.to_string());
+            tail.push_back(shorten(line, TAIL_LINE_LIMIT).into_owned());
         }
-        let shown = match self.tee {
+        let prefix = match self.tee {
             Tee::Rank0 => (rank == 0).then(String::new),
             Tee::All => Some(format!("[{rank}] ")),
             Tee::None => None,
         };
-        if let Some(prefix) = shown {
-            let print = || {
-                let _ = match stream {
-                    Stream::Stdout => writeln!(std::io::stdout().lock(), "{prefix}{line}"),
-                    Stream::Stderr => writeln!(std::io::stderr().lock(), "{prefix}{line}"),
-                };
+        if let Some(prefix) = prefix {
+            let to = match stream {
+                Stream::Stdout => Target::Stdout,
+                Stream::Stderr => Target::Stderr,
             };
+            let print = || self.terminal.line(to, &format!("{prefix}{shown}"));
             match &self.bar {
                 Some(bar) => bar.suspend(print),
                 None => print(),

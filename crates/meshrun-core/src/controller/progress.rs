@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::Value;
 
+use super::terminal::terminal;
+
 /// How often a plain progress line is printed when stderr is not a terminal.
 pub const LINE_EVERY: Duration = Duration::from_secs(30);
 
@@ -58,7 +60,12 @@ impl Progress {
     pub fn new(mode: ProgressMode, attempt: u32) -> Self {
         let mode = mode.resolve();
         let bar = (mode == ProgressMode::Bar).then(|| {
-            let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+            // Drawn through the terminal writer: a paused terminal must
+            // not block the supervisor that updates the bar.
+            let bar = ProgressBar::with_draw_target(
+                None,
+                ProgressDrawTarget::term_like(Box::new(terminal())),
+            );
             bar.set_style(spinner_style());
             bar.enable_steady_tick(Duration::from_millis(250));
             bar
@@ -128,7 +135,7 @@ impl Progress {
     pub fn tick(&mut self) {
         if self.mode == ProgressMode::Lines && self.printed.elapsed() >= LINE_EVERY {
             self.printed = Instant::now();
-            eprintln!("meshrun: {}", self.text());
+            terminal().note(&format!("meshrun: {}", self.text()));
         }
     }
 

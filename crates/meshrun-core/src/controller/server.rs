@@ -48,6 +48,11 @@ pub enum Event {
         rank: u32,
         clean: bool,
     },
+    /// `meshrun stop`: the answer goes back on `tx`.
+    StopRequested {
+        now: bool,
+        tx: mpsc::UnboundedSender<Message>,
+    },
 }
 
 /// Accepts connections until the returned task is aborted at the end of
@@ -149,6 +154,14 @@ async fn serve(
                 }
             };
             let _ = events.send(Event::WorkerLost { rank, clean });
+            while stream.recv().await.is_ok() {}
+            Ok(())
+        }
+        Message::StopRun { now } => {
+            let (sink, mut stream) = conn.split();
+            let tx = spawn_sender(sink);
+            let _ = events.send(Event::StopRequested { now, tx });
+            // Held open until the requester has read the answer and gone.
             while stream.recv().await.is_ok() {}
             Ok(())
         }

@@ -19,14 +19,27 @@ pub enum Cause {
         message: String,
         traceback: String,
     },
+    /// The user's code called `sys.exit` with a non-zero code (reported
+    /// at once: JAX's shutdown barrier may hold the process for minutes).
+    SystemExit {
+        code: i32,
+        argument: String,
+        traceback: String,
+    },
     /// The process ended with a non-zero status or a signal.
     Exit { exit: ExitInfo },
     /// The process could not be started.
     SpawnFailed { error: String },
     /// A host's agent went away with workers still running.
     AgentLost { host: u32, error: String },
-    /// No `meshrun.report` from this rank for the hang timeout.
-    Hang { secs: f64, last_step: Option<u64> },
+    /// No `meshrun.report` from this rank for the hang timeout, or for the
+    /// finish timeout after rank `after_finish_of` finished its program.
+    Hang {
+        secs: f64,
+        last_step: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        after_finish_of: Option<u32>,
+    },
     /// The process is there but its heartbeats stopped (frozen, stopped).
     Unresponsive { secs: f64 },
     /// Its connection to the controller broke while it was running.
@@ -43,15 +56,30 @@ impl Cause {
             Cause::Exception {
                 exception, message, ..
             } => format!("raised {exception}: {message}"),
+            // Worded as the exit status it asked for, which the process may
+            // never reach (meshrun stops it if JAX holds it at exit).
+            Cause::SystemExit { code, argument, .. } => {
+                format!("ended with exit code {code} (called sys.exit({argument}))")
+            }
             Cause::Exit { exit } => format!("ended with {exit}"),
             Cause::SpawnFailed { error } => format!("could not start: {error}"),
             Cause::AgentLost { host, error } => format!("lost its agent (host {host}): {error}"),
-            Cause::Hang { secs, last_step } => {
+            Cause::Hang {
+                secs,
+                last_step,
+                after_finish_of,
+            } => {
                 let last = last_step.map_or_else(
                     || "before its first report".to_string(),
                     |s| format!("after step {s}"),
                 );
-                format!("hung: no report for {secs:.0} s ({last}); see the stacks")
+                match after_finish_of {
+                    Some(first) => format!(
+                        "hung: no report for {secs:.0} s ({last}) while rank {first} had \
+                         finished its program; see where each rank was below"
+                    ),
+                    None => format!("hung: no report for {secs:.0} s ({last}); see the stacks"),
+                }
             }
             Cause::Unresponsive { secs } => {
                 format!("stopped sending heartbeats for {secs:.0} s (frozen or stopped?)")
@@ -77,6 +105,9 @@ pub struct RankEnd {
     pub rank: u32,
     pub exit: Option<ExitInfo>,
     pub stopped_by_meshrun: bool,
+    /// It had finished its program successfully before the failure, after
+    /// this step (`Some(None)`: before any report).
+    pub finished_early: Option<Option<u64>>,
 }
 
 const TAIL_LINES: usize = 12;
@@ -129,6 +160,17 @@ pub fn render(
             let _ = writeln!(s, "    | {line}");
         }
     }
+    // After the output, which often says why (argparse's usage, the
+    // program's own message), the place the program chose to exit.
+    if let Cause::SystemExit { traceback, .. } = &failure.cause {
+        let lines: Vec<&str> = traceback.lines().collect();
+        if !lines.is_empty() {
+            let _ = writeln!(s, "  where rank {} called sys.exit:", failure.rank);
+            for line in &lines[lines.len().saturating_sub(TAIL_LINES)..] {
+                let _ = writeln!(s, "    | {line}");
+            }
+        }
+    }
     let others: Vec<String> = ranks
         .iter()
         .filter(|r| r.rank != failure.rank)
@@ -144,6 +186,18 @@ pub fn render(
     if !others.is_empty() {
         let _ = writeln!(s, "  other ranks: {}", others.join("; "));
     }
+    for r in ranks.iter().filter(|r| r.rank != failure.rank) {
+        if let Some(step) = r.finished_early {
+            let when = step.map_or_else(|| "before its first report".to_string(), |s| format!("after step {s}"));
+            let _ = writeln!(
+                s,
+                "  note: rank {} had already finished its program successfully ({when}) while the \
+                 others still ran; a rank that leaves early makes the others wait in their next \
+                 collective",
+                r.rank
+            );
+        }
+    }
     let _ = write!(s, "  log: {}", log.display());
     s
 }
@@ -157,6 +211,7 @@ mod tests {
         let hang = Cause::Hang {
             secs: 31.4,
             last_step: Some(12),
+            after_finish_of: None,
         };
         assert_eq!(
             hang.headline(),
@@ -208,6 +263,7 @@ mod tests {
                 signal: Some(9),
             }),
             stopped_by_meshrun: true,
+            finished_early: None,
         }];
         let text = render(
             "r",
@@ -245,6 +301,7 @@ mod tests {
                     signal: Some(15),
                 }),
                 stopped_by_meshrun: true,
+                finished_early: None,
             },
             RankEnd {
                 rank: 1,
@@ -253,11 +310,13 @@ mod tests {
                     signal: None,
                 }),
                 stopped_by_meshrun: false,
+                finished_early: None,
             },
             RankEnd {
                 rank: 2,
                 exit: None,
                 stopped_by_meshrun: false,
+                finished_early: None,
             },
         ];
         insta::assert_snapshot!(render(

@@ -18,8 +18,10 @@ use super::launch::{host_launches, FUNCTION_FILE};
 use super::output::Output;
 use super::progress::Progress;
 use super::server::{bind, spawn_accept_loop, Event};
+use super::stacks;
 use super::summary::{render, render_attempts, Cause, FailureRecord, RankEnd};
 use super::tensorboard::TensorBoard;
+use super::terminal::terminal;
 use super::{ExecOptions, Outcome, OutcomeStatus, StopHandle, STOP_GRACE_MS};
 use crate::error::CoreError;
 use crate::plan::RunPlan;
@@ -65,6 +67,12 @@ struct RankState {
     saved_timings: BTreeMap<u64, Timing>,
     /// How many reports it sent (recorded in `run.json`).
     reports: u64,
+    /// When its program finished (its goodbye came, or it exited 0), and
+    /// its last step then: the others must follow it soon (see
+    /// `FailurePolicy::finish_timeout_s`).
+    finished: Option<(Instant, Option<u64>)>,
+    /// It had finished before the attempt failed: the summary says so.
+    finished_before_failure: bool,
 }
 
 impl RankState {
@@ -85,6 +93,14 @@ impl RankState {
     fn abandon(&mut self) {
         self.done = true;
         self.tx = None;
+    }
+
+    /// Its program finished; `failed` when the attempt had already failed.
+    fn finish(&mut self, failed: bool) {
+        if self.finished.is_none() {
+            self.finished = Some((Instant::now(), self.last_step));
+            self.finished_before_failure = !failed;
+        }
     }
 }
 
@@ -114,6 +130,9 @@ const PREEMPT_GRACE: Duration = Duration::from_mins(1);
 
 /// How long a stack dump delays the stop (the agent waits as long).
 const STACK_DUMP_WAIT: Duration = Duration::from_millis(100);
+
+/// How long the end of a run waits for the terminal to take what is queued.
+const TERMINAL_FLUSH_WAIT: Duration = Duration::from_secs(2);
 
 /// SIGTERM to SIGKILL when the attempt failed: none (see `begin_stop`).
 const FAILURE_STOP_GRACE_MS: u64 = 0;
@@ -214,6 +233,8 @@ pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, Core
             &token,
             &mut record,
             &mut ledger,
+            // Restarts resume from the newest checkpoint that verifies.
+            plan.resume_from.filter(|_| made == 0),
         )
         .await?;
         made += 1;
@@ -240,16 +261,16 @@ pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, Core
                 |s| format!("from checkpoint step-{s}"),
             );
             if let Some(text) = &end.summary {
-                eprintln!("{text}");
+                terminal().note(text);
             }
-            eprintln!(
+            terminal().note(&format!(
                 "meshrun: attempt {} failed: rank {} {}; restarting {from} (failure {} of {} allowed)",
                 f.attempt,
                 f.rank,
                 f.cause.headline(),
                 failed.len(),
                 plan.failure.max_failures
-            );
+            ));
             continue;
         }
         if let Some(tb) = tensorboard {
@@ -267,7 +288,7 @@ pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, Core
         // it must not fail the run.
         if let Err(e) = crate::report::write(&plan.run_dir) {
             tracing::warn!("report.html not written: {e}");
-            eprintln!("meshrun: warning: report.html not written: {e}");
+            terminal().note(&format!("meshrun: warning: report.html not written: {e}"));
         }
         let summary = match (&end.summary, failed.len()) {
             (Some(text), n) if n > 1 && end.status == OutcomeStatus::Failed => Some(format!(
@@ -278,6 +299,9 @@ pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, Core
             )),
             _ => end.summary,
         };
+        // Whatever the workers printed comes before the caller's summary;
+        // a terminal paused for good does not hold the run's end.
+        terminal().flush(TERMINAL_FLUSH_WAIT);
         return Ok(Outcome {
             status: end.status,
             name: plan.name.clone(),
@@ -322,6 +346,7 @@ impl RunRecord {
 
 /// One attempt: its own control port, agents and workers, from launch to
 /// the last worker's exit.
+#[allow(clippy::too_many_arguments)]
 async fn attempt(
     plan: &RunPlan,
     opts: &ExecOptions,
@@ -330,6 +355,7 @@ async fn attempt(
     token: &Token,
     record: &mut RunRecord,
     ledger: &mut Ledger,
+    resume_from: Option<u64>,
 ) -> Result<AttemptEnd, CoreError> {
     let attempt = record.attempts.len() as u32 + 1;
     let started_unix = unix_time();
@@ -355,20 +381,27 @@ async fn attempt(
         json!({ "attempt": attempt, "nprocs": plan.nprocs, "hosts": plan.hosts, "control_addr": addr.to_string() }),
     )?;
 
-    let (checkpoints, removed) =
-        match Checkpoints::open(&plan.run_dir, plan.nprocs, plan.retention.clone()) {
-            Ok(found) => found,
-            Err(e) => {
-                accept.abort();
-                return Err(errored(rundir, plan, record, CoreError::Checkpoint(e)));
-            }
-        };
+    let opened = Checkpoints::open(
+        &plan.run_dir,
+        plan.nprocs,
+        plan.retention.clone(),
+        attempt,
+        resume_from,
+    );
+    let (checkpoints, removed) = match opened {
+        Ok(found) => found,
+        Err(e) => {
+            accept.abort();
+            return Err(errored(rundir, plan, record, CoreError::Checkpoint(e)));
+        }
+    };
     for path in removed {
         rundir.event(
             "checkpoint_discarded",
             json!({ "path": path.display().to_string(), "reason": "not committed" }),
         )?;
     }
+    checkpoints.record(rundir)?;
     let mut agent_procs = match agents::start(plan, addr, token) {
         Ok(agents) => agents,
         Err(e) => {
@@ -599,6 +632,17 @@ impl<'a> Supervisor<'a> {
         if let Some((rank, secs)) = frozen {
             return self.fail(rank, Cause::Unresponsive { secs });
         }
+        if let Some((rank, secs, first)) = self.behind_a_finished_rank(now) {
+            let last_step = self.ranks[rank as usize].last_step;
+            return self.fail(
+                rank,
+                Cause::Hang {
+                    secs,
+                    last_step,
+                    after_finish_of: Some(first),
+                },
+            );
+        }
         if let Some(limit) = self.plan.failure.hang_timeout_s {
             // The rank that has gone longest without a report is named.
             let stalest = live()
@@ -607,11 +651,42 @@ impl<'a> Supervisor<'a> {
             if let Some((since, rank, last_step)) = stalest {
                 let secs = now.duration_since(since).as_secs_f64();
                 if secs >= limit {
-                    return self.fail(rank, Cause::Hang { secs, last_step });
+                    return self.fail(
+                        rank,
+                        Cause::Hang {
+                            secs,
+                            last_step,
+                            after_finish_of: None,
+                        },
+                    );
                 }
             }
         }
         Ok(())
+    }
+
+    /// A rank still running with no report for the finish timeout since
+    /// the first rank finished its program (or since its own last report,
+    /// if later): SPMD ranks end together, and JAX holds a finished rank in
+    /// its shutdown barrier, then aborts it. Gives (rank, seconds, the rank
+    /// that finished first).
+    fn behind_a_finished_rank(&self, now: Instant) -> Option<(u32, f64, u32)> {
+        let limit = self.plan.failure.finish_timeout();
+        let (first, since) = self
+            .ranks
+            .iter()
+            .enumerate()
+            .filter_map(|(rank, r)| Some((r.finished?.0, rank as u32)))
+            .min()
+            .map(|(t, rank)| (rank, t))?;
+        self.ranks
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| !r.done && r.finished.is_none())
+            .map(|(rank, r)| (rank as u32, r.progress.map_or(since, |p| p.max(since))))
+            .filter(|(_, last)| now.duration_since(*last) >= limit)
+            .min_by_key(|(_, last)| *last)
+            .map(|(rank, last)| (rank, now.duration_since(last).as_secs_f64(), first))
     }
 
     fn finished(&self) -> bool {
@@ -703,12 +778,33 @@ impl<'a> Supervisor<'a> {
                 }
                 self.on_worker_message(rank, msg)?;
             }
+            Event::StopRequested { now, tx } => {
+                self.rundir.event(
+                    "stop_requested",
+                    json!({ "attempt": self.attempt, "now": now }),
+                )?;
+                let sigterm = Signal::SIGTERM as i32;
+                let what = if now || self.stop.is_some() {
+                    self.interrupt(sigterm)?;
+                    "stopping every worker now"
+                } else if self.checkpointing && self.preempt_deadline.is_none() {
+                    self.terminate()?;
+                    "every worker saves a checkpoint at its next report; the run stops once it is committed"
+                } else {
+                    self.interrupt(sigterm)?;
+                    "stopping every worker now (the program has not saved a checkpoint through meshrun.report, so there is none to wait for)"
+                };
+                let _ = tx.send(Message::StopAccepted { what: what.to_string() });
+            }
             Event::WorkerLost { rank, clean } => {
                 tracing::debug!(rank, clean, "worker connection closed");
+                let failed = self.failure.is_some();
                 if let Some(state) = self.ranks.get_mut(rank as usize) {
                     state.tx = None;
                     state.heard = None;
-                    if !clean {
+                    if clean {
+                        state.finish(failed);
+                    } else {
                         state.connection_lost = Some(Instant::now());
                     }
                 }
@@ -721,9 +817,14 @@ impl<'a> Supervisor<'a> {
         let pph = self.plan.procs_per_host;
         let owns = |rank: u32| rank / pph == host && (rank as usize) < self.ranks.len();
         match msg {
-            Message::Log { rank, stream, line } if owns(rank) => {
+            Message::Log {
+                rank,
+                stream,
+                line,
+                more,
+            } if owns(rank) => {
                 if let Some(out) = &mut self.output {
-                    out.line(rank, stream, &line);
+                    out.line(rank, stream, &line, more);
                 }
             }
             Message::WorkerStarted { rank, pid } if owns(rank) => {
@@ -738,10 +839,20 @@ impl<'a> Supervisor<'a> {
                 self.ranks[rank as usize].done = true;
                 self.fail(rank, Cause::SpawnFailed { error })?;
             }
+            Message::LeftoversEnded { rank, pids, how } if owns(rank) => {
+                self.rundir.event(
+                    "leftovers_ended",
+                    json!({ "attempt": self.attempt, "rank": rank, "host": host, "count": pids.len(), "pids": pids, "how": how }),
+                )?;
+            }
             Message::WorkerExited { rank, exit } if owns(rank) => {
+                let failed = self.failure.is_some();
                 let state = &mut self.ranks[rank as usize];
                 state.exit = Some(exit);
                 state.done = true;
+                if exit.success() {
+                    state.finish(failed);
+                }
                 let stopped = state.stopped_by_meshrun;
                 if let Some(out) = &mut self.output {
                     out.note(rank, &format!("rank {rank} ended with {exit}"));
@@ -847,6 +958,18 @@ impl<'a> Supervisor<'a> {
                     self.ranks[rank as usize].timing = Some(t);
                 }
             }
+            Message::PreemptSave { step } => {
+                // A rank saving `step` went past every earlier step without
+                // a preemption save of it: ranks waiting on those go on, to
+                // meet the others at a later step.
+                if self.preempt_deadline.is_some() && self.stop.is_none() && step > 0 {
+                    for r in &self.ranks {
+                        if let Some(tx) = &r.tx {
+                            let _ = tx.send(Message::Resume { step: step - 1 });
+                        }
+                    }
+                }
+            }
             Message::Failure {
                 kind,
                 message,
@@ -856,6 +979,18 @@ impl<'a> Supervisor<'a> {
                 Cause::Exception {
                     exception: kind,
                     message,
+                    traceback,
+                },
+            )?,
+            Message::ExitRequested {
+                code,
+                argument,
+                traceback,
+            } => self.fail(
+                rank,
+                Cause::SystemExit {
+                    code,
+                    argument,
                     traceback,
                 },
             )?,
@@ -879,6 +1014,7 @@ impl<'a> Supervisor<'a> {
             coordinator: &coordinator,
             user_xla_flags: user_xla_flags.as_deref(),
             host_ip: "",
+            resume_step: self.checkpoints.resume_step(),
         };
         let mut plans = Vec::new();
         for (&host, link) in &self.agents {
@@ -929,13 +1065,14 @@ impl<'a> Supervisor<'a> {
     }
 
     /// Records the first failure of the attempt and stops the group. A later
-    /// exception report from the same rank adds its traceback.
+    /// exception or `sys.exit` report from the same rank adds its traceback
+    /// (its exit, which comes over the agent's connection, can overtake it).
     fn fail(&mut self, rank: u32, cause: Cause) -> Result<(), CoreError> {
         match &mut self.failure {
             Some(first) => {
                 if first.rank == rank
                     && matches!(first.cause, Cause::Exit { .. })
-                    && matches!(cause, Cause::Exception { .. })
+                    && matches!(cause, Cause::Exception { .. } | Cause::SystemExit { .. })
                 {
                     first.cause = cause;
                 }
@@ -1002,10 +1139,11 @@ impl<'a> Supervisor<'a> {
         // A failed group cannot go on (JAX SPMD does not survive a missing
         // member) and JAX workers ignore SIGTERM, so after the stacks it is
         // killed at once: every second here delays the restart.
-        let grace_ms = if reason == StopReason::Failure {
-            FAILURE_STOP_GRACE_MS
-        } else {
-            STOP_GRACE_MS
+        // After a preemption's commit every rank waits in `report` with
+        // nothing left to lose: no grace either, so none trains on.
+        let grace_ms = match reason {
+            StopReason::Failure | StopReason::Preempted(_) => FAILURE_STOP_GRACE_MS,
+            StopReason::Signal(_) => STOP_GRACE_MS,
         };
         for link in self.agents.values() {
             let _ = link.tx.send(Message::Stop {
@@ -1126,6 +1264,10 @@ impl<'a> Supervisor<'a> {
                         rank: rank as u32,
                         exit: r.exit,
                         stopped_by_meshrun: r.stopped_by_meshrun,
+                        finished_early: r
+                            .finished
+                            .filter(|_| r.finished_before_failure)
+                            .map(|(_, step)| step),
                     })
                     .collect();
                 let tail = self
@@ -1140,8 +1282,20 @@ impl<'a> Supervisor<'a> {
                     &tail,
                     &self.rundir.log_path(failure.rank),
                 );
-                if self.stacks_dumped {
-                    let _ = write!(text, "\n  stacks: {}", self.stacks_dir().display());
+                // Only what was written: a rank that had exited, or a group
+                // stopped before the dump, leaves no stacks.
+                let dir = self.stacks_dir();
+                if self.stacks_dumped && stacks::any_written(&dir) {
+                    if matches!(failure.cause, Cause::Hang { .. } | Cause::Unresponsive { .. }) {
+                        let frames = stacks::frames(&dir, self.plan.nprocs);
+                        if !frames.is_empty() {
+                            let _ = write!(text, "\n  where each rank was (innermost frame of your code):");
+                            for (rank, frame) in frames {
+                                let _ = write!(text, "\n    rank {rank}: {frame}");
+                            }
+                        }
+                    }
+                    let _ = write!(text, "\n  stacks: {}", dir.display());
                 }
                 Some(text)
             }

@@ -97,6 +97,17 @@ pub enum Message {
     },
     /// The run is over; the agent exits.
     Shutdown,
+
+    // --- `meshrun stop` <-> controller ---
+    /// Stop the run: at once with `now`, else as on SIGTERM (a checkpoint
+    /// first, when the program saves through `meshrun.report`).
+    StopRun {
+        now: bool,
+    },
+    /// What the controller will do about it.
+    StopAccepted {
+        what: String,
+    },
     WorkerStarted {
         rank: u32,
         pid: u32,
@@ -106,10 +117,24 @@ pub enum Message {
         rank: u32,
         error: String,
     },
+    /// One line of a worker's output, without its newline. A line longer
+    /// than a frame should carry comes in pieces: every piece but the last
+    /// has `more`.
     Log {
         rank: u32,
         stream: Stream,
         line: String,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        more: bool,
+    },
+    /// Processes the worker of `rank` left running when it ended, which
+    /// the agent has killed; `how` says how they were found ("cgroup",
+    /// "process group", "process group and subreaper"). Sent before that
+    /// worker's `WorkerExited`, and only when there were some.
+    LeftoversEnded {
+        rank: u32,
+        pids: Vec<u32>,
+        how: String,
     },
     WorkerExited {
         rank: u32,
@@ -148,10 +173,31 @@ pub enum Message {
     /// Controller to worker: save a checkpoint at the next `report` that
     /// carries the state (preemption), whatever the checkpoint interval.
     CheckpointNow,
+    /// Worker to controller, before the save starts: this rank saves `step`
+    /// for the preemption, then waits (so no rank trains past the
+    /// checkpoint that ends the run).
+    PreemptSave {
+        step: u64,
+    },
+    /// Controller to worker: preemption saves of steps up to `step` cannot
+    /// all commit (some rank went past them without saving): go on.
+    Resume {
+        step: u64,
+    },
     /// The user's code raised; sent before the worker tries to exit.
     Failure {
         kind: String,
         message: String,
+        traceback: String,
+    },
+    /// The user's code raised `SystemExit` with a non-zero code; sent
+    /// before the worker tries to exit, since JAX's shutdown barrier can
+    /// hold an exiting process for minutes. `argument`: what was passed to
+    /// `sys.exit`, as Python writes it (`3`, `'no data'`); `traceback`:
+    /// where it was called, the user's frames only.
+    ExitRequested {
+        code: i32,
+        argument: String,
         traceback: String,
     },
     /// This rank has written and synced its shards of checkpoint `step`

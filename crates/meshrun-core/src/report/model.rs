@@ -109,7 +109,13 @@ impl Run {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         let mut run = Run {
-            name: str_of(&record, "name").unwrap_or(dir_name),
+            // The folder is the name every command takes; run.json keeps the
+            // one the run was started under, which a copy or rename leaves stale.
+            name: if dir_name.is_empty() {
+                str_of(&record, "name").unwrap_or_default()
+            } else {
+                dir_name
+            },
             run_id: str_of(&record, "run_id"),
             state: str_of(&record, "state").unwrap_or_else(|| "unknown".to_string()),
             created: str_of(&record, "created"),
@@ -131,6 +137,7 @@ impl Run {
             skipped_lines: bad_events + bad_metrics,
         };
         run.apply_events(&events);
+        run.interrupt_if_orphaned(crate::rundir::lock_is_held(dir));
         run.start = first_time(&events, &run.records).or_else(|| {
             run.created
                 .as_deref()
@@ -194,6 +201,19 @@ impl Run {
             self.attempt_mut(n).resumed_from = step;
         }
         self.attempts.sort_by_key(|a| a.number);
+    }
+
+    /// A run (or attempt) recorded as running whose controller is gone
+    /// is interrupted. Only the newest attempt can still be running; an
+    /// older one left `running` lost its controller before a later
+    /// invocation continued the run.
+    fn interrupt_if_orphaned(&mut self, live: bool) {
+        use crate::rundir::shown_state;
+        self.state = shown_state(&self.state, live).to_string();
+        let newest = self.attempts.iter().map(|a| a.number).max();
+        for a in &mut self.attempts {
+            a.state = shown_state(&a.state, live && Some(a.number) == newest).to_string();
+        }
     }
 
     fn attempt_mut(&mut self, number: u64) -> &mut Attempt {
@@ -397,6 +417,7 @@ mod tests {
     #[test]
     fn a_running_attempt_comes_from_the_events_alone() {
         let dir = tempfile::TempDir::new().unwrap();
+        let _controller = crate::rundir::RunDir::open(dir.path(), "r").unwrap();
         std::fs::write(
             dir.path().join("events.jsonl"),
             "{\"event\":\"attempt_started\",\"attempt\":1,\"time\":100.0}\n{\"event\":\"worker_started\",\"time\":101.5}\n",
@@ -406,5 +427,49 @@ mod tests {
         assert_eq!(run.attempts.len(), 1);
         assert_eq!(run.attempts[0].state, "running");
         assert_eq!((run.start, run.end), (Some(100.0), Some(101.5)));
+    }
+
+    /// run.json as a controller killed with SIGKILL leaves it: the run and
+    /// its second attempt still `running`, after a first attempt that was
+    /// also cut short before the run was continued.
+    fn orphaned(dir: &Path) {
+        std::fs::write(
+            dir.join("run.json"),
+            r#"{"name": "old-name", "state": "running", "attempts": [
+                {"attempt": 1, "state": "running", "started": "2026-12-02T10:00:00Z"},
+                {"attempt": 2, "state": "running", "started": "2026-12-02T10:05:00Z"}]}"#,
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn a_run_whose_controller_is_gone_is_interrupted() {
+        let dir = tempfile::TempDir::new().unwrap();
+        orphaned(dir.path());
+        std::fs::write(dir.path().join(".lock"), "12345").unwrap();
+        let run = Run::load(dir.path()).unwrap();
+        assert_eq!(run.state, "interrupted");
+        let states: Vec<&str> = run.attempts.iter().map(|a| a.state.as_str()).collect();
+        assert_eq!(states, ["interrupted", "interrupted"]);
+    }
+
+    #[test]
+    fn a_live_run_keeps_only_its_newest_attempt_running() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let _controller = crate::rundir::RunDir::open(dir.path(), "r").unwrap();
+        orphaned(dir.path());
+        let run = Run::load(dir.path()).unwrap();
+        assert_eq!(run.state, "running");
+        let states: Vec<&str> = run.attempts.iter().map(|a| a.state.as_str()).collect();
+        assert_eq!(states, ["interrupted", "running"]);
+    }
+
+    #[test]
+    fn a_run_is_named_by_its_folder() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let renamed = dir.path().join("new-name");
+        std::fs::create_dir(&renamed).unwrap();
+        orphaned(&renamed);
+        assert_eq!(Run::load(&renamed).unwrap().name, "new-name");
     }
 }

@@ -1,0 +1,390 @@
+//! Which committed checkpoint a run resumes from.
+//!
+//! The newest checkpoint cannot be trusted blindly: a damaged one (a
+//! flipped byte, a shard file gone, a manifest cut short) would fail the
+//! restore of every attempt in turn and use up the run's restarts. So
+//! before each attempt the controller verifies the checkpoints newest first
+//! and resumes from the first that verifies ([`newest_verified`]); the ones
+//! it skips stay where they are, for the user to inspect. A step asked for
+//! explicitly is checked before the run starts ([`check_requested`]), and
+//! the checkpoints newer than it are set aside ([`supersede_newer`]), so
+//! that later restarts, and later runs under the same name, carry on from
+//! the step asked for rather than jumping back to the abandoned ones.
+//!
+//! The controller hands its choice to the workers; [`for_attempt`] is what
+//! a worker then gives out as its checkpoint.
+
+use std::path::{Path, PathBuf};
+
+use crate::commit::{committed, set_aside, step_dir};
+use crate::error::CkptError;
+use crate::manifest::Manifest;
+use crate::read::Reader;
+
+/// The folder of a run's checkpoints, inside its run directory.
+pub const CHECKPOINTS: &str = "checkpoints";
+
+/// What a checkpoint that was set aside is renamed to: `<label>-step-N`.
+pub const SUPERSEDED: &str = "superseded";
+pub const DAMAGED: &str = "damaged";
+
+/// Reads every byte of a checkpoint and checks it: every CRC, and that
+/// the manifest agrees with the shard files. Returns how many tensors.
+pub fn verify(dir: &Path) -> Result<usize, CkptError> {
+    Reader::open(dir)?.verify_all()
+}
+
+/// A checkpoint passed over, and why.
+#[derive(Debug)]
+pub struct Skipped {
+    pub step: u64,
+    pub path: PathBuf,
+    pub error: CkptError,
+}
+
+/// Where an attempt resumes from.
+#[derive(Debug, Default)]
+pub struct Choice {
+    /// `None`: from the beginning.
+    pub step: Option<u64>,
+    /// The newer checkpoints that did not verify, newest first.
+    pub skipped: Vec<Skipped>,
+}
+
+/// The newest committed checkpoint under `root` that verifies.
+pub fn newest_verified(root: &Path) -> Choice {
+    choose(&committed(root), |dir| verify(dir).map(drop))
+}
+
+fn choose(
+    candidates: &[(u64, PathBuf)],
+    verify: impl Fn(&Path) -> Result<(), CkptError>,
+) -> Choice {
+    let mut choice = Choice::default();
+    for (step, path) in candidates.iter().rev() {
+        match verify(path) {
+            Ok(()) => {
+                choice.step = Some(*step);
+                break;
+            }
+            Err(error) => choice.skipped.push(Skipped {
+                step: *step,
+                path: path.clone(),
+                error,
+            }),
+        }
+    }
+    choice
+}
+
+/// A resume step that cannot be used (a usage error: the run is not
+/// started).
+#[derive(Debug, thiserror::Error)]
+pub enum ResumeError {
+    #[error(
+        "cannot resume from step {step}: run '{run}' has no checkpoints (nothing committed in \
+         '{dir}'); leave out --resume-from (RunConfig.resume_from) to start from the beginning"
+    )]
+    NoCheckpoints {
+        step: u64,
+        run: String,
+        dir: PathBuf,
+    },
+    #[error(
+        "cannot resume from step {step}: run '{run}' has no checkpoint step-{step}; \
+         its checkpoints are steps {available}"
+    )]
+    NoSuchStep {
+        step: u64,
+        run: String,
+        available: String,
+    },
+    #[error("cannot resume from step {step}: checkpoint step-{step} of run '{run}' does not verify: {source}; {others}")]
+    Damaged {
+        step: u64,
+        run: String,
+        source: CkptError,
+        others: String,
+    },
+}
+
+fn list(steps: impl Iterator<Item = u64>) -> String {
+    steps.map(|s| s.to_string()).collect::<Vec<_>>().join(", ")
+}
+
+/// Checks, before the run starts, that run `run` (in `run_dir`) has a
+/// committed checkpoint `step` and that it verifies.
+pub fn check_requested(run_dir: &Path, run: &str, step: u64) -> Result<(), ResumeError> {
+    let root = run_dir.join(CHECKPOINTS);
+    let all = committed(&root);
+    if all.is_empty() {
+        return Err(ResumeError::NoCheckpoints {
+            step,
+            run: run.to_string(),
+            dir: root,
+        });
+    }
+    let Some((_, path)) = all.iter().find(|(s, _)| *s == step) else {
+        return Err(ResumeError::NoSuchStep {
+            step,
+            run: run.to_string(),
+            available: list(all.iter().map(|(s, _)| *s)),
+        });
+    };
+    verify(path).map(drop).map_err(|source| {
+        let others: Vec<u64> = all.iter().map(|(s, _)| *s).filter(|s| *s != step).collect();
+        ResumeError::Damaged {
+            step,
+            run: run.to_string(),
+            source,
+            others: if others.is_empty() {
+                "it has no other checkpoint".to_string()
+            } else {
+                format!(
+                    "its other checkpoints are steps {}",
+                    list(others.into_iter())
+                )
+            },
+        }
+    })
+}
+
+/// Sets aside every committed checkpoint newer than `step` (renamed
+/// `superseded-step-N`, files untouched). Returns (step, old path, new
+/// path) of each, oldest first.
+pub fn supersede_newer(root: &Path, step: u64) -> Result<Vec<(u64, PathBuf, PathBuf)>, CkptError> {
+    let mut moved = Vec::new();
+    for (newer, path) in committed(root).into_iter().filter(|(s, _)| *s > step) {
+        let to = set_aside(root, newer, SUPERSEDED)?;
+        moved.push((newer, path, to));
+    }
+    Ok(moved)
+}
+
+/// The checkpoint a worker of attempt `attempt` uses: the newest one its
+/// own attempt committed, else the one the controller chose for the
+/// attempt (`chosen`; `None`: none). Checkpoints newer than the chosen one
+/// that this attempt did not commit are the ones the controller skipped as
+/// damaged, and are never given out.
+pub fn for_attempt(root: &Path, chosen: Option<u64>, attempt: u32) -> Option<(u64, PathBuf)> {
+    for (step, path) in committed(root).into_iter().rev() {
+        if chosen.is_some_and(|c| step <= c) {
+            break;
+        }
+        if Manifest::read(&path).is_ok_and(|m| m.attempt == Some(attempt)) {
+            return Some((step, path));
+        }
+    }
+    chosen.map(|step| (step, step_dir(root, step)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::commit::{commit, tmp_dir};
+    use crate::manifest::{Leaf, FORMAT_VERSION};
+    use crate::shard::{write_rank_file, ShardIn};
+
+    /// Commits step `step` of a one-leaf tree (4 float32 values), saved by
+    /// attempt `attempt`.
+    fn save(root: &Path, step: u64, attempt: Option<u32>) -> PathBuf {
+        let bytes: Vec<u8> = (0..4u32).flat_map(|v| (v as f32).to_le_bytes()).collect();
+        let tmp = tmp_dir(root, step);
+        std::fs::create_dir_all(&tmp).unwrap();
+        let shards = write_rank_file(
+            &tmp,
+            0,
+            &[ShardIn {
+                leaf: "w".into(),
+                dtype: "float32".into(),
+                region: vec![(0, 4)],
+                data: &bytes,
+            }],
+        )
+        .unwrap();
+        let manifest = Manifest {
+            format: FORMAT_VERSION,
+            step,
+            leaves: vec![Leaf {
+                path: "w".into(),
+                dtype: "float32".into(),
+                shape: vec![4],
+                shards: shards.into_iter().map(|(_, s)| s).collect(),
+            }],
+            extra: serde_json::json!({}),
+            attempt,
+        };
+        commit(root, &manifest).unwrap()
+    }
+
+    fn flip_last_byte(dir: &Path) {
+        let file = dir.join("rank-0.safetensors");
+        let mut raw = std::fs::read(&file).unwrap();
+        let n = raw.len();
+        raw[n - 1] ^= 0x01;
+        std::fs::write(&file, raw).unwrap();
+    }
+
+    #[test]
+    fn choose_takes_the_newest_that_verifies_and_names_the_rest() {
+        let c = |s: u64| (s, PathBuf::from(format!("step-{s}")));
+        let bad = |p: &Path| -> Result<(), CkptError> {
+            if p.ends_with("step-40") || p.ends_with("step-30") {
+                Err(CkptError::MissingShard(p.join("rank-0.safetensors")))
+            } else {
+                Ok(())
+            }
+        };
+        let choice = choose(&[c(10), c(20), c(30), c(40)], bad);
+        assert_eq!(choice.step, Some(20));
+        let skipped: Vec<u64> = choice.skipped.iter().map(|s| s.step).collect();
+        assert_eq!(skipped, vec![40, 30]);
+        assert!(choice.skipped[0].error.to_string().contains("step-40"));
+        // None verifies: from the beginning, every one named.
+        let choice = choose(&[c(30), c(40)], bad);
+        assert_eq!((choice.step, choice.skipped.len()), (None, 2));
+        // Nothing committed: from the beginning, nothing skipped.
+        let choice = choose(&[], bad);
+        assert_eq!((choice.step, choice.skipped.len()), (None, 0));
+    }
+
+    #[test]
+    fn a_damaged_newest_is_skipped_and_left_as_it_was() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        save(root, 10, None);
+        let newest = save(root, 20, None);
+        flip_last_byte(&newest);
+        let before = std::fs::read(newest.join("rank-0.safetensors")).unwrap();
+        let choice = newest_verified(root);
+        assert_eq!(choice.step, Some(10));
+        assert_eq!(choice.skipped.len(), 1);
+        let why = choice.skipped[0].error.to_string();
+        assert!(
+            why.contains("checksum mismatch") && why.contains("rank-0.safetensors"),
+            "{why}"
+        );
+        assert_eq!(
+            std::fs::read(newest.join("rank-0.safetensors")).unwrap(),
+            before
+        );
+        // A missing shard file and a manifest that is not JSON are caught too.
+        std::fs::write(newest.join("manifest.json"), "{not json").unwrap();
+        assert!(newest_verified(root).skipped[0]
+            .error
+            .to_string()
+            .contains("manifest"));
+        std::fs::remove_file(root.join("step-10/rank-0.safetensors")).unwrap();
+        let choice = newest_verified(root);
+        assert_eq!((choice.step, choice.skipped.len()), (None, 2));
+        assert!(choice.skipped[1].error.to_string().contains("is missing"));
+    }
+
+    #[test]
+    fn a_manifest_that_disagrees_with_its_files_does_not_verify() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = save(dir.path(), 5, None);
+        let mut m = Manifest::read(&path).unwrap();
+        m.leaves[0].shape = vec![8];
+        m.leaves[0].shards[0].region = vec![(0, 8)];
+        std::fs::write(
+            path.join("manifest.json"),
+            serde_json::to_string(&m).unwrap(),
+        )
+        .unwrap();
+        let err = verify(&path).unwrap_err().to_string();
+        assert!(err.contains("has 16 bytes, expected 32"), "{err}");
+        m.leaves[0].shards[0].region = vec![(0, 4)];
+        std::fs::write(
+            path.join("manifest.json"),
+            serde_json::to_string(&m).unwrap(),
+        )
+        .unwrap();
+        let err = verify(&path).unwrap_err().to_string();
+        assert!(err.contains("do not cover"), "{err}");
+    }
+
+    #[test]
+    fn a_requested_step_must_exist_and_verify() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path();
+        let err = check_requested(run, "r", 3).unwrap_err().to_string();
+        assert!(
+            err.starts_with("cannot resume from step 3: run 'r' has no checkpoints"),
+            "{err}"
+        );
+        let root = run.join(CHECKPOINTS);
+        save(&root, 1, None);
+        save(&root, 2, None);
+        let three = save(&root, 3, None);
+        check_requested(run, "r", 2).unwrap();
+        let err = check_requested(run, "r", 999).unwrap_err().to_string();
+        assert!(
+            err.ends_with("has no checkpoint step-999; its checkpoints are steps 1, 2, 3"),
+            "{err}"
+        );
+        flip_last_byte(&three);
+        let err = check_requested(run, "r", 3).unwrap_err().to_string();
+        assert!(
+            err.contains("checkpoint step-3 of run 'r' does not verify: checksum mismatch"),
+            "{err}"
+        );
+        assert!(
+            err.ends_with("; its other checkpoints are steps 1, 2"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn newer_checkpoints_are_set_aside_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        for step in [1, 2, 3] {
+            save(root, step, None);
+        }
+        let bytes = std::fs::read(root.join("step-3/rank-0.safetensors")).unwrap();
+        // A name already taken (set aside before) gets a suffix.
+        std::fs::create_dir(root.join("superseded-step-3")).unwrap();
+        let moved = supersede_newer(root, 1).unwrap();
+        let names: Vec<(u64, String)> = moved
+            .iter()
+            .map(|(s, _, to)| (*s, to.file_name().unwrap().to_str().unwrap().to_string()))
+            .collect();
+        assert_eq!(
+            names,
+            vec![
+                (2, "superseded-step-2".into()),
+                (3, "superseded-step-3.2".into())
+            ]
+        );
+        assert_eq!(
+            std::fs::read(root.join("superseded-step-3.2/rank-0.safetensors")).unwrap(),
+            bytes
+        );
+        let left: Vec<u64> = committed(root).iter().map(|(s, _)| *s).collect();
+        assert_eq!(left, vec![1]);
+        assert!(newest_verified(root).step == Some(1));
+    }
+
+    #[test]
+    fn a_worker_gets_the_chosen_step_or_what_its_attempt_committed_since() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        save(root, 10, Some(1));
+        save(root, 20, Some(1));
+        let damaged = save(root, 30, Some(1));
+        flip_last_byte(&damaged);
+        // Attempt 2 was told to resume from 20: step-30 is not its own.
+        assert_eq!(
+            for_attempt(root, Some(20), 2),
+            Some((20, root.join("step-20")))
+        );
+        assert_eq!(for_attempt(root, None, 2), None);
+        // Once attempt 2 commits 25, then 30 again, those are its newest.
+        save(root, 25, Some(2));
+        assert_eq!(for_attempt(root, Some(20), 2).unwrap().0, 25);
+        save(root, 30, Some(2));
+        assert_eq!(for_attempt(root, Some(20), 2).unwrap().0, 30);
+        assert_eq!(for_attempt(root, None, 2).unwrap().0, 30);
+    }
+}

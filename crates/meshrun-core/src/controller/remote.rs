@@ -1,0 +1,114 @@
+//! Asking a live run to stop, from another process on the controller's
+//! machine (`meshrun stop NAME`). The request is authenticated with the
+//! run's token, which only the run's owner can read, exactly as every agent
+//! and worker connection is: a process id alone proves nothing.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::net::TcpStream;
+
+use crate::error::CoreError;
+use crate::protocol::{auth, Connection, Message};
+use crate::rundir::lock_is_held;
+use crate::token::Token;
+
+/// How long the controller may take to connect and answer.
+const ANSWER_WAIT: Duration = Duration::from_secs(10);
+
+/// Between attempts the control port changes: a request that found the old
+/// one closed reads the new one and tries again, this many times.
+const TRIES: u32 = 20;
+
+/// [`request_stop`] on a runtime of its own, for callers without one.
+pub fn stop_run(run_dir: &Path, name: &str, now: bool) -> Result<String, CoreError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|source| CoreError::Net {
+            what: "cannot start a runtime",
+            source,
+        })?
+        .block_on(request_stop(run_dir, name, now))
+}
+
+/// Asks the run in `run_dir` to stop: at once with `now`, else after a
+/// checkpoint when its program saves through `meshrun.report` (as SIGTERM
+/// does). Returns the controller's answer, saying what it will do.
+pub async fn request_stop(run_dir: &Path, name: &str, now: bool) -> Result<String, CoreError> {
+    let not_running = || CoreError::NotRunning {
+        name: name.to_string(),
+        path: run_dir.to_path_buf(),
+    };
+    let token_path = run_dir.join("token");
+    let token = std::fs::read_to_string(&token_path)
+        .map_err(CoreError::io("cannot read the run's token", &token_path))?;
+    let token = Token::from_hex(token.trim())?;
+    let mut last_error = None;
+    for _ in 0..TRIES {
+        if !lock_is_held(run_dir) {
+            return Err(not_running());
+        }
+        let Some(addr) = control_addr(run_dir) else {
+            return Err(not_running());
+        };
+        match ask(addr, &token, now, &token_path).await {
+            Ok(answer) => return Ok(answer),
+            // Nobody listens there (yet): a restart is under way.
+            Err(e @ CoreError::Net { .. }) => last_error = Some(e),
+            Err(e) => return Err(e),
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Err(last_error.unwrap_or_else(not_running))
+}
+
+async fn ask(
+    addr: SocketAddr,
+    token: &Token,
+    now: bool,
+    token_path: &Path,
+) -> Result<String, CoreError> {
+    let net = |what| move |source| CoreError::Net { what, source };
+    let stream = tokio::time::timeout(ANSWER_WAIT, TcpStream::connect(addr))
+        .await
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))
+        .and_then(|r| r)
+        .map_err(net("cannot reach the run's controller"))?;
+    let mut conn = Connection::new(stream);
+    // The controller closes a connection that fails the handshake without
+    // saying why: whatever ends it here is a refusal of the token.
+    auth::connect(&mut conn, token)
+        .await
+        .map_err(|e| CoreError::TokenRefused {
+            path: token_path.to_path_buf(),
+            why: e.to_string(),
+        })?;
+    conn.send(&Message::StopRun { now }).await?;
+    match conn.recv_timeout(ANSWER_WAIT).await? {
+        Message::StopAccepted { what } => Ok(what),
+        _ => Err(crate::protocol::ProtocolError::Unexpected {
+            expected: "stop_accepted",
+        }
+        .into()),
+    }
+}
+
+/// The control address of the run's newest attempt, from `run.json`; a
+/// controller listening on every interface is reached on loopback.
+fn control_addr(run_dir: &Path) -> Option<SocketAddr> {
+    let text = std::fs::read_to_string(run_dir.join("run.json")).ok()?;
+    let run: Value = serde_json::from_str(&text).ok()?;
+    let bind: SocketAddr = run["attempts"].as_array()?.last()?["control"]["bind"]
+        .as_str()?
+        .parse()
+        .ok()?;
+    let ip = match bind.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(ip) if ip.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        ip => ip,
+    };
+    Some(SocketAddr::new(ip, bind.port()))
+}

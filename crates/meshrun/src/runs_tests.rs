@@ -1,0 +1,234 @@
+//! Tests of `runs.rs`: the listing and the status page of runs in every
+//! state a folder can be found in.
+
+use super::*;
+use meshrun_core::rundir::RunDir;
+use serde_json::json;
+
+fn unix(text: &str) -> f64 {
+    humantime::parse_rfc3339(text)
+        .unwrap()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// A finished run that failed once and resumed; a running one (whose
+/// controller, this test, holds the lock); one whose controller was
+/// killed; a renamed copy; one with a damaged run.json; and a folder and
+/// a file that are not runs.
+fn runs_dir() -> (tempfile::TempDir, RunDir) {
+    let tmp = tempfile::tempdir().unwrap();
+    let demo = tmp.path().join("demo");
+    std::fs::create_dir_all(demo.join("checkpoints/step-20")).unwrap();
+    std::fs::write(demo.join("checkpoints/step-20/manifest.json"), "{}").unwrap();
+    let failure = json!({"rank": 1, "host": 0, "attempt": 1, "exit": {"code": 1, "signal": null},
+        "cause": {"kind": "exception", "exception": "ValueError", "message": "injected failure at step 12", "traceback": ""}});
+    let record = json!({
+        "name": "demo", "state": "succeeded", "created": "2026-12-02T10:00:00Z",
+        "plan": {"nprocs": 2, "hosts": 1, "platform": "cpu"},
+        "attempts": [
+            {"attempt": 1, "state": "failed", "started": "2026-12-02T10:00:00Z", "ended": "2026-12-02T10:00:41Z", "failure": failure},
+            {"attempt": 2, "state": "succeeded", "started": "2026-12-02T10:00:43Z", "ended": "2026-12-02T10:02:05Z", "failure": null}
+        ]
+    });
+    std::fs::write(demo.join("run.json"), record.to_string()).unwrap();
+    let metrics = (1..=30)
+        .map(|s| json!({"time": 1.0, "attempt": 2, "step": s, "metrics": {"step": s, "loss": 3.0 - f64::from(s) * 0.05, "tokens_per_s": 2310.5}}).to_string() + "\n")
+        .collect::<String>();
+    std::fs::write(demo.join("metrics.jsonl"), metrics).unwrap();
+    let goodput = json!({"wall_s": 125.0,
+        "seconds": {"startup": 5.0, "compile": 20.0, "restore": 1.0, "data": 2.0, "step": 80.0, "checkpoint": 3.0, "lost": 13.0, "other": 1.0},
+        "fractions": {"startup": 0.04, "compile": 0.16, "restore": 0.008, "data": 0.016, "step": 0.64, "checkpoint": 0.024, "lost": 0.104, "other": 0.008}});
+    std::fs::write(demo.join("goodput.json"), goodput.to_string()).unwrap();
+
+    let live = tmp.path().join("live");
+    let controller = RunDir::open(&live, "live").unwrap();
+    let record = json!({"name": "live", "state": "running", "created": "2026-12-02T11:00:00Z",
+        "plan": {"nprocs": 4, "hosts": 2, "platform": "cpu", "ray": {"address": "127.0.0.1:6379", "strategy": "PACK"}},
+        "attempts": [{"attempt": 1, "state": "running", "started": "2026-12-02T11:00:00Z"}]});
+    std::fs::write(live.join("run.json"), record.to_string()).unwrap();
+
+    // As SIGKILL leaves it: run.json says running, the lock file has
+    // the dead controller's pid, and nobody holds the lock.
+    let gone = tmp.path().join("gone");
+    std::fs::create_dir_all(&gone).unwrap();
+    std::fs::write(gone.join(".lock"), "4194304").unwrap();
+    let record = json!({"name": "gone", "state": "running", "created": "2026-12-02T09:00:00Z",
+        "plan": {"nprocs": 2, "hosts": 1, "platform": "cpu"},
+        "attempts": [{"attempt": 1, "state": "running", "started": "2026-12-02T09:00:00Z"}]});
+    std::fs::write(gone.join("run.json"), record.to_string()).unwrap();
+    let events = [
+        ("attempt_started", "2026-12-02T09:00:00Z"),
+        ("worker_started", "2026-12-02T09:02:10Z"),
+    ]
+    .iter()
+    .map(|(e, t)| json!({"event": e, "time": unix(t), "attempt": 1}).to_string() + "\n")
+    .collect::<String>();
+    std::fs::write(gone.join("events.jsonl"), events).unwrap();
+
+    let renamed = tmp.path().join("renamed");
+    std::fs::create_dir_all(&renamed).unwrap();
+    let record = json!({"name": "original", "state": "failed", "created": "2026-12-02T08:00:00Z",
+        "plan": {"nprocs": 1, "hosts": 1, "platform": "cpu"},
+        "attempts": [{"attempt": 1, "state": "failed", "started": "2026-12-02T08:00:00Z", "ended": "2026-12-02T08:00:07Z"}]});
+    std::fs::write(renamed.join("run.json"), record.to_string()).unwrap();
+
+    let broken = tmp.path().join("broken");
+    std::fs::create_dir_all(&broken).unwrap();
+    std::fs::write(broken.join("run.json"), r#"{"name": "broken", "sta"#).unwrap();
+    std::fs::write(broken.join(".lock"), "1").unwrap();
+
+    std::fs::create_dir_all(tmp.path().join("stray")).unwrap();
+    std::fs::write(tmp.path().join("notes.txt"), "not a run").unwrap();
+    (tmp, controller)
+}
+
+fn now() -> SystemTime {
+    humantime::parse_rfc3339("2026-12-02T11:05:30Z").unwrap()
+}
+
+fn status_of(tmp: &tempfile::TempDir, name: &str) -> String {
+    let run = RunView::load(&tmp.path().join(name), now()).unwrap();
+    render_status(&run).replace(&tmp.path().display().to_string(), "<runs>")
+}
+
+#[test]
+fn ls_snapshot() {
+    let (tmp, _controller) = runs_dir();
+    insta::assert_snapshot!(render_ls(&load_all(tmp.path(), now()).unwrap(), tmp.path()));
+}
+
+#[test]
+fn status_snapshot() {
+    let (tmp, _controller) = runs_dir();
+    insta::assert_snapshot!(status_of(&tmp, "demo"));
+}
+
+#[test]
+fn status_of_a_running_run_snapshot() {
+    let (tmp, _controller) = runs_dir();
+    insta::assert_snapshot!(status_of(&tmp, "live"));
+}
+
+#[test]
+fn status_of_a_run_whose_controller_died_snapshot() {
+    let (tmp, _controller) = runs_dir();
+    insta::assert_snapshot!(status_of(&tmp, "gone"));
+}
+
+#[test]
+fn status_of_a_damaged_run_snapshot() {
+    let (tmp, _controller) = runs_dir();
+    insta::assert_snapshot!(status_of(&tmp, "broken"));
+}
+
+#[test]
+fn a_running_run_whose_controller_ends_is_interrupted() {
+    let (tmp, controller) = runs_dir();
+    assert_eq!(find("live", tmp.path()).unwrap().state, "running");
+    drop(controller);
+    let run = find("live", tmp.path()).unwrap();
+    assert_eq!(run.state, "interrupted");
+    assert!(render_status(&run).contains("  1  interrupted  2026-12-02T11:00:00Z"));
+}
+
+#[test]
+fn a_live_run_shows_only_its_newest_attempt_running() {
+    let (tmp, _controller) = runs_dir();
+    let path = tmp.path().join("live/run.json");
+    let mut record: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    record["attempts"] = json!([
+        {"attempt": 1, "state": "running", "started": "2026-12-02T11:00:00Z"},
+        {"attempt": 2, "state": "running", "started": "2026-12-02T11:03:00Z"}
+    ]);
+    std::fs::write(&path, record.to_string()).unwrap();
+    let text = status_of(&tmp, "live");
+    assert!(
+        text.contains("  1  interrupted  2026-12-02T11:00:00Z"),
+        "{text}"
+    );
+    assert!(
+        text.contains("  2  running      2026-12-02T11:03:00Z"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_controller_before_its_first_attempt_is_starting() {
+    let tmp = tempfile::tempdir().unwrap();
+    let _controller = RunDir::open(&tmp.path().join("new"), "new").unwrap();
+    let run = find("new", tmp.path()).unwrap();
+    assert_eq!((run.state.as_str(), run.problem), ("starting", None));
+}
+
+#[test]
+fn damage_is_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let problem = |name: &str, text: Option<&str>| {
+        let dir = tmp.path().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("events.jsonl"), "").unwrap();
+        if let Some(text) = text {
+            std::fs::write(dir.join("run.json"), text).unwrap();
+        }
+        let run = find(name, tmp.path()).unwrap();
+        assert_eq!(run.state, "damaged");
+        run.problem.unwrap()
+    };
+    assert_eq!(problem("missing", None), "run.json is missing");
+    assert_eq!(
+        problem("list", Some("[1]")),
+        "run.json is not a JSON object"
+    );
+    assert_eq!(
+        problem("empty", Some("")),
+        "run.json cannot be parsed: EOF while parsing a value at line 1 column 0"
+    );
+}
+
+#[test]
+fn a_missing_run_is_a_usage_error_naming_it() {
+    let (tmp, _controller) = runs_dir();
+    let err = find("nope", tmp.path()).unwrap_err();
+    assert_eq!(err.exit_code(), crate::exit::USAGE);
+    assert!(
+        err.to_string().starts_with("no run named 'nope' in "),
+        "{err}"
+    );
+    let stray = find("stray", tmp.path()).unwrap_err();
+    assert!(matches!(stray, RunsError::NoRun { .. }), "{stray}");
+}
+
+#[test]
+fn names_are_checked_as_run_checks_them() {
+    let (tmp, _controller) = runs_dir();
+    for bad in ["-x", "x..", "../demo", "demo/"] {
+        let err = find(bad, tmp.path()).unwrap_err();
+        assert_eq!(err.exit_code(), crate::exit::USAGE);
+        assert!(
+            err.to_string()
+                .starts_with(&format!("run name '{bad}' is not accepted: use 1 to 100 ")),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn a_missing_runs_directory_is_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("nothere");
+    let err = ls(&dir).unwrap_err();
+    assert_eq!(err.exit_code(), crate::exit::USAGE);
+    assert!(
+        err.to_string().starts_with(&format!(
+            "runs directory '{}' does not exist",
+            dir.display()
+        )),
+        "{err}"
+    );
+    assert_eq!(
+        render_ls(&[], &dir),
+        format!("no runs in '{}'\n", dir.display())
+    );
+}

@@ -1,0 +1,131 @@
+"""What the run listing says about runs that did not end cleanly: a
+controller killed mid-run, a damaged or renamed run folder; the rule for run
+names on every command that takes one; shell completion and a runs
+directory that is not there."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+
+from conftest import MESHRUN, ROOT, SCRIPTS, alive, assert_none_left, meshrun, read_jsonl, start, stop, wait_for
+
+NAME_RULE = "is not accepted: use 1 to 100 letters, digits, '.', '_' and '-', not starting with '.' or '-' and with no '..'"
+
+
+def cli(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([str(MESHRUN), *map(str, args)], capture_output=True, text=True, timeout=60, cwd=ROOT)
+
+
+def rows(ls_output: str) -> dict[str, list[str]]:
+    """`meshrun ls` as name -> the row's other cells."""
+    lines = ls_output.splitlines()
+    assert lines and lines[0].split()[:2] == ["NAME", "STATE"], ls_output
+    return {line.split()[0]: line.split()[1:] for line in lines[1:]}
+
+
+def worker_pids(run_dir) -> list[int]:
+    return [e["pid"] for e in read_jsonl(run_dir / "events.jsonl") if e["event"] == "worker_started"]
+
+
+def test_a_killed_controller_leaves_an_interrupted_run_that_can_be_continued(runs):
+    run_dir = runs / "k"
+    proc = start(["-n", "2", "--tee", "none", "-q", str(SCRIPTS / "plain_sleeper.py")], runs_dir=runs, name="k")
+    pids: list[int] = []
+    try:
+        wait_for(lambda: all((run_dir / f"ready-{r}").exists() for r in (0, 1)), 60, "both workers to start")
+        pids = worker_pids(run_dir)
+        assert len(pids) == 2
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=10)
+        for pid in pids:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+        ls = cli("ls", "--runs-dir", runs)
+        assert ls.returncode == 0, ls.stderr
+        assert rows(ls.stdout)["k"][:2] == ["interrupted", "1"], ls.stdout
+        status = cli("status", "k", "--runs-dir", runs)
+        assert status.returncode == 0, status.stderr
+        assert "state     interrupted" in status.stdout, status.stdout
+        attempt_rows = [line.split() for line in status.stdout.splitlines() if line.strip().startswith("1 ")]
+        assert attempt_rows and attempt_rows[0][1] == "interrupted", status.stdout
+        assert "running" not in status.stdout, status.stdout
+        # --follow ends instead of waiting for a controller that is gone.
+        follow = subprocess.run([str(MESHRUN), "logs", "k", "--runs-dir", str(runs), "-f"], capture_output=True, text=True, timeout=20)
+        assert follow.returncode == 0, follow.stderr
+
+        # The same name continues the run, as after any other end.
+        again = meshrun(["--tee", "none", "-q", str(SCRIPTS / "steady_reporter.py"), "3"], runs_dir=runs, name="k")
+        assert again.code == 0, again.stderr
+        assert rows(cli("ls", "--runs-dir", runs).stdout)["k"][:3] == ["succeeded", "2", "3"]
+        status = cli("status", "k", "--runs-dir", runs).stdout
+        states = [line.split()[1] for line in status.splitlines() if line.strip()[:2] in ("1 ", "2 ")]
+        assert states == ["interrupted", "succeeded"], status
+    finally:
+        stop(proc)
+        for pid in pids:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert_none_left(run_dir)
+
+
+def test_run_names_follow_one_rule_on_every_command(runs):
+    for bad in ["-x", "x..", "a..b"]:
+        started = cli("run", "--runs-dir", runs, f"--name={bad}", SCRIPTS / "hello.py")
+        assert started.returncode == 2, started.stderr
+        assert f"run name '{bad}' {NAME_RULE}" in started.stderr
+    assert not runs.exists(), "a refused name created the runs directory"
+    runs.mkdir()
+    for command in (["status"], ["logs"], ["report"], ["ckpt", "ls"]):
+        refused = cli(*command, "--runs-dir", runs, "--", "-x")
+        assert refused.returncode == 2, (command, refused.stderr)
+        assert f"run name '-x' {NAME_RULE}" in refused.stderr, (command, refused.stderr)
+
+
+def test_ls_shows_damaged_runs_and_names_runs_by_their_folder(runs):
+    done = meshrun(["--tee", "none", "-q", str(SCRIPTS / "hello.py")], runs_dir=runs, name="orig")
+    assert done.code == 0, done.stderr
+    shutil.copytree(runs / "orig", runs / "copy")
+    shutil.copytree(runs / "orig", runs / "broken")
+    (runs / "broken" / "run.json").write_text('{"name": "orig", "state": ')
+    (runs / "not-a-run").mkdir()
+
+    ls = cli("ls", "--runs-dir", runs)
+    assert ls.returncode == 0, ls.stderr
+    listed = rows(ls.stdout)
+    assert sorted(listed) == ["broken", "copy", "orig"], ls.stdout
+    assert listed["copy"][0] == "succeeded"
+    assert listed["broken"][0] == "damaged"
+
+    copy = cli("status", "copy", "--runs-dir", runs)
+    assert copy.returncode == 0, copy.stderr
+    assert copy.stdout.startswith("run       copy\n"), copy.stdout
+    broken = cli("status", "broken", "--runs-dir", runs)
+    assert broken.returncode == 0, broken.stderr
+    assert "state     damaged" in broken.stdout
+    assert "run.json cannot be parsed: EOF while parsing a value at line 1 column 26" in broken.stdout, broken.stdout
+
+
+def test_completion_scripts(tmp_path):
+    bash = cli("completion", "bash")
+    assert bash.returncode == 0, bash.stderr
+    assert "complete -F _meshrun" in bash.stdout and "ckpt" in bash.stdout and "agent" not in bash.stdout
+    script = tmp_path / "meshrun.bash"
+    script.write_text(bash.stdout)
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    for shell, marker in (("zsh", "#compdef meshrun"), ("fish", "complete -c meshrun")):
+        out = cli("completion", shell)
+        assert out.returncode == 0 and marker in out.stdout, (shell, out.stderr)
+
+
+def test_ls_of_a_runs_directory_that_is_not_there(tmp_path):
+    missing = tmp_path / "nothere"
+    ls = cli("ls", "--runs-dir", missing)
+    assert ls.returncode == 2
+    assert f"runs directory '{missing}' does not exist" in ls.stderr, ls.stderr
+    missing.mkdir()
+    empty = cli("ls", "--runs-dir", missing)
+    assert empty.returncode == 0 and empty.stdout == f"no runs in '{missing}'\n", empty.stdout
