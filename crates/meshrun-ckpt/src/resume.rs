@@ -103,7 +103,8 @@ pub enum ResumeError {
     Damaged {
         step: u64,
         run: String,
-        source: CkptError,
+        // Boxed: a usage error stays small, whatever went wrong here.
+        source: Box<CkptError>,
         others: String,
     },
 }
@@ -136,7 +137,7 @@ pub fn check_requested(run_dir: &Path, run: &str, step: u64) -> Result<(), Resum
         ResumeError::Damaged {
             step,
             run: run.to_string(),
-            source,
+            source: Box::new(source),
             others: if others.is_empty() {
                 "it has no other checkpoint".to_string()
             } else {
@@ -363,7 +364,7 @@ mod tests {
         );
         let left: Vec<u64> = committed(root).iter().map(|(s, _)| *s).collect();
         assert_eq!(left, vec![1]);
-        assert!(newest_verified(root).step == Some(1));
+        assert_eq!(newest_verified(root).step, Some(1));
     }
 
     #[test]

@@ -51,6 +51,19 @@ pub fn lock_is_held(root: &Path) -> bool {
     }
 }
 
+/// Takes the run's lock. A probe of [`lock_is_held`] holds a shared lock
+/// for an instant: a few tries apart tell it from a live controller.
+fn lock_exclusive(mut file: File) -> Result<Flock<File>, File> {
+    for _ in 0..5 {
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => return Ok(lock),
+            Err((back, _)) => file = back,
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    Err(file)
+}
+
 /// The state to show for a run or an attempt that `run.json` records as
 /// `recorded`: `running` without a live controller (see [`lock_is_held`])
 /// was cut short, and is `interrupted`.
@@ -86,9 +99,9 @@ impl RunDir {
             .write(true)
             .open(&lock_path)
             .map_err(CoreError::io("cannot open lock file", &lock_path))?;
-        let mut lock = match Flock::lock(lock_file, FlockArg::LockExclusiveNonblock) {
+        let mut lock = match lock_exclusive(lock_file) {
             Ok(lock) => lock,
-            Err((file, _)) => {
+            Err(file) => {
                 drop(file);
                 let pid = fs::read_to_string(&lock_path).unwrap_or_default();
                 return Err(UsageError::NameInUse {

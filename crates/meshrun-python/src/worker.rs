@@ -95,7 +95,10 @@ impl WorkerClient {
     /// After a preemption save: waits (without the GIL) until the controller
     /// releases `step`, true; false after `timeout_s`.
     fn wait_resumed(&self, py: Python<'_>, step: u64, timeout_s: f64) -> bool {
-        py.detach(|| self.0.wait_resumed(step, Duration::from_secs_f64(timeout_s.max(0.0))))
+        py.detach(|| {
+            self.0
+                .wait_resumed(step, Duration::from_secs_f64(timeout_s.max(0.0)))
+        })
     }
 
     /// Tells the controller this rank's shards of `step` are written;

@@ -11,7 +11,7 @@ use crate::commands::error;
 use crate::{exit, runs};
 
 /// A preempted run may take its 60 s for a checkpoint, then stops.
-const END_WAIT: Duration = Duration::from_secs(120);
+const END_WAIT: Duration = Duration::from_mins(2);
 
 pub fn stop(name: &str, runs_dir: &Path, now: bool) -> i32 {
     let run = match runs::find(name, runs_dir) {

@@ -90,7 +90,10 @@ Current thread 0x00007f0b6a1b8740 (most recent call first):
 
     #[test]
     fn the_innermost_user_frame_of_the_signalled_thread() {
-        assert_eq!(user_frame(DUMP).as_deref(), Some("/home/u/proj/train.py:42 in step"));
+        assert_eq!(
+            user_frame(DUMP).as_deref(),
+            Some("/home/u/proj/train.py:42 in step")
+        );
     }
 
     #[test]

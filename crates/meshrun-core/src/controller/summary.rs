@@ -105,9 +105,15 @@ pub struct RankEnd {
     pub rank: u32,
     pub exit: Option<ExitInfo>,
     pub stopped_by_meshrun: bool,
-    /// It had finished its program successfully before the failure, after
-    /// this step (`Some(None)`: before any report).
-    pub finished_early: Option<Option<u64>>,
+    /// It had finished its program successfully before the failure.
+    pub finished_early: Option<EarlyFinish>,
+}
+
+/// A rank that finished its program while the others still ran.
+#[derive(Debug, Clone, Copy)]
+pub struct EarlyFinish {
+    /// Its last reported step then.
+    pub last_step: Option<u64>,
 }
 
 const TAIL_LINES: usize = 12;
@@ -187,8 +193,11 @@ pub fn render(
         let _ = writeln!(s, "  other ranks: {}", others.join("; "));
     }
     for r in ranks.iter().filter(|r| r.rank != failure.rank) {
-        if let Some(step) = r.finished_early {
-            let when = step.map_or_else(|| "before its first report".to_string(), |s| format!("after step {s}"));
+        if let Some(early) = r.finished_early {
+            let when = early.last_step.map_or_else(
+                || "before its first report".to_string(),
+                |s| format!("after step {s}"),
+            );
             let _ = writeln!(
                 s,
                 "  note: rank {} had already finished its program successfully ({when}) while the \

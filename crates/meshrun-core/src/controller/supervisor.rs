@@ -19,7 +19,7 @@ use super::output::Output;
 use super::progress::Progress;
 use super::server::{bind, spawn_accept_loop, Event};
 use super::stacks;
-use super::summary::{render, render_attempts, Cause, FailureRecord, RankEnd};
+use super::summary::{render, render_attempts, Cause, EarlyFinish, FailureRecord, RankEnd};
 use super::tensorboard::TensorBoard;
 use super::terminal::terminal;
 use super::{ExecOptions, Outcome, OutcomeStatus, StopHandle, STOP_GRACE_MS};
@@ -258,7 +258,9 @@ pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, Core
             )?;
             let from = newest.map_or_else(
                 || "from the start (no checkpoint yet)".to_string(),
-                |s| format!("from checkpoint step-{s}"),
+                |s| {
+                    format!("from the newest checkpoint that verifies (newest committed: step-{s})")
+                },
             );
             if let Some(text) = &end.summary {
                 terminal().note(text);
@@ -794,7 +796,9 @@ impl<'a> Supervisor<'a> {
                     self.interrupt(sigterm)?;
                     "stopping every worker now (the program has not saved a checkpoint through meshrun.report, so there is none to wait for)"
                 };
-                let _ = tx.send(Message::StopAccepted { what: what.to_string() });
+                let _ = tx.send(Message::StopAccepted {
+                    what: what.to_string(),
+                });
             }
             Event::WorkerLost { rank, clean } => {
                 tracing::debug!(rank, clean, "worker connection closed");
@@ -958,15 +962,15 @@ impl<'a> Supervisor<'a> {
                     self.ranks[rank as usize].timing = Some(t);
                 }
             }
-            Message::PreemptSave { step } => {
-                // A rank saving `step` went past every earlier step without
-                // a preemption save of it: ranks waiting on those go on, to
-                // meet the others at a later step.
-                if self.preempt_deadline.is_some() && self.stop.is_none() && step > 0 {
-                    for r in &self.ranks {
-                        if let Some(tx) = &r.tx {
-                            let _ = tx.send(Message::Resume { step: step - 1 });
-                        }
+            // A rank saving `step` went past every earlier step without a
+            // preemption save of it: ranks waiting on those go on, to meet
+            // the others at a later step.
+            Message::PreemptSave { step }
+                if self.preempt_deadline.is_some() && self.stop.is_none() && step > 0 =>
+            {
+                for r in &self.ranks {
+                    if let Some(tx) = &r.tx {
+                        let _ = tx.send(Message::Resume { step: step - 1 });
                     }
                 }
             }
@@ -1267,7 +1271,7 @@ impl<'a> Supervisor<'a> {
                         finished_early: r
                             .finished
                             .filter(|_| r.finished_before_failure)
-                            .map(|(_, step)| step),
+                            .map(|(_, last_step)| EarlyFinish { last_step }),
                     })
                     .collect();
                 let tail = self
@@ -1286,10 +1290,16 @@ impl<'a> Supervisor<'a> {
                 // stopped before the dump, leaves no stacks.
                 let dir = self.stacks_dir();
                 if self.stacks_dumped && stacks::any_written(&dir) {
-                    if matches!(failure.cause, Cause::Hang { .. } | Cause::Unresponsive { .. }) {
+                    if matches!(
+                        failure.cause,
+                        Cause::Hang { .. } | Cause::Unresponsive { .. }
+                    ) {
                         let frames = stacks::frames(&dir, self.plan.nprocs);
                         if !frames.is_empty() {
-                            let _ = write!(text, "\n  where each rank was (innermost frame of your code):");
+                            let _ = write!(
+                                text,
+                                "\n  where each rank was (innermost frame of your code):"
+                            );
                             for (rank, frame) in frames {
                                 let _ = write!(text, "\n    rank {rank}: {frame}");
                             }

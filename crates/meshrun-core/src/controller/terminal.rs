@@ -221,7 +221,9 @@ fn write_loop(shared: &Shared, open: &dyn Fn(Target) -> Box<dyn Write>) {
                 Target::Stderr => state.closed_stderr = true,
             }
             let before = state.queue.len();
-            state.queue.retain(|p| !matches!(p, Piece::Text { to: t, .. } if *t == to));
+            state
+                .queue
+                .retain(|p| !matches!(p, Piece::Text { to: t, .. } if *t == to));
             if state.queue.len() != before {
                 state.bytes = state
                     .queue
@@ -349,8 +351,14 @@ mod tests {
         for i in 0..1000 {
             term.line(Target::Stdout, &format!("line {i:04}"));
         }
-        assert!(started.elapsed() < Duration::from_secs(1), "enqueueing blocked");
-        assert!(!term.flush(Duration::from_millis(50)), "nothing can be written yet");
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "enqueueing blocked"
+        );
+        assert!(
+            !term.flush(Duration::from_millis(50)),
+            "nothing can be written yet"
+        );
         out.release();
         err.release();
         assert!(term.flush(Duration::from_secs(5)));
