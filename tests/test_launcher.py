@@ -28,6 +28,7 @@ def test_unmodified_initialize_joins_the_run(runs):
     # Gloo's connection lines stay in the logs, out of the terminal (no -v)
     assert "[Gloo]" in done.log(0)
     assert "[Gloo]" not in done.stdout + done.stderr
+    assert "connected peer ranks" not in done.stdout + done.stderr
 
 
 def test_env_contract_with_two_hosts(runs):

@@ -41,6 +41,13 @@ pub struct Output {
     verbose: bool,
 }
 
+/// Gloo's "[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of
+/// connected peer ranks is : 1". Its threads print at once, so one such
+/// line often comes cut in two, the halves on two lines: both are noise.
+fn is_gloo_noise(line: &str) -> bool {
+    line.starts_with("[Gloo] ") || line.contains("connected peer ranks is : ")
+}
+
 /// The start of `line` when it is longer than `limit` bytes, saying how
 /// much was left out.
 fn shorten(line: &str, limit: usize) -> Cow<'_, str> {
@@ -128,7 +135,7 @@ impl Output {
         }
         // Gloo's connection lines say nothing a user acts on: they stay in
         // the logs, out of the terminal and the summaries unless -v.
-        if !self.verbose && line.starts_with("[Gloo] ") {
+        if !self.verbose && is_gloo_noise(line) {
             return;
         }
         let shown = shorten(line, TERMINAL_LINE_LIMIT);
@@ -172,5 +179,19 @@ impl Output {
             .get(rank as usize)
             .map(|t| t.iter().cloned().collect())
             .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gloo_lines_are_noise_even_when_cut_in_two() {
+        let whole = "[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1";
+        assert!(is_gloo_noise(whole));
+        assert!(is_gloo_noise("[Gloo] Rank [Gloo] Rank 1 is connected to 3 peer ranks. Expected number of connected peer ranks is : 3"));
+        assert!(is_gloo_noise("0 is connected to 3 peer ranks. Expected number of connected peer ranks is : 3"));
+        assert!(!is_gloo_noise("step 10 loss 2.5"));
     }
 }
