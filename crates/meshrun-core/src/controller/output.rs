@@ -191,7 +191,9 @@ mod tests {
         let whole = "[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1";
         assert!(is_gloo_noise(whole));
         assert!(is_gloo_noise("[Gloo] Rank [Gloo] Rank 1 is connected to 3 peer ranks. Expected number of connected peer ranks is : 3"));
-        assert!(is_gloo_noise("0 is connected to 3 peer ranks. Expected number of connected peer ranks is : 3"));
+        assert!(is_gloo_noise(
+            "0 is connected to 3 peer ranks. Expected number of connected peer ranks is : 3"
+        ));
         assert!(!is_gloo_noise("step 10 loss 2.5"));
     }
 }
