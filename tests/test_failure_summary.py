@@ -41,3 +41,10 @@ def test_the_summary_names_no_stacks_folder_that_was_not_written(runs):
     assert "rank 1 ended with exit code 3" in done.stderr
     assert "stacks:" not in done.stderr
     assert not (done.run_dir / "stacks").exists()
+
+
+def test_a_rank_that_ended_waits_for_nobody_so_the_others_may_take_their_time(runs):
+    # The finish timeout is for a finished rank held waiting (JAX's
+    # shutdown barrier): independent programs of uneven length are healthy.
+    done = meshrun(["-n", "2", "--finish-timeout", "1", str(SCRIPTS / "uneven_independent.py")], runs_dir=runs, env={"MESHRUN_INDEPENDENT": "1"})
+    assert done.code == 0, done.stderr

@@ -122,8 +122,9 @@ pub struct FailurePolicy {
     pub max_failures: u32,
     /// An attempt in which some rank has not reported for this long has hung.
     pub hang_timeout_s: Option<f64>,
-    /// Once a rank has finished its program, a rank with no report for this
-    /// long has hung (`None`: [`DEFAULT_FINISH_TIMEOUT_S`]).
+    /// While a rank that finished its program waits for the others, a rank
+    /// with no report for this long has hung (`None`:
+    /// [`DEFAULT_FINISH_TIMEOUT_S`]).
     #[serde(default)]
     pub finish_timeout_s: Option<f64>,
 }

@@ -223,8 +223,9 @@ pub struct RunArgs {
     #[arg(long, value_name = "S")]
     pub hang_timeout: Option<f64>,
 
-    /// Once a rank has finished its program, treat a rank that has not
-    /// called `meshrun.report` for S seconds since as hung [default: 60].
+    /// While a rank that finished its program waits for the others (JAX's
+    /// shutdown barrier), treat a rank that has not called `meshrun.report`
+    /// for S seconds since as hung [default: 60].
     #[arg(long, value_name = "S")]
     pub finish_timeout: Option<f64>,
 

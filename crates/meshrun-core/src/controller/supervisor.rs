@@ -668,16 +668,18 @@ impl<'a> Supervisor<'a> {
     }
 
     /// A rank still running with no report for the finish timeout since
-    /// the first rank finished its program (or since its own last report,
-    /// if later): SPMD ranks end together, and JAX holds a finished rank in
-    /// its shutdown barrier, then aborts it. Gives (rank, seconds, the rank
-    /// that finished first).
+    /// another finished its program and waits for it (or since its own last
+    /// report, if later): SPMD ranks end together, and JAX holds a finished
+    /// rank in its shutdown barrier, then aborts it. A finished rank whose
+    /// process is gone waits for nobody (independent programs end when they
+    /// will). Gives (rank, seconds, the rank that finished first).
     fn behind_a_finished_rank(&self, now: Instant) -> Option<(u32, f64, u32)> {
         let limit = self.plan.failure.finish_timeout();
         let (first, since) = self
             .ranks
             .iter()
             .enumerate()
+            .filter(|(_, r)| !r.done)
             .filter_map(|(rank, r)| Some((r.finished?.0, rank as u32)))
             .min()
             .map(|(t, rank)| (rank, t))?;
