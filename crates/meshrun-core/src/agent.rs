@@ -22,7 +22,7 @@ use crate::error::CoreError;
 use crate::gpu::Inventory;
 use crate::leftovers::{Contained, Containment};
 use crate::process::{exit_info, signal_group, signal_process};
-use crate::protocol::{auth, Connection, Message, Stream, WorkerLaunch};
+use crate::protocol::{auth, Connection, Message, Stream, WorkerLaunch, STACK_DUMP_WAIT};
 use crate::token::Token;
 
 /// Longer lines are forwarded in pieces of this size.
@@ -31,10 +31,6 @@ const MAX_LINE_BYTES: usize = 64 * 1024;
 /// After a worker exits, how long its output may still take to drain
 /// before the exit is reported anyway (a grandchild may hold the pipe).
 const DRAIN_GRACE: Duration = Duration::from_secs(1);
-
-/// How long workers get to write their stacks before they are stopped:
-/// faulthandler writes from the signal handler, in a few milliseconds.
-const STACK_DUMP_WAIT: Duration = Duration::from_millis(100);
 
 #[derive(Debug, Clone)]
 pub struct AgentConfig {

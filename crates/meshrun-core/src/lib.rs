@@ -19,7 +19,6 @@ pub mod leftovers;
 pub mod plan;
 pub mod process;
 pub mod protocol;
-pub mod report;
 pub mod rundir;
 pub mod token;
 pub mod worker_client;

@@ -6,49 +6,23 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 
+pub use meshrun_record::read::lock_is_held;
+pub use meshrun_record::{unix_time, utc_rfc3339};
+
+use meshrun_record::{names, EventLine, Goodput, MetricsRecord, RunRecord};
 use nix::fcntl::{Flock, FlockArg};
-use serde_json::{json, Value};
+use serde::Serialize;
 
 use crate::error::{CoreError, UsageError};
 use crate::token::Token;
-
-/// `2026-12-02T13:46:30Z`, seconds precision.
-pub fn utc_rfc3339(time: SystemTime) -> String {
-    humantime::format_rfc3339_seconds(time).to_string()
-}
 
 /// `20261202-134630`, for default run names.
 pub fn utc_compact(unix_secs: u64) -> String {
     let text = utc_rfc3339(UNIX_EPOCH + Duration::from_secs(unix_secs));
     let digits: String = text.chars().filter(char::is_ascii_digit).collect();
     format!("{}-{}", &digits[..8], &digits[8..14])
-}
-
-/// Seconds since the Unix epoch, as events and metrics record time.
-pub fn unix_time() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_secs_f64()
-}
-
-/// Whether a live process holds the run's lock, that is, whether a
-/// controller is still running it. `run.json` alone cannot tell: a
-/// controller killed with SIGKILL leaves it saying `running` for ever, and
-/// the pid in the lock file may by now be another process's. The kernel
-/// drops a flock with the last descriptor of its holder, so a shared,
-/// non-blocking lock that is granted proves that no controller is there; it
-/// is released at once, and a live run's exclusive lock is never touched. A
-/// folder without a lock file has no controller; when the probe itself
-/// fails (no permission, a file system without flock), `run.json` is
-/// believed.
-pub fn lock_is_held(root: &Path) -> bool {
-    match File::open(root.join(".lock")) {
-        Ok(file) => Flock::lock(file, FlockArg::LockSharedNonblock).is_err(),
-        Err(e) => e.kind() != std::io::ErrorKind::NotFound,
-    }
 }
 
 /// Takes the run's lock. A probe of [`lock_is_held`] holds a shared lock
@@ -62,17 +36,6 @@ fn lock_exclusive(mut file: File) -> Result<Flock<File>, File> {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
     Err(file)
-}
-
-/// The state to show for a run or an attempt that `run.json` records as
-/// `recorded`: `running` without a live controller (see [`lock_is_held`])
-/// was cut short, and is `interrupted`.
-pub fn shown_state(recorded: &str, live: bool) -> &str {
-    if recorded == "running" && !live {
-        "interrupted"
-    } else {
-        recorded
-    }
 }
 
 /// An open run directory, locked for the lifetime of this value so that no
@@ -91,7 +54,7 @@ impl RunDir {
     pub fn open(root: &Path, name: &str) -> Result<Self, CoreError> {
         let fresh = !root.exists();
         fs::create_dir_all(root).map_err(CoreError::io("cannot create run directory", root))?;
-        let lock_path = root.join(".lock");
+        let lock_path = root.join(names::LOCK);
         let lock_file = OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -117,13 +80,10 @@ impl RunDir {
                 .map_err(CoreError::io("cannot write lock file", &lock_path))?;
             write!(&mut *lock, "{}", std::process::id())
                 .map_err(CoreError::io("cannot write lock file", &lock_path))?;
-            {
-                let sub = "logs";
-                let dir = root.join(sub);
-                fs::create_dir_all(&dir).map_err(CoreError::io("cannot create", &dir))?;
-            }
-            let events = append(&root.join("events.jsonl"))?;
-            let metrics = BufWriter::new(append(&root.join("metrics.jsonl"))?);
+            let logs = root.join(names::LOGS);
+            fs::create_dir_all(&logs).map_err(CoreError::io("cannot create", &logs))?;
+            let events = append(&root.join(names::EVENTS))?;
+            let metrics = BufWriter::new(append(&root.join(names::METRICS))?);
             Ok((events, metrics))
         };
         match setup() {
@@ -147,12 +107,12 @@ impl RunDir {
     }
 
     pub fn log_path(&self, rank: u32) -> PathBuf {
-        self.root.join("logs").join(format!("rank-{rank}.log"))
+        names::log_path(&self.root, rank)
     }
 
     /// Writes the token where only the run's owner can read it.
     pub fn write_token(&self, token: &Token) -> Result<(), CoreError> {
-        let path = self.root.join("token");
+        let path = self.root.join(names::TOKEN);
         let mut f = OpenOptions::new()
             .create(true)
             .write(true)
@@ -164,11 +124,21 @@ impl RunDir {
             .map_err(CoreError::io("cannot write token file", &path))
     }
 
+    /// Replaces `run.json`.
+    pub fn write_run(&self, record: &RunRecord) -> Result<(), CoreError> {
+        self.replace(names::RUN_JSON, record)
+    }
+
+    /// Replaces `goodput.json`.
+    pub fn write_goodput(&self, goodput: &Goodput) -> Result<(), CoreError> {
+        self.replace(names::GOODPUT, goodput)
+    }
+
     /// Replaces `name` atomically (write a temporary file, then rename).
-    pub fn write_json(&self, name: &str, value: &Value) -> Result<(), CoreError> {
+    fn replace<T: Serialize>(&self, name: &str, value: &T) -> Result<(), CoreError> {
         let path = self.root.join(name);
         let tmp = self.root.join(format!(".{name}.tmp"));
-        let text = serde_json::to_string_pretty(value).expect("json value serializes");
+        let text = serde_json::to_string_pretty(value).expect("run records serialize");
         if let Err(e) = fs::write(&tmp, text + "\n") {
             // A full disk leaves the old file as it was, and no half copy.
             let _ = fs::remove_file(&tmp);
@@ -177,36 +147,33 @@ impl RunDir {
         fs::rename(&tmp, &path).map_err(CoreError::io("cannot replace", &path))
     }
 
-    pub fn read_json(&self, name: &str) -> Option<Value> {
-        let text = fs::read_to_string(self.root.join(name)).ok()?;
-        serde_json::from_str(&text).ok()
-    }
-
-    /// Appends one event to `events.jsonl`, with its time.
-    pub fn event(&mut self, event: &str, fields: Value) -> Result<(), CoreError> {
-        let mut line = json!({ "time": unix_time(), "event": event });
-        if let (Some(obj), Value::Object(extra)) = (line.as_object_mut(), fields) {
-            obj.extend(extra);
-        }
-        writeln!(self.events, "{line}").map_err(CoreError::io(
+    /// Appends one event to `events.jsonl`, with the time now.
+    pub fn event(&mut self, event: meshrun_record::Event) -> Result<(), CoreError> {
+        let line = EventLine {
+            time: unix_time(),
+            event,
+        };
+        let text = serde_json::to_string(&line).expect("events serialize");
+        writeln!(self.events, "{text}").map_err(CoreError::io(
             "cannot append to",
-            self.root.join("events.jsonl"),
+            self.root.join(names::EVENTS),
         ))
     }
 
     /// Appends one metrics record; buffered, flushed by [`RunDir::flush`]
-    /// (the supervisor does every 250 ms).
-    pub fn metrics(&mut self, record: &Value) -> Result<(), CoreError> {
-        writeln!(self.metrics, "{record}").map_err(CoreError::io(
+    /// (the driver does every 250 ms).
+    pub fn metrics(&mut self, record: &MetricsRecord) -> Result<(), CoreError> {
+        let text = serde_json::to_string(record).expect("metrics serialize");
+        writeln!(self.metrics, "{text}").map_err(CoreError::io(
             "cannot append to",
-            self.root.join("metrics.jsonl"),
+            self.root.join(names::METRICS),
         ))
     }
 
     pub fn flush(&mut self) -> Result<(), CoreError> {
         self.metrics.flush().map_err(CoreError::io(
             "cannot flush",
-            self.root.join("metrics.jsonl"),
+            self.root.join(names::METRICS),
         ))
     }
 }
@@ -254,9 +221,6 @@ mod tests {
         let again = RunDir::open(&root, "r").unwrap();
         assert!(lock_is_held(&root), "the probe left no lock behind");
         drop(again);
-        assert_eq!(shown_state("running", false), "interrupted");
-        assert_eq!(shown_state("running", true), "running");
-        assert_eq!(shown_state("failed", false), "failed");
     }
 
     #[test]
@@ -275,11 +239,15 @@ mod tests {
     fn events_are_json_lines() {
         let dir = tempfile::tempdir().unwrap();
         let mut rd = RunDir::open(&dir.path().join("r"), "r").unwrap();
-        rd.event("started", json!({"attempt": 1})).unwrap();
+        rd.event(meshrun_record::Event::RetentionFailed {
+            error: "disk".into(),
+        })
+        .unwrap();
         let text = fs::read_to_string(rd.path().join("events.jsonl")).unwrap();
-        let v: Value = serde_json::from_str(text.trim()).unwrap();
-        assert_eq!(v["event"], "started");
-        assert_eq!(v["attempt"], 1);
+        let v: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+        assert_eq!(v["event"], "retention_failed");
+        assert_eq!(v["error"], "disk");
+        assert!(v["time"].as_f64().unwrap() > 0.0);
     }
 
     #[test]

@@ -15,7 +15,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::error::CoreError;
-use crate::protocol::frame::{put_frame, read_frame};
+use crate::protocol::frame::{encode, put_body, put_frame, read_frame, MAX_FRAME_BYTES};
 use crate::protocol::{auth, Message, ProtocolError};
 use crate::token::Token;
 
@@ -24,6 +24,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 enum Outgoing {
     Msg(Message),
+    /// A message already encoded (and checked against the frame limit).
+    Body(bytes::Bytes),
     /// Acknowledged once everything queued before it has been written.
     Flush(SyncSender<()>),
     /// Sends `Bye`, closes the write side, then acknowledges.
@@ -41,7 +43,7 @@ pub struct Report {
     /// A save of this step began with it.
     pub saving: bool,
     /// The worker's goodput figures, when they go with it.
-    pub timing: Option<serde_json::Value>,
+    pub timing: Option<meshrun_record::Timing>,
     pub total_steps: Option<u64>,
 }
 
@@ -198,20 +200,27 @@ impl WorkerClient {
         self.checkpoint_requested.load(Ordering::SeqCst)
     }
 
-    /// Queues a metrics record; never blocks on the network.
-    pub fn report(&self, report: Report) {
-        let _ = self.tx.send(Outgoing::Msg(Message::Report {
+    /// Queues a metrics record; never blocks on the network. A record
+    /// over the frame limit is refused here, so the caller can say so
+    /// ([`ProtocolError::TooLarge`] with its size) and nothing is sent.
+    pub fn report(&self, report: Report) -> Result<(), ProtocolError> {
+        let body = encode(&Message::Report {
             step: report.step,
             metrics: report.metrics,
             checkpoint: report.checkpoint,
             timing: report.timing,
             saving: report.saving,
             total_steps: report.total_steps,
-        }));
+        });
+        if body.len() > MAX_FRAME_BYTES {
+            return Err(ProtocolError::TooLarge(body.len()));
+        }
+        let _ = self.tx.send(Outgoing::Body(body));
+        Ok(())
     }
 
     /// Where this worker's time went, at the end of its program.
-    pub fn timing(&self, timing: serde_json::Value) {
+    pub fn timing(&self, timing: meshrun_record::Timing) {
         let _ = self.tx.send(Outgoing::Msg(Message::Timing { timing }));
     }
 
@@ -299,14 +308,16 @@ fn write_loop(mut out: BufWriter<TcpStream>, rx: &mpsc::Receiver<Outgoing>) {
             }
         };
         match next {
-            Outgoing::Msg(msg) => {
-                match put_frame(&mut out, &msg) {
-                    Ok(()) => {}
-                    // One oversized record is dropped, not the connection.
-                    Err(ProtocolError::TooLarge(n)) => {
-                        eprintln!("meshrun: a report of {n} bytes is over the frame limit and was dropped");
-                    }
-                    Err(_) => return,
+            Outgoing::Msg(msg) => match put_frame(&mut out, &msg) {
+                // Only reports can grow large, and they are checked when
+                // queued; any other oversized message is a bug, not a
+                // reason to drop the connection.
+                Ok(()) | Err(ProtocolError::TooLarge(_)) => {}
+                Err(_) => return,
+            },
+            Outgoing::Body(body) => {
+                if put_body(&mut out, &body).is_err() {
+                    return;
                 }
             }
             Outgoing::Flush(ack) => {

@@ -156,6 +156,9 @@ fn run(args: RunArgs, launcher: &Launcher) -> i32 {
     };
     match execute(plan, opts) {
         Ok(outcome) => {
+            // The engine does not draw: the page is made here, once the
+            // run has ended, from what its folder holds.
+            runs::report_after_run(&outcome.run_dir);
             if let Some(summary) = &outcome.summary {
                 let _ = writeln!(std::io::stderr().lock(), "{summary}");
             }

@@ -5,7 +5,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 use std::time::Duration;
 
-use serde_json::Value;
+use meshrun_record::{names, read, RunState};
 
 use crate::runs::{find, out, RunsError};
 
@@ -36,11 +36,13 @@ pub fn logs(
     follow: bool,
 ) -> Result<(), RunsError> {
     let run = find(name, runs_dir)?;
-    let logs = run.dir.join("logs");
-    let nprocs = run.record["plan"]["nprocs"]
-        .as_u64()
+    let logs = run.dir.join(names::LOGS);
+    let nprocs = run
+        .record
+        .as_ref()
+        .and_then(|r| r.plan_u64("nprocs"))
         .map_or_else(|| logged_ranks(&logs), |n| n as u32);
-    let path = logs.join(format!("rank-{rank}.log"));
+    let path = names::log_path(&run.dir, rank);
     if rank >= nprocs || !path.exists() {
         return Err(RunsError::NoRank {
             name: name.into(),
@@ -103,11 +105,11 @@ pub fn logs(
 /// Whether a controller is still running the run: `run.json` says so and
 /// the run's lock is held (a killed controller leaves `running` behind).
 fn still_running(dir: &Path) -> bool {
-    let recorded = std::fs::read(dir.join("run.json"))
+    let recorded = read::run_record(dir)
         .ok()
-        .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
-        .is_some_and(|r| r["state"] == "running");
-    recorded && meshrun_core::rundir::lock_is_held(dir)
+        .flatten()
+        .is_some_and(|r| r.state == RunState::Running);
+    recorded && read::lock_is_held(dir)
 }
 
 /// Prints what is appended to the log until the run is no longer running
@@ -164,7 +166,13 @@ mod tests {
     #[test]
     fn a_recorded_running_state_without_its_controller_is_not_followed() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("run.json"), r#"{"state": "running"}"#).unwrap();
+        std::fs::write(
+            dir.path().join(names::RUN_JSON),
+            r#"{"name": "r", "run_id": "r1", "state": "running", "created": "2026-12-02T10:00:00Z",
+                "plan": {"nprocs": 1}, "versions": {"meshrun": "0.1.0", "protocol": 1},
+                "attempts": [{"attempt": 1, "state": "running", "started": "2026-12-02T10:00:00Z"}]}"#,
+        )
+        .unwrap();
         assert!(!still_running(dir.path()));
         let _controller = meshrun_core::rundir::RunDir::open(dir.path(), "r").unwrap();
         assert!(still_running(dir.path()));

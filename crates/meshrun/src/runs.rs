@@ -4,13 +4,14 @@
 
 use std::fmt::Write as _;
 use std::fs::File;
-use std::io::{ErrorKind, Read, Seek, SeekFrom, Write};
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use meshrun_core::controller::goodput::PARTS as GOODPUT_ORDER;
 use meshrun_core::plan::check_run_name;
-use meshrun_core::rundir::{lock_is_held, shown_state};
+use meshrun_record::read::{self, lock_is_held, ReadError};
+use meshrun_record::{names, EventLine, Goodput, MetricsRecord, Part, RunRecord, RunState};
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::table::{duration_text, number, table};
@@ -54,6 +55,8 @@ pub enum RunsError {
     },
     #[error(transparent)]
     Core(#[from] meshrun_core::CoreError),
+    #[error(transparent)]
+    Report(#[from] meshrun_report::ReportError),
 }
 
 impl From<meshrun_core::UsageError> for RunsError {
@@ -82,7 +85,8 @@ pub struct RunView {
     /// run.json recorded (a copied or renamed folder keeps the old one).
     pub name: String,
     pub dir: PathBuf,
-    pub record: Value,
+    /// `None` for a damaged run, or one whose controller has not written it yet.
+    pub record: Option<RunRecord>,
     /// As recorded, except `interrupted` for a run recorded as running
     /// whose controller is gone, `starting` for a live controller that has
     /// not written run.json yet, and `damaged` when run.json cannot be read.
@@ -96,7 +100,7 @@ pub struct RunView {
     pub step: Option<u64>,
     pub loss: Option<f64>,
     pub duration: Option<Duration>,
-    pub goodput: Option<Value>,
+    pub goodput: Option<Goodput>,
 }
 
 fn parse_time(text: Option<&str>) -> Option<SystemTime> {
@@ -105,7 +109,7 @@ fn parse_time(text: Option<&str>) -> Option<SystemTime> {
 
 /// The complete records among the last 64 KiB of a JSON-lines file,
 /// newest first.
-fn last_records(path: &Path) -> Vec<Value> {
+fn last_records<T: DeserializeOwned>(path: &Path) -> Vec<T> {
     let Ok(mut file) = File::open(path) else {
         return Vec::new();
     };
@@ -120,40 +124,58 @@ fn last_records(path: &Path) -> Vec<Value> {
     }
     text.lines()
         .rev()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|l| serde_json::from_str::<T>(l).ok())
         .collect()
 }
 
 /// The time of the newest metrics record or event.
-fn last_written(dir: &Path, metrics: &[Value]) -> Option<SystemTime> {
-    let events = last_records(&dir.join("events.jsonl"));
-    [metrics.first(), events.first()]
-        .into_iter()
-        .flatten()
-        .filter_map(|r| r["time"].as_f64())
-        .filter(|t| t.is_finite() && *t >= 0.0)
-        .reduce(f64::max)
-        .map(|t| SystemTime::UNIX_EPOCH + Duration::from_secs_f64(t))
+fn last_written(dir: &Path, metrics: &[MetricsRecord]) -> Option<SystemTime> {
+    let events = last_records::<EventLine>(&dir.join(names::EVENTS));
+    [
+        metrics.first().map(|m| m.time),
+        events.first().map(|e| e.time),
+    ]
+    .into_iter()
+    .flatten()
+    .filter(|t| t.is_finite() && *t >= 0.0)
+    .reduce(f64::max)
+    .map(|t| SystemTime::UNIX_EPOCH + Duration::from_secs_f64(t))
 }
 
 const NO_RECORD: &str = "run.json is missing";
 
 /// run.json, or what is wrong with it; `None` for a folder that is not a
 /// run's (no run.json, no lock file, no events).
-fn read_record(dir: &Path) -> Option<Result<Value, String>> {
-    let bytes = match std::fs::read(dir.join("run.json")) {
-        Ok(bytes) => bytes,
-        Err(e) if e.kind() == ErrorKind::NotFound => {
-            let run_folder = dir.join(".lock").exists() || dir.join("events.jsonl").exists();
+fn read_record(dir: &Path) -> Option<Result<RunRecord, String>> {
+    let problem = match read::run_record(dir) {
+        Ok(Some(record)) => return Some(Ok(record)),
+        Ok(None) => {
+            let run_folder = dir.join(names::LOCK).exists() || dir.join(names::EVENTS).exists();
             return run_folder.then(|| Err(NO_RECORD.to_string()));
         }
-        Err(e) => return Some(Err(format!("run.json cannot be read: {e}"))),
+        Err(ReadError::Io { source, .. }) => format!("run.json cannot be read: {source}"),
+        Err(ReadError::Parse { source, .. }) if source.is_data() => mismatch(dir, &source),
+        Err(ReadError::Parse { source, .. }) => format!("run.json cannot be parsed: {source}"),
     };
-    Some(match serde_json::from_slice::<Value>(&bytes) {
-        Ok(v) if v.is_object() => Ok(v),
-        Ok(_) => Err("run.json is not a JSON object".to_string()),
-        Err(e) => Err(format!("run.json cannot be parsed: {e}")),
-    })
+    Some(Err(problem))
+}
+
+/// What is wrong with a run.json that is JSON but not a run record: not
+/// an object at all, or a field missing or of another kind (written by
+/// another version of meshrun, or edited by hand).
+fn mismatch(dir: &Path, error: &serde_json::Error) -> String {
+    let is_object = std::fs::read(dir.join(names::RUN_JSON))
+        .ok()
+        .and_then(|bytes| serde_json::from_slice::<Value>(&bytes).ok())
+        .is_some_and(|v| v.is_object());
+    if is_object {
+        format!(
+            "run.json is not a run record this meshrun ({}) reads: {error}",
+            env!("CARGO_PKG_VERSION")
+        )
+    } else {
+        "run.json is not a JSON object".to_string()
+    }
 }
 
 impl RunView {
@@ -189,43 +211,39 @@ impl RunView {
                 })
             }
         };
-        let attempts = record["attempts"].as_array().map_or(0, Vec::len);
-        let started = parse_time(record["created"].as_str());
-        let ended = record["attempts"]
-            .as_array()
-            .and_then(|a| a.last())
-            .and_then(|a| parse_time(a["ended"].as_str()));
-        let recorded = record["state"].as_str().unwrap_or("unknown");
-        let state = shown_state(recorded, live).to_string();
-        let tail = last_records(&dir.join("metrics.jsonl"));
+        let started = parse_time(Some(&record.created));
+        let ended = record
+            .attempts
+            .last()
+            .and_then(|a| parse_time(a.ended.as_deref()));
+        let state = record.state.shown(live);
+        let tail: Vec<MetricsRecord> = last_records(&dir.join(names::METRICS));
         let duration = started.and_then(|s| {
-            let end = match state.as_str() {
-                "running" => Some(now),
+            let end = match state {
+                RunState::Running => Some(now),
                 // Its controller died without recording an end: the run
                 // lasted at least until the last thing it wrote.
-                "interrupted" => last_written(dir, &tail),
+                RunState::Interrupted => last_written(dir, &tail),
                 _ => ended,
             };
             end?.duration_since(s).ok()
         });
         let last = tail.first();
-        let metrics = last.map(|r| &r["metrics"]);
-        let goodput = std::fs::read(dir.join("goodput.json"))
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok());
+        // A goodput.json this version cannot read shows as not recorded.
+        let goodput = read::json_file(&dir.join(names::GOODPUT)).ok().flatten();
         Some(Self {
             name,
             dir: dir.to_path_buf(),
-            state,
+            state: state.to_string(),
             live,
             problem: None,
-            attempts,
-            step: last.and_then(|r| r["step"].as_u64()),
-            loss: tail.iter().find_map(|r| r["metrics"]["loss"].as_f64()),
-            last: metrics.cloned(),
+            attempts: record.attempts.len(),
+            step: last.and_then(|r| r.step),
+            loss: tail.iter().find_map(|r| r.number("loss")),
+            last: last.map(|r| r.metrics.clone()),
             duration,
             goodput,
-            record,
+            record: Some(record),
         })
     }
 }
@@ -282,40 +300,38 @@ pub fn load_all(runs_dir: &Path, now: SystemTime) -> Result<Vec<RunView>, RunsEr
         .filter_map(|e| RunView::load(&e.path(), now))
         .collect();
     runs.sort_by(|a, b| {
-        let created = |r: &RunView| r.record["created"].as_str().unwrap_or("").to_string();
+        let created = |r: &RunView| {
+            r.record
+                .as_ref()
+                .map_or("", |r| r.created.as_str())
+                .to_string()
+        };
         created(b).cmp(&created(a)).then(a.name.cmp(&b.name))
     });
     Ok(runs)
 }
 
-fn failure_text(f: &Value) -> String {
-    format!(
-        "rank {} {}",
-        f["rank"],
-        meshrun_core::report::model::headline(&f["cause"])
-    )
-}
-
 /// The `status` page of one run.
 pub fn render_status(run: &RunView) -> String {
     let mut out = String::new();
-    let r = &run.record;
     let _ = writeln!(out, "run       {}", run.name);
     let _ = writeln!(out, "state     {}", run.state);
-    if run.problem.is_some() || run.state == "starting" {
+    let Some(r) = &run.record else {
         return render_unrecorded(run, out);
-    }
-    let _ = writeln!(out, "created   {}", r["created"].as_str().unwrap_or("-"));
+    };
+    let _ = writeln!(out, "created   {}", r.created);
     let _ = writeln!(out, "duration  {}", duration_text(run.duration));
-    let plan = &r["plan"];
+    let count = |key: &str| {
+        r.plan_u64(key)
+            .map_or_else(|| "?".to_string(), |n| n.to_string())
+    };
     let _ = writeln!(
         out,
         "layout    {} process(es) on {} host(s), {}{}",
-        plan["nprocs"],
-        plan["hosts"],
-        plan["platform"].as_str().unwrap_or("?"),
-        plan["ray"]["address"]
-            .as_str()
+        count("nprocs"),
+        count("hosts"),
+        r.plan_str("platform").unwrap_or("?"),
+        r.plan_str("/ray/address")
             .map_or_else(String::new, |a| format!(", on Ray at {a}"))
     );
     let step = run.step.map_or_else(|| "-".into(), |s| s.to_string());
@@ -332,30 +348,25 @@ pub fn render_status(run: &RunView) -> String {
         let _ = writeln!(out, "metrics   {}", shown.join("  "));
     }
     let _ = writeln!(out, "\nattempts");
-    let rows: Vec<Vec<String>> = r["attempts"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .enumerate()
-                .map(|(i, at)| {
-                    // Only the newest attempt of a live run can be running;
-                    // an older one still recorded so lost its controller.
-                    let live = run.live && i + 1 == a.len();
-                    vec![
-                        at["attempt"].to_string(),
-                        shown_state(at["state"].as_str().unwrap_or("-"), live).to_string(),
-                        at["started"].as_str().unwrap_or("-").to_string(),
-                        at["ended"].as_str().unwrap_or("-").to_string(),
-                        if at["failure"].is_object() {
-                            failure_text(&at["failure"])
-                        } else {
-                            String::new()
-                        },
-                    ]
-                })
-                .collect()
+    let rows: Vec<Vec<String>> = r
+        .attempts
+        .iter()
+        .enumerate()
+        .map(|(i, at)| {
+            // Only the newest attempt of a live run can be running; an
+            // older one still recorded so lost its controller.
+            let live = run.live && i + 1 == r.attempts.len();
+            vec![
+                at.attempt.to_string(),
+                at.state.shown(live).to_string(),
+                at.started.clone(),
+                at.ended.clone().unwrap_or_else(|| "-".to_string()),
+                at.failure.as_ref().map_or_else(String::new, |f| {
+                    format!("rank {} {}", f.rank, f.cause.headline())
+                }),
+            ]
         })
-        .unwrap_or_default();
+        .collect();
     for line in table(&["#", "STATE", "STARTED", "ENDED", "FAILURE"], &rows).lines() {
         let _ = writeln!(out, "  {line}");
     }
@@ -364,18 +375,18 @@ pub fn render_status(run: &RunView) -> String {
         let _ = writeln!(
             out,
             "\ngoodput of {} wall",
-            duration_text(g["wall_s"].as_f64().map(Duration::from_secs_f64))
+            duration_text(Duration::try_from_secs_f64(g.wall_s).ok())
         );
-        let mut rows = Vec::new();
-        for key in GOODPUT_ORDER {
-            let secs = g["seconds"][key].as_f64().unwrap_or(0.0);
-            let frac = g["fractions"][key].as_f64().unwrap_or(0.0);
-            rows.push(vec![
-                key.to_string(),
-                format!("{:.1}%", frac * 100.0),
-                format!("{secs:.2}s"),
-            ]);
-        }
+        let rows: Vec<Vec<String>> = Part::ALL
+            .iter()
+            .map(|&part| {
+                vec![
+                    part.as_str().to_string(),
+                    format!("{:.1}%", g.fractions.get(part) * 100.0),
+                    format!("{:.2}s", g.seconds.get(part)),
+                ]
+            })
+            .collect();
         for line in table(&["PART", "SHARE", "TIME"], &rows).lines() {
             let _ = writeln!(out, "  {line}");
         }
@@ -392,7 +403,7 @@ pub fn render_status(run: &RunView) -> String {
 }
 
 fn checkpoints_line(run: &RunView, out: &mut String) {
-    let committed = meshrun_ckpt::commit::committed(&run.dir.join("checkpoints"));
+    let committed = meshrun_ckpt::commit::committed(&run.dir.join(names::CHECKPOINTS));
     let _ = writeln!(
         out,
         "\ncheckpoints  {}",
@@ -453,9 +464,23 @@ pub fn status(name: &str, runs_dir: &Path) -> Result<(), RunsError> {
 
 pub fn report(name: &str, runs_dir: &Path) -> Result<(), RunsError> {
     let run = find(name, runs_dir)?;
-    let path = meshrun_core::report::write(&run.dir)?;
+    let path = meshrun_report::write(&run.dir)?;
     out(&format!("{}\n", path.display()));
     Ok(())
+}
+
+/// Writes the run's `report.html` once the run has ended, as `meshrun run`
+/// and the Python API do. The page is a view of what the run directory
+/// already holds: failing to write it is a warning on stderr, never a
+/// failed run.
+pub fn report_after_run(run_dir: &Path) {
+    warn_unless_reported(run_dir, &mut std::io::stderr().lock());
+}
+
+fn warn_unless_reported(run_dir: &Path, warnings: &mut impl Write) {
+    if let Err(e) = meshrun_report::write(run_dir) {
+        let _ = writeln!(warnings, "meshrun: warning: report.html not written: {e}");
+    }
 }
 
 #[cfg(test)]

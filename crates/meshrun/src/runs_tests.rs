@@ -5,6 +5,11 @@ use super::*;
 use meshrun_core::rundir::RunDir;
 use serde_json::json;
 
+/// The versions every run.json records.
+fn versions() -> Value {
+    json!({"meshrun": "0.1.0", "protocol": 1})
+}
+
 fn unix(text: &str) -> f64 {
     humantime::parse_rfc3339(text)
         .unwrap()
@@ -25,8 +30,8 @@ fn runs_dir() -> (tempfile::TempDir, RunDir) {
     let failure = json!({"rank": 1, "host": 0, "attempt": 1, "exit": {"code": 1, "signal": null},
         "cause": {"kind": "exception", "exception": "ValueError", "message": "injected failure at step 12", "traceback": ""}});
     let record = json!({
-        "name": "demo", "state": "succeeded", "created": "2026-12-02T10:00:00Z",
-        "plan": {"nprocs": 2, "hosts": 1, "platform": "cpu"},
+        "name": "demo", "run_id": "d1", "state": "succeeded", "created": "2026-12-02T10:00:00Z",
+        "plan": {"nprocs": 2, "hosts": 1, "platform": "cpu"}, "versions": versions(),
         "attempts": [
             {"attempt": 1, "state": "failed", "started": "2026-12-02T10:00:00Z", "ended": "2026-12-02T10:00:41Z", "failure": failure},
             {"attempt": 2, "state": "succeeded", "started": "2026-12-02T10:00:43Z", "ended": "2026-12-02T10:02:05Z", "failure": null}
@@ -37,15 +42,16 @@ fn runs_dir() -> (tempfile::TempDir, RunDir) {
         .map(|s| json!({"time": 1.0, "attempt": 2, "step": s, "metrics": {"step": s, "loss": 3.0 - f64::from(s) * 0.05, "tokens_per_s": 2310.5}}).to_string() + "\n")
         .collect::<String>();
     std::fs::write(demo.join("metrics.jsonl"), metrics).unwrap();
-    let goodput = json!({"wall_s": 125.0,
+    let goodput = json!({"wall_s": 125.0, "measured_s": 125.0, "goodput": 0.64, "attempts": [],
         "seconds": {"startup": 5.0, "compile": 20.0, "restore": 1.0, "data": 2.0, "step": 80.0, "checkpoint": 3.0, "lost": 13.0, "other": 1.0},
         "fractions": {"startup": 0.04, "compile": 0.16, "restore": 0.008, "data": 0.016, "step": 0.64, "checkpoint": 0.024, "lost": 0.104, "other": 0.008}});
     std::fs::write(demo.join("goodput.json"), goodput.to_string()).unwrap();
 
     let live = tmp.path().join("live");
     let controller = RunDir::open(&live, "live").unwrap();
-    let record = json!({"name": "live", "state": "running", "created": "2026-12-02T11:00:00Z",
+    let record = json!({"name": "live", "run_id": "l1", "state": "running", "created": "2026-12-02T11:00:00Z",
         "plan": {"nprocs": 4, "hosts": 2, "platform": "cpu", "ray": {"address": "127.0.0.1:6379", "strategy": "PACK"}},
+        "versions": versions(),
         "attempts": [{"attempt": 1, "state": "running", "started": "2026-12-02T11:00:00Z"}]});
     std::fs::write(live.join("run.json"), record.to_string()).unwrap();
 
@@ -54,23 +60,25 @@ fn runs_dir() -> (tempfile::TempDir, RunDir) {
     let gone = tmp.path().join("gone");
     std::fs::create_dir_all(&gone).unwrap();
     std::fs::write(gone.join(".lock"), "4194304").unwrap();
-    let record = json!({"name": "gone", "state": "running", "created": "2026-12-02T09:00:00Z",
-        "plan": {"nprocs": 2, "hosts": 1, "platform": "cpu"},
+    let record = json!({"name": "gone", "run_id": "g1", "state": "running", "created": "2026-12-02T09:00:00Z",
+        "plan": {"nprocs": 2, "hosts": 1, "platform": "cpu"}, "versions": versions(),
         "attempts": [{"attempt": 1, "state": "running", "started": "2026-12-02T09:00:00Z"}]});
     std::fs::write(gone.join("run.json"), record.to_string()).unwrap();
     let events = [
-        ("attempt_started", "2026-12-02T09:00:00Z"),
-        ("worker_started", "2026-12-02T09:02:10Z"),
+        json!({"event": "attempt_started", "time": unix("2026-12-02T09:00:00Z"), "attempt": 1,
+            "nprocs": 2, "hosts": 1, "control_addr": "127.0.0.1:9000"}),
+        json!({"event": "worker_started", "time": unix("2026-12-02T09:02:10Z"), "attempt": 1,
+            "rank": 0, "host": 0, "pid": 4_194_304}),
     ]
     .iter()
-    .map(|(e, t)| json!({"event": e, "time": unix(t), "attempt": 1}).to_string() + "\n")
+    .map(|e| e.to_string() + "\n")
     .collect::<String>();
     std::fs::write(gone.join("events.jsonl"), events).unwrap();
 
     let renamed = tmp.path().join("renamed");
     std::fs::create_dir_all(&renamed).unwrap();
-    let record = json!({"name": "original", "state": "failed", "created": "2026-12-02T08:00:00Z",
-        "plan": {"nprocs": 1, "hosts": 1, "platform": "cpu"},
+    let record = json!({"name": "original", "run_id": "o1", "state": "failed", "created": "2026-12-02T08:00:00Z",
+        "plan": {"nprocs": 1, "hosts": 1, "platform": "cpu"}, "versions": versions(),
         "attempts": [{"attempt": 1, "state": "failed", "started": "2026-12-02T08:00:00Z", "ended": "2026-12-02T08:00:07Z"}]});
     std::fs::write(renamed.join("run.json"), record.to_string()).unwrap();
 
@@ -185,6 +193,42 @@ fn damage_is_named() {
         problem("empty", Some("")),
         "run.json cannot be parsed: EOF while parsing a value at line 1 column 0"
     );
+    let old = problem("old", Some(r#"{"name": "old", "state": "paused"}"#));
+    assert!(
+        old.starts_with("run.json is not a run record this meshrun (")
+            && old.contains("unknown variant `paused`"),
+        "{old}"
+    );
+}
+
+#[test]
+fn a_report_is_written_after_a_run_and_a_damaged_one_is_only_a_warning() {
+    let (tmp, _controller) = runs_dir();
+    let demo = tmp.path().join("demo");
+    let mut warnings = Vec::new();
+    warn_unless_reported(&demo, &mut warnings);
+    assert!(
+        warnings.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&warnings)
+    );
+    let page = std::fs::read_to_string(demo.join(names::REPORT)).unwrap();
+    assert!(
+        page.contains("injected failure at step 12"),
+        "the run's failure is on the page"
+    );
+    let broken = tmp.path().join("broken");
+    warn_unless_reported(&broken, &mut warnings);
+    let warning = String::from_utf8(warnings).unwrap();
+    assert!(
+        warning.starts_with("meshrun: warning: report.html not written: cannot parse ")
+            && warning.contains("run.json"),
+        "{warning}"
+    );
+    assert!(!broken.join(names::REPORT).exists());
+    let err = report("broken", tmp.path()).unwrap_err();
+    assert_eq!(err.exit_code(), crate::exit::FAILURE);
+    assert!(err.to_string().starts_with("cannot parse "), "{err}");
 }
 
 #[test]

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use meshrun_core::controller::remote::stop_run;
-use meshrun_core::rundir::lock_is_held;
+use meshrun_record::read::lock_is_held;
 
 use crate::commands::error;
 use crate::{exit, runs};

@@ -14,7 +14,7 @@ use meshrun_ckpt::resume::{
 };
 use meshrun_ckpt::retention::{to_delete, Candidate, Retention};
 use meshrun_ckpt::CkptError;
-use serde_json::json;
+use meshrun_record::Event;
 
 use super::terminal::terminal;
 use crate::error::CoreError;
@@ -101,10 +101,13 @@ impl Checkpoints {
             |s| format!("resuming from step-{s}"),
         );
         for s in &self.skipped {
-            rundir.event(
-                "checkpoint_skipped",
-                json!({ "attempt": self.attempt, "step": s.step, "path": s.path.display().to_string(), "reason": s.error.to_string(), "resume_step": self.resume }),
-            )?;
+            rundir.event(Event::CheckpointSkipped {
+                attempt: self.attempt,
+                step: s.step,
+                path: s.path.display().to_string(),
+                reason: s.error.to_string(),
+                resume_step: self.resume,
+            })?;
             terminal().note(&format!(
                 "meshrun: checkpoint step-{} skipped: {}; {from}",
                 s.step, s.error
@@ -115,20 +118,24 @@ impl Checkpoints {
                 "newer than the step asked to resume from ({})",
                 self.resume.unwrap_or_default()
             );
-            rundir.event(
-                "checkpoint_set_aside",
-                json!({ "attempt": self.attempt, "step": step, "path": path.display().to_string(), "moved_to": to.display().to_string(), "reason": why }),
-            )?;
+            rundir.event(Event::CheckpointSetAside {
+                attempt: self.attempt,
+                step: *step,
+                path: path.display().to_string(),
+                moved_to: to.display().to_string(),
+                reason: why.clone(),
+            })?;
             terminal().note(&format!(
                 "meshrun: checkpoint step-{step} set aside as '{}': {why}",
                 to.display()
             ));
         }
         if let Some(step) = self.resume {
-            rundir.event(
-                "resuming",
-                json!({ "attempt": self.attempt, "step": step, "requested": self.requested }),
-            )?;
+            rundir.event(Event::Resuming {
+                attempt: self.attempt,
+                step,
+                requested: self.requested,
+            })?;
         }
         Ok(())
     }

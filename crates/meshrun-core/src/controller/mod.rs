@@ -5,13 +5,15 @@
 //! run directory, and stops the whole group at the first failure. The
 //! pieces: [`server`] accepts and authenticates connections, [`launch`]
 //! builds each worker's command and environment, [`output`] writes logs and
-//! tees them to the terminal, [`summary`] explains a failure, and
-//! [`supervisor`] is the state machine that ties them together.
+//! tees them to the terminal, [`summary`] explains a failure; [`machine`]
+//! makes every decision of an attempt without I/O, `driver` carries them
+//! out, and `supervisor` runs attempts until the run ends.
 
 mod agents;
 mod checkpoints;
-pub mod goodput;
+mod driver;
 mod launch;
+pub mod machine;
 mod output;
 pub mod progress;
 pub mod remote;
@@ -96,6 +98,19 @@ pub enum OutcomeStatus {
     Preempted {
         step: u64,
     },
+}
+
+impl OutcomeStatus {
+    /// The state `run.json` records for it.
+    pub fn state(self) -> meshrun_record::RunState {
+        use meshrun_record::RunState;
+        match self {
+            OutcomeStatus::Succeeded => RunState::Succeeded,
+            OutcomeStatus::Failed => RunState::Failed,
+            OutcomeStatus::Interrupted { .. } => RunState::Interrupted,
+            OutcomeStatus::Preempted { .. } => RunState::Preempted,
+        }
+    }
 }
 
 /// The exit status of a preempted run: `EX_TEMPFAIL` from sysexits.h, "a

@@ -66,10 +66,25 @@ pub fn any_written(dir: &Path) -> bool {
 pub fn frames(stacks_dir: &Path, nprocs: u32) -> Vec<(u32, String)> {
     (0..nprocs)
         .filter_map(|rank| {
-            let dump = std::fs::read_to_string(stacks_dir.join(format!("rank-{rank}.txt"))).ok()?;
+            let dump = std::fs::read_to_string(meshrun_record::names::stack_file(stacks_dir, rank))
+                .ok()?;
             Some((rank, user_frame(&dump)?))
         })
         .collect()
+}
+
+/// Workers open their stack files when they start; the empty ones of an
+/// attempt that dumped nothing are removed, and the folders with them.
+pub fn tidy(dir: &Path) {
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if entry.metadata().is_ok_and(|m| m.len() == 0) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
+    if let Some(parent) = dir.parent() {
+        let _ = std::fs::remove_dir(parent);
+    }
 }
 
 #[cfg(test)]

@@ -135,12 +135,16 @@ impl FrameStream {
 /// Writes one frame to a blocking stream (worker side) without flushing,
 /// so a burst of frames can share one system call.
 pub fn put_frame(w: &mut impl Write, msg: &Message) -> Result<(), ProtocolError> {
-    let body = encode(msg);
+    put_body(w, &encode(msg))
+}
+
+/// Buffers one frame of an already [`encode`]d body.
+pub fn put_body(w: &mut impl Write, body: &[u8]) -> Result<(), ProtocolError> {
     if body.len() > MAX_FRAME_BYTES {
         return Err(ProtocolError::TooLarge(body.len()));
     }
     w.write_all(&(body.len() as u32).to_be_bytes())?;
-    w.write_all(&body)?;
+    w.write_all(body)?;
     Ok(())
 }
 
@@ -181,7 +185,10 @@ mod tests {
             step: Some(3),
             metrics: serde_json::json!({"loss": 0.5}),
             checkpoint: false,
-            timing: Some(serde_json::json!({"now": 1.5})),
+            timing: Some(meshrun_record::Timing {
+                now: 1.5,
+                ..Default::default()
+            }),
             saving: true,
             total_steps: Some(10),
         };

@@ -1,8 +1,6 @@
 //! The messages of the control protocol. One enum for every role, so a
 //! frame means the same thing wherever it is read.
 
-use std::fmt;
-
 use serde::{Deserialize, Serialize};
 
 /// Which output stream a log line came from.
@@ -13,32 +11,13 @@ pub enum Stream {
     Stderr,
 }
 
-/// How a worker process ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ExitInfo {
-    pub code: Option<i32>,
-    pub signal: Option<i32>,
-}
+pub use meshrun_record::ExitInfo;
 
-impl ExitInfo {
-    pub fn success(&self) -> bool {
-        self.code == Some(0)
-    }
-}
-
-impl fmt::Display for ExitInfo {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match (self.code, self.signal) {
-            (Some(code), _) => write!(f, "exit code {code}"),
-            (None, Some(sig)) => {
-                let name = nix::sys::signal::Signal::try_from(sig)
-                    .map_or_else(|_| format!("signal {sig}"), |s| s.as_str().to_string());
-                write!(f, "signal {sig} ({name})")
-            }
-            (None, None) => f.write_str("unknown exit"),
-        }
-    }
-}
+/// How long workers get to write their stacks before they are stopped
+/// (`Stop { dump_stacks }`): faulthandler writes from the signal handler,
+/// in a few milliseconds. The agent waits this long; the controller counts
+/// it into the stop's deadline.
+pub const STACK_DUMP_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// What an agent needs to start one worker.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -156,9 +135,10 @@ pub enum Message {
         #[serde(default)]
         checkpoint: bool,
         /// Where this worker's time went up to this report (see
-        /// `controller::goodput`); sent with saves and at most once a second.
+        /// `meshrun_record::goodput`); sent with saves and at most once a
+        /// second.
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        timing: Option<serde_json::Value>,
+        timing: Option<meshrun_record::Timing>,
         /// A save of this step began at this report.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         saving: bool,
@@ -168,7 +148,7 @@ pub enum Message {
     },
     /// Where the worker's time went, sent once more when its program ends.
     Timing {
-        timing: serde_json::Value,
+        timing: meshrun_record::Timing,
     },
     /// Controller to worker: save a checkpoint at the next `report` that
     /// carries the state (preemption), whatever the checkpoint interval.

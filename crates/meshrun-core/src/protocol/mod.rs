@@ -10,4 +10,4 @@ pub mod frame;
 pub mod message;
 
 pub use frame::{Connection, ProtocolError, MAX_FRAME_BYTES, PROTOCOL_VERSION};
-pub use message::{ExitInfo, Message, Stream, WorkerLaunch};
+pub use message::{ExitInfo, Message, Stream, WorkerLaunch, STACK_DUMP_WAIT};

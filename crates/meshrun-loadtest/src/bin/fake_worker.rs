@@ -43,7 +43,8 @@ fn main() {
             step: Some(i),
             metrics: serde_json::json!({ "step": i, "loss": 1.0 / (i + 1) as f64, "rank": rank }),
             ..Report::default()
-        });
+        })
+        .expect("a small report fits in a frame");
     }
     client.flush(Duration::from_mins(2));
     let sent = Path::new(&var("MESHRUN_RUN_DIR")).join(format!("sent-{rank}"));

@@ -3,8 +3,8 @@
 
 use std::fmt::Write as _;
 
-use super::html::escape;
-use super::series::Series;
+use crate::html::escape;
+use crate::series::Series;
 
 /// Series colours, in order.
 pub const PALETTE: [&str; 8] = [

@@ -3,7 +3,7 @@
 //! drawn as a second stroke over the first, never as a line going back in
 //! time.
 
-use super::model::Record;
+use crate::model::Record;
 
 /// The most points one series keeps; beyond that every k-th point is kept
 /// (plus each segment's last), so a long run still gives a small page.
@@ -34,7 +34,7 @@ impl Series {
 /// step goes back within an attempt).
 pub fn by_step(records: &[Record], key: &str) -> Series {
     let mut segments: Vec<Vec<(f64, f64)>> = Vec::new();
-    let mut last: Option<(u64, f64)> = None;
+    let mut last: Option<(u32, f64)> = None;
     for r in records {
         let (Some(step), Some(value)) = (r.step, r.get(key)) else {
             continue;
@@ -76,7 +76,7 @@ pub fn validation_keys(records: &[Record]) -> Vec<String> {
 /// before it, instead of reading as a spike; intervals are also widened to
 /// 1/1000 of the run, so that a long run gives a readable curve.
 pub fn steps_per_second(records: &[Record], start: f64) -> Series {
-    let stepped: Vec<(u64, f64, f64)> = records
+    let stepped: Vec<(u32, f64, f64)> = records
         .iter()
         .filter_map(|r| Some((r.attempt, r.time, r.step?)))
         .collect();
@@ -175,7 +175,7 @@ pub fn downsample(mut series: Series) -> Series {
 mod tests {
     use super::*;
 
-    fn rec(time: f64, attempt: u64, step: u64, loss: f64) -> Record {
+    fn rec(time: f64, attempt: u32, step: u64, loss: f64) -> Record {
         Record {
             time,
             attempt,

@@ -3,11 +3,12 @@
 
 use std::fmt::Write as _;
 
-use serde_json::Value;
+use meshrun_record::goodput::{Goodput, Part};
+use meshrun_record::RunState;
 
-use super::html::escape;
-use super::model::{Attempt, Run};
-use super::svg::{tick_label, Scale};
+use crate::html::escape;
+use crate::model::{Attempt, Run};
+use crate::svg::{tick_label, Scale};
 
 const WIDTH: f64 = 960.0;
 const LEFT: f64 = 96.0;
@@ -15,31 +16,28 @@ const RIGHT: f64 = 24.0;
 const LANE: f64 = 54.0;
 const CHAR_W: f64 = 6.6;
 
-/// Goodput categories, in the order they are drawn.
-pub use crate::controller::goodput::PARTS as GOODPUT_ORDER;
-
-/// The colour of an attempt's state.
-pub fn state_color(state: &str) -> &'static str {
+/// The colour of a run's or an attempt's state (`None`: not recorded).
+pub fn state_color(state: Option<RunState>) -> &'static str {
     match state {
-        "succeeded" => "#2e7d32",
-        "failed" => "#c62828",
-        "interrupted" => "#ef6c00",
-        "preempted" => "#6a1b9a",
-        "running" => "#1565c0",
-        _ => "#757575",
+        Some(RunState::Succeeded) => "#2e7d32",
+        Some(RunState::Failed) => "#c62828",
+        Some(RunState::Interrupted) => "#ef6c00",
+        Some(RunState::Preempted) => "#6a1b9a",
+        Some(RunState::Running) => "#1565c0",
+        Some(RunState::Errored) | None => "#757575",
     }
 }
 
-fn category_color(category: &str) -> &'static str {
-    match category {
-        "startup" => "#90a4ae",
-        "compile" => "#ffb300",
-        "restore" => "#29b6f6",
-        "data" => "#ab47bc",
-        "step" => "#43a047",
-        "checkpoint" => "#1e88e5",
-        "lost" => "#e53935",
-        _ => "#bdbdbd",
+fn part_color(part: Part) -> &'static str {
+    match part {
+        Part::Startup => "#90a4ae",
+        Part::Compile => "#ffb300",
+        Part::Restore => "#29b6f6",
+        Part::Data => "#ab47bc",
+        Part::Step => "#43a047",
+        Part::Checkpoint => "#1e88e5",
+        Part::Lost => "#e53935",
+        Part::Other => "#bdbdbd",
     }
 }
 
@@ -57,10 +55,9 @@ pub fn time_unit(span: f64) -> (f64, &'static str) {
 /// `attempt 1 failed: rank 1 raised ValueError: boom`.
 pub fn failure_text(a: &Attempt) -> Option<String> {
     let f = a.failure.as_ref()?;
-    let who = f.rank.map_or_else(String::new, |r| format!("rank {r} "));
     Some(format!(
-        "attempt {} {}: {who}{}",
-        a.number, a.state, f.headline
+        "attempt {} {}: rank {} {}",
+        a.number, a.state, f.rank, f.headline
     ))
 }
 
@@ -98,7 +95,7 @@ pub fn timeline(run: &Run) -> Option<String> {
         let a_end = a.ended.unwrap_or(end).max(a_start);
         prev_end = a_end;
         let (bx0, bx1) = (px(a_start), px(a_end).max(px(a_start) + 2.0));
-        let color = state_color(&a.state);
+        let color = state_color(Some(a.state));
         let _ = write!(
             s,
             r##"<text class="lane-label" x="{:.1}" y="{:.1}" text-anchor="end" fill="#222">attempt {}</text>"##,
@@ -113,9 +110,9 @@ pub fn timeline(run: &Run) -> Option<String> {
             a.number,
             fmt_secs(a_start - start),
             fmt_secs(a_end - start),
-            state = escape(&a.state)
+            state = a.state
         );
-        let label = escape(&a.state);
+        let label = a.state.as_str();
         if bx1 - bx0 > label.len() as f64 * CHAR_W + 8.0 {
             let _ = write!(
                 s,
@@ -127,10 +124,7 @@ pub fn timeline(run: &Run) -> Option<String> {
         s.push_str("</g>");
 
         let mut last_label = f64::NEG_INFINITY;
-        for c in run.commits.iter().filter(|c| {
-            c.attempt
-                .map_or(c.time >= a_start && c.time <= a_end, |n| n == a.number)
-        }) {
+        for c in run.commits.iter().filter(|c| c.attempt == a.number) {
             let x = px(c.time);
             let _ = write!(
                 s,
@@ -212,50 +206,20 @@ pub fn fmt_secs(secs: f64) -> String {
     }
 }
 
-fn categories(seconds: Option<&serde_json::Map<String, Value>>) -> Vec<String> {
-    let mut cats: Vec<String> = GOODPUT_ORDER.iter().map(|c| (*c).to_string()).collect();
-    for k in seconds.into_iter().flat_map(|m| m.keys()) {
-        if !cats.contains(k) {
-            cats.push(k.clone());
-        }
-    }
-    cats
-}
-
 /// The goodput bar and its tables, from `goodput.json`.
-pub fn goodput(v: &Value) -> String {
-    let seconds = v.get("seconds").and_then(Value::as_object);
-    let fractions = v.get("fractions").and_then(Value::as_object);
-    let cats = categories(seconds);
-    let secs_of = |c: &str| {
-        seconds
-            .and_then(|m| m.get(c))
-            .and_then(Value::as_f64)
-            .unwrap_or(0.0)
-            .max(0.0)
-    };
-    let total: f64 = cats.iter().map(|c| secs_of(c)).sum();
-    let parts: Vec<(String, f64, f64)> = cats
+pub fn goodput(g: &Goodput) -> String {
+    let parts: Vec<(Part, f64, f64)> = Part::ALL
         .iter()
-        .map(|c| {
-            let frac = fractions
-                .and_then(|m| m.get(c))
-                .and_then(Value::as_f64)
-                .unwrap_or(if total > 0.0 { secs_of(c) / total } else { 0.0 })
-                .max(0.0);
-            (c.clone(), secs_of(c), frac)
-        })
+        .map(|&p| (p, g.seconds.get(p).max(0.0), g.fractions.get(p).max(0.0)))
         .collect();
     let frac_sum: f64 = parts.iter().map(|p| p.2).sum();
 
     let mut s = String::new();
-    if let Some(g) = v.get("goodput").and_then(Value::as_f64) {
-        let _ = write!(
-            s,
-            r#"<p class="goodput-headline">Goodput <b>{:.1}%</b>: the share of wall-clock time spent in training steps.</p>"#,
-            g * 100.0
-        );
-    }
+    let _ = write!(
+        s,
+        r#"<p class="goodput-headline">Goodput <b>{:.1}%</b>: the share of wall-clock time spent in training steps.</p>"#,
+        g.goodput * 100.0
+    );
     let (x0, x1, height) = (8.0, WIDTH - 8.0, 66.0);
     let _ = write!(
         s,
@@ -267,20 +231,20 @@ pub fn goodput(v: &Value) -> String {
         x1 - x0
     );
     let mut x = x0;
-    for (cat, secs, frac) in &parts {
-        if *frac <= 0.0 || frac_sum <= 0.0 {
+    for &(part, secs, frac) in &parts {
+        if frac <= 0.0 || frac_sum <= 0.0 {
             continue;
         }
         let w = frac / frac_sum * (x1 - x0);
         let pct = frac * 100.0;
+        let name = part.as_str();
         let _ = write!(
             s,
-            r#"<g class="seg seg-{c}"><rect x="{x:.1}" y="6" width="{w:.1}" height="30" fill="{}"/><title>{c}: {secs:.2} s ({pct:.1}%)</title>"#,
-            category_color(cat),
-            c = escape(cat)
+            r#"<g class="seg seg-{name}"><rect x="{x:.1}" y="6" width="{w:.1}" height="30" fill="{}"/><title>{name}: {secs:.2} s ({pct:.1}%)</title>"#,
+            part_color(part),
         );
-        let label = if w >= (cat.len() + 7) as f64 * CHAR_W {
-            format!("{} {pct:.1}%", escape(cat))
+        let label = if w >= (name.len() + 7) as f64 * CHAR_W {
+            format!("{name} {pct:.1}%")
         } else if w >= 34.0 {
             format!("{pct:.0}%")
         } else {
@@ -298,67 +262,49 @@ pub fn goodput(v: &Value) -> String {
     }
     s.push_str(r##"<g class="legend" fill="#222">"##);
     let mut lx = x0;
-    for (cat, _, frac) in &parts {
-        let text = format!("{} {:.1}%", cat, frac * 100.0);
+    for &(part, _, frac) in &parts {
+        let text = format!("{} {:.1}%", part.as_str(), frac * 100.0);
         let _ = write!(
             s,
-            r#"<rect x="{lx:.1}" y="47" width="10" height="10" fill="{}"/><text x="{:.1}" y="56">{}</text>"#,
-            category_color(cat),
+            r#"<rect x="{lx:.1}" y="47" width="10" height="10" fill="{}"/><text x="{:.1}" y="56">{text}</text>"#,
+            part_color(part),
             lx + 14.0,
-            escape(&text)
         );
         lx += 14.0 + text.chars().count() as f64 * CHAR_W + 16.0;
     }
     s.push_str("</g></svg>");
 
     s.push_str(r#"<table class="goodput-table"><thead><tr><th>category</th><th>seconds</th><th>percent</th></tr></thead><tbody>"#);
-    for (cat, secs, frac) in &parts {
+    for &(part, secs, frac) in &parts {
         let _ = write!(
             s,
             r#"<tr><td><span class="swatch" style="background:{}"></span>{}</td><td class="num">{secs:.2}</td><td class="num">{:.1}%</td></tr>"#,
-            category_color(cat),
-            escape(cat),
+            part_color(part),
+            part.as_str(),
             frac * 100.0
         );
     }
-    let wall = v.get("wall_s").and_then(Value::as_f64).unwrap_or(total);
     let _ = write!(
         s,
-        r#"</tbody><tfoot><tr><th>wall clock</th><td class="num">{wall:.2}</td><td class="num">{:.1}%</td></tr></tfoot></table>"#,
+        r#"</tbody><tfoot><tr><th>wall clock</th><td class="num">{:.2}</td><td class="num">{:.1}%</td></tr></tfoot></table>"#,
+        g.wall_s,
         frac_sum * 100.0
     );
 
-    if let Some(attempts) = v
-        .get("attempts")
-        .and_then(Value::as_array)
-        .filter(|a| !a.is_empty())
-    {
+    if !g.attempts.is_empty() {
         s.push_str(r#"<table class="goodput-attempts"><thead><tr><th>attempt</th><th>state</th><th>wall s</th>"#);
-        for cat in &cats {
-            let _ = write!(s, "<th>{}</th>", escape(cat));
+        for part in Part::ALL {
+            let _ = write!(s, "<th>{}</th>", part.as_str());
         }
         s.push_str("</tr></thead><tbody>");
-        for a in attempts {
-            let num = |key: &str| {
-                a.get(key)
-                    .and_then(Value::as_f64)
-                    .map_or_else(String::new, |v| format!("{v:.2}"))
-            };
+        for a in &g.attempts {
             let _ = write!(
                 s,
-                r#"<tr><td>{}</td><td>{}</td><td class="num">{}</td>"#,
-                a.get("attempt")
-                    .map_or_else(String::new, |n| escape(&n.to_string())),
-                escape(a.get("state").and_then(Value::as_str).unwrap_or("")),
-                num("wall_s")
+                r#"<tr><td>{}</td><td>{}</td><td class="num">{:.2}</td>"#,
+                a.attempt, a.state, a.wall_s
             );
-            for cat in &cats {
-                let secs = a
-                    .get("seconds")
-                    .and_then(|m| m.get(cat.as_str()))
-                    .and_then(Value::as_f64)
-                    .map_or_else(String::new, |v| format!("{v:.2}"));
-                let _ = write!(s, r#"<td class="num">{secs}</td>"#);
+            for part in Part::ALL {
+                let _ = write!(s, r#"<td class="num">{:.2}</td>"#, a.seconds.get(part));
             }
             s.push_str("</tr>");
         }

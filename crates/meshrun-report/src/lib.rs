@@ -1,7 +1,10 @@
 //! The run's report page: one self-contained `report.html` in the run
 //! directory, built from `run.json`, `events.jsonl`, `metrics.jsonl` and
-//! `goodput.json`. Charts are inline SVG made here; the page has no script
-//! and loads nothing.
+//! `goodput.json` as `meshrun-record` types them. Charts are inline SVG
+//! made here; the page has no script and loads nothing.
+//!
+//! The engine does not draw: the CLI and the Python binding call [`write`]
+//! when a run ends, and `meshrun report` at any time.
 //!
 //! - [`model`] reads the run directory, tolerating missing files and
 //!   half-written lines;
@@ -12,26 +15,34 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::error::CoreError;
+use meshrun_record::names;
 
+mod error;
 pub mod html;
 pub mod model;
 pub mod series;
 pub mod svg;
 pub mod timeline;
 
-/// The file name of the report in a run directory.
-pub const REPORT_FILE: &str = "report.html";
+pub use error::ReportError;
 
 /// Writes `run_dir/report.html` and returns its path. The page replaces the
 /// old one atomically, so a browser never sees half a page.
-pub fn write(run_dir: &Path) -> Result<PathBuf, CoreError> {
+pub fn write(run_dir: &Path) -> Result<PathBuf, ReportError> {
     let run = model::Run::load(run_dir)?;
     let page = html::page(&run);
-    let path = run_dir.join(REPORT_FILE);
-    let tmp = run_dir.join(format!(".{REPORT_FILE}.tmp"));
-    std::fs::write(&tmp, page).map_err(CoreError::io("cannot write", &tmp))?;
-    std::fs::rename(&tmp, &path).map_err(CoreError::io("cannot write", &path))?;
+    let path = run_dir.join(names::REPORT);
+    let tmp = run_dir.join(format!(".{}.tmp", names::REPORT));
+    let failed = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| ReportError::Write { path, source }
+    };
+    if let Err(e) = std::fs::write(&tmp, page) {
+        // A full disk leaves the old page as it was, and no half copy.
+        let _ = std::fs::remove_file(&tmp);
+        return Err(failed(&tmp)(e));
+    }
+    std::fs::rename(&tmp, &path).map_err(failed(&path))?;
     Ok(path)
 }
 
@@ -72,16 +83,16 @@ mod tests {
         )
         .unwrap();
         let events = [
-            json!({"event": "attempt_started", "attempt": 1, "time": T0}),
-            json!({"event": "worker_started", "attempt": 1, "rank": 0, "pid": 10, "time": T0 + 0.01}),
+            json!({"event": "attempt_started", "attempt": 1, "nprocs": 2, "hosts": 1, "control_addr": "127.0.0.1:9000", "time": T0}),
+            json!({"event": "worker_started", "attempt": 1, "rank": 0, "host": 0, "pid": 10, "time": T0 + 0.01}),
             json!({"event": "checkpoint_committed", "attempt": 1, "step": 10, "path": "/x/step-10", "time": T0 + 1.5}),
             json!({"event": "worker_failed", "attempt": 1, "rank": 1, "host": 0, "cause": failure["cause"], "exit": null, "time": T0 + 1.9}),
             json!({"event": "attempt_ended", "attempt": 1, "state": "failed", "time": T0 + 2.0}),
-            json!({"event": "restarting", "after_attempt": 1, "from_step": 10, "time": T0 + 2.0}),
-            json!({"event": "attempt_started", "attempt": 2, "time": T0 + 2.0}),
+            json!({"event": "restarting", "after_attempt": 1, "failures": 1, "max_failures": 3, "from_step": 10, "time": T0 + 2.0}),
+            json!({"event": "attempt_started", "attempt": 2, "nprocs": 2, "hosts": 1, "control_addr": "127.0.0.1:9000", "time": T0 + 2.0}),
             json!({"event": "checkpoint_committed", "attempt": 2, "step": 20, "path": "/x/step-20", "time": T0 + 3.0}),
             json!({"event": "attempt_ended", "attempt": 2, "state": "succeeded", "time": T0 + 4.5}),
-            json!({"event": "run_ended", "state": "succeeded", "time": T0 + 4.5}),
+            json!({"event": "run_ended", "attempt": 2, "state": "succeeded", "time": T0 + 4.5}),
         ];
         let mut text = String::new();
         for e in events {
@@ -114,9 +125,12 @@ mod tests {
         if with_goodput {
             let goodput = json!({
                 "wall_s": 4.5,
+                "measured_s": 4.5,
                 "seconds": {"startup": 0.5, "compile": 0.4, "restore": 0.1, "data": 0.2, "step": 2.5, "checkpoint": 0.2, "lost": 0.5, "other": 0.1},
                 "fractions": {"startup": 0.111, "compile": 0.089, "restore": 0.022, "data": 0.044, "step": 0.556, "checkpoint": 0.044, "lost": 0.111, "other": 0.022},
-                "attempts": [{"attempt": 1, "state": "failed", "wall_s": 2.0, "seconds": {"step": 1.0, "lost": 0.5}}]
+                "goodput": 0.556,
+                "attempts": [{"attempt": 1, "state": "failed", "start": T0, "end": T0 + 2.0, "wall_s": 2.0,
+                    "seconds": {"startup": 0.2, "compile": 0.2, "restore": 0.0, "data": 0.05, "step": 1.0, "checkpoint": 0.05, "lost": 0.5, "other": 0.0}}]
             });
             fs::write(dir.join("goodput.json"), goodput.to_string()).unwrap();
         }
@@ -156,7 +170,7 @@ mod tests {
         let dir = tempfile::TempDir::new().unwrap();
         synthetic(dir.path(), true);
         let path = write(dir.path()).unwrap();
-        assert_eq!(path, dir.path().join(REPORT_FILE));
+        assert_eq!(path, dir.path().join(names::REPORT));
         let page = fs::read_to_string(&path).unwrap();
 
         for id in ["chart-loss", "chart-val", "chart-throughput"] {
@@ -225,7 +239,8 @@ mod tests {
         let dir = tempfile::TempDir::new().unwrap();
         fs::write(
             dir.path().join("run.json"),
-            r#"{"name": "bare", "state": "running", "attempts": []}"#,
+            r#"{"name": "bare", "run_id": "b1", "state": "running", "created": "2026-12-02T21:56:06Z",
+                "plan": {"nprocs": 1}, "versions": {"meshrun": "0.1.0", "protocol": 1}, "attempts": []}"#,
         )
         .unwrap();
         let page = fs::read_to_string(write(dir.path()).unwrap()).unwrap();
@@ -237,6 +252,25 @@ mod tests {
         let empty = tempfile::TempDir::new().unwrap();
         let page = fs::read_to_string(write(empty.path()).unwrap()).unwrap();
         assert!(page.contains("no plan recorded"));
+    }
+
+    #[test]
+    fn a_goodput_file_this_version_cannot_read_is_named_on_the_page() {
+        let dir = tempfile::TempDir::new().unwrap();
+        synthetic(dir.path(), true);
+        let path = dir.path().join(names::GOODPUT);
+        let renamed = fs::read_to_string(&path)
+            .unwrap()
+            .replace("\"lost\"", "\"wasted\"");
+        fs::write(&path, renamed).unwrap();
+        let page = fs::read_to_string(write(dir.path()).unwrap()).unwrap();
+        let section = element(&page, r#"<section id="goodput-section">"#, "</section>");
+        assert!(
+            section.contains("no goodput data: cannot parse") && section.contains("goodput.json"),
+            "{section}"
+        );
+        assert!(section.contains("wasted"), "{section}");
+        assert!(!section.contains(r#"<svg id="goodput""#), "{section}");
     }
 
     #[test]

@@ -4,12 +4,13 @@
 
 use std::fmt::Write as _;
 
+use meshrun_record::RunState;
 use serde_json::Value;
 
-use super::model::{Goodput, Run};
-use super::series::{self, Series};
-use super::svg::{ChartKind, LineChart, Marker};
-use super::timeline::{self, fmt_secs, state_color, time_unit};
+use crate::model::{Goodput, Run};
+use crate::series::{self, Series};
+use crate::svg::{ChartKind, LineChart, Marker};
+use crate::timeline::{self, fmt_secs, state_color, time_unit};
 
 /// Text made safe for HTML content and attribute values.
 pub fn escape(text: &str) -> String {
@@ -126,15 +127,17 @@ fn header(s: &mut String, run: &Run) {
         "state",
         &format!(
             r#"<span class="badge state-{st}" style="background:{}">{st}</span>"#,
-            state_color(&run.state),
-            st = escape(&run.state)
+            state_color(run.state),
+            st = run.state.map_or("unknown", RunState::as_str)
         ),
     );
     item(s, "attempts", "attempts", &run.attempts.len().to_string());
     let created = run.created.as_deref().unwrap_or("?").replacen('T', " ", 1);
     item(s, "created", "created", &escape(&created));
     let duration = match (run.start, run.end) {
-        (Some(a), Some(b)) if run.state == "running" => format!("{} so far", fmt_secs(b - a)),
+        (Some(a), Some(b)) if run.state == Some(RunState::Running) => {
+            format!("{} so far", fmt_secs(b - a))
+        }
         (Some(a), Some(b)) => fmt_secs(b - a),
         _ => "?".to_string(),
     };
@@ -299,13 +302,13 @@ fn attempts(s: &mut String, run: &Run) {
             .map_or_else(|| "–".to_string(), |s| format!("step {s}"));
         let failure = a.failure.as_ref().map_or_else(String::new, |f| {
             let mut cell = String::new();
-            if let Some(r) = f.rank {
-                let _ = write!(cell, "rank {r}");
-            }
-            if let Some(h) = f.host {
-                let _ = write!(cell, " (host {h})");
-            }
-            let _ = write!(cell, ": {}", escape(&f.headline));
+            let _ = write!(
+                cell,
+                "rank {} (host {}): {}",
+                f.rank,
+                f.host,
+                escape(&f.headline)
+            );
             if let Some(tb) = &f.traceback {
                 let lines: Vec<&str> = tb.lines().collect();
                 let tail = lines[lines.len().saturating_sub(40)..].join("\n");
@@ -321,14 +324,14 @@ fn attempts(s: &mut String, run: &Run) {
             s,
             r#"<tr class="state-{st}"><td>{}</td><td><span class="swatch" style="background:{}"></span>{st}</td><td>{}</td><td>{}</td><td>{duration}</td><td>{resumed}</td><td class="failure-cell">{failure}</td></tr>"#,
             a.number,
-            state_color(&a.state),
+            state_color(Some(a.state)),
             rel(a.started),
-            if a.ended.is_none() && a.state == "running" {
+            if a.ended.is_none() && a.state == RunState::Running {
                 "running".to_string()
             } else {
                 rel(a.ended)
             },
-            st = escape(&a.state)
+            st = a.state
         );
     }
     s.push_str("</tbody></table>");

@@ -1,0 +1,313 @@
+//! The driver of one attempt: it carries out what the [`Machine`] decides
+//! and feeds it what the connections, signals and clock say. It decides
+//! nothing itself beyond plumbing (which channel a connection number is,
+//! whose log a line belongs to).
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use meshrun_record::{Event, MetricsRecord};
+use nix::sys::signal::Signal;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::mpsc;
+
+use super::agents::Agents;
+use super::checkpoints::Checkpoints;
+use super::machine::{Action, Conn, Input, Machine};
+use super::output::Output;
+use super::progress::Progress;
+use super::server::Event as Net;
+use super::StopHandle;
+use crate::error::CoreError;
+use crate::plan::RunPlan;
+use crate::protocol::Message;
+use crate::rundir::{unix_time, utc_rfc3339, RunDir};
+
+/// SIGINT and SIGTERM, when this run handles them. Installed before
+/// anything is started, so no signal can arrive while nobody listens.
+pub struct Signals {
+    sigint: Option<tokio::signal::unix::Signal>,
+    sigterm: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    pub fn install(enabled: bool) -> Self {
+        let listen = |kind| if enabled { signal(kind).ok() } else { None };
+        Self {
+            sigint: listen(SignalKind::interrupt()),
+            sigterm: listen(SignalKind::terminate()),
+        }
+    }
+}
+
+/// How often buffered metrics are written out and the status line redrawn.
+const FLUSH_EVERY: Duration = Duration::from_millis(250);
+
+/// How often, before the launch, the agents' processes are checked.
+const AGENT_CHECK_EVERY: Duration = Duration::from_millis(200);
+
+pub struct Driver<'a> {
+    pub machine: Machine,
+    pub rundir: &'a mut RunDir,
+    pub checkpoints: Checkpoints,
+    pub progress: Progress,
+    pub output: Option<Output>,
+    plan: &'a RunPlan,
+    attempt: u32,
+    conns: HashMap<Conn, mpsc::UnboundedSender<Message>>,
+    next_conn: Conn,
+}
+
+impl<'a> Driver<'a> {
+    pub fn new(
+        machine: Machine,
+        plan: &'a RunPlan,
+        attempt: u32,
+        rundir: &'a mut RunDir,
+        checkpoints: Checkpoints,
+        progress: Progress,
+    ) -> Self {
+        Self {
+            machine,
+            rundir,
+            checkpoints,
+            progress,
+            output: None,
+            plan,
+            attempt,
+            conns: HashMap::new(),
+            next_conn: 0,
+        }
+    }
+
+    /// Runs the attempt until every worker has ended (or an engine error).
+    pub async fn run(
+        &mut self,
+        events: &mut mpsc::UnboundedReceiver<Net>,
+        agent_procs: &mut Agents,
+        stop: Option<&StopHandle>,
+        signals: &mut Signals,
+    ) -> Result<(), CoreError> {
+        let Signals { sigint, sigterm } = signals;
+        let mut external_stop_seen = false;
+        let mut agent_check = tokio::time::interval(AGENT_CHECK_EVERY);
+        let mut flush = tokio::time::interval(FLUSH_EVERY);
+        loop {
+            self.perform()?;
+            if self.machine.is_finished(Instant::now()) {
+                return Ok(());
+            }
+            let wake = self.machine.poll_timeout();
+            // Far enough to never fire, near enough for any timer.
+            let wake = wake.unwrap_or_else(|| Instant::now() + Duration::from_hours(1));
+            tokio::select! {
+                event = events.recv() => match event {
+                    Some(event) => {
+                        self.feed(event)?;
+                        self.feed_queued(events)?;
+                    }
+                    None => return Ok(()),
+                },
+                () = next_signal(sigint) => self.input(Input::Interrupt { signal: Signal::SIGINT as i32 })?,
+                () = next_signal(sigterm) => self.input(Input::Terminate)?,
+                () = stop_requested(stop), if !external_stop_seen => {
+                    external_stop_seen = true;
+                    self.input(Input::Interrupt { signal: Signal::SIGINT as i32 })?;
+                }
+                _ = agent_check.tick(), if !self.machine.launched() => {
+                    if let Some(why) = agent_procs.ray_error() {
+                        return Err(CoreError::RayPlacement(why));
+                    }
+                    if let Some((host, how)) = agent_procs.exited() {
+                        return Err(CoreError::AgentGone { host, what: how });
+                    }
+                }
+                _ = flush.tick(), if self.machine.launched() => {
+                    // Metrics are buffered between ticks, so readers see them live.
+                    self.rundir.flush()?;
+                    self.progress.tick();
+                }
+                () = tokio::time::sleep_until(wake.into()) => {
+                    // What has arrived is read before any deadline is
+                    // judged: a heartbeat in the queue is not missing.
+                    self.feed_queued(events)?;
+                    self.perform()?;
+                    self.machine.handle_timeout(Instant::now())?;
+                }
+            }
+        }
+    }
+
+    fn input(&mut self, input: Input) -> Result<(), CoreError> {
+        self.machine.handle(Instant::now(), input)
+    }
+
+    /// Everything already queued, without waiting.
+    fn feed_queued(&mut self, events: &mut mpsc::UnboundedReceiver<Net>) -> Result<(), CoreError> {
+        while let Ok(event) = events.try_recv() {
+            self.feed(event)?;
+        }
+        Ok(())
+    }
+
+    fn register(&mut self, tx: mpsc::UnboundedSender<Message>) -> Conn {
+        self.next_conn += 1;
+        self.conns.insert(self.next_conn, tx);
+        self.next_conn
+    }
+
+    fn feed(&mut self, event: Net) -> Result<(), CoreError> {
+        let input = match event {
+            Net::AgentJoined {
+                host,
+                host_ip,
+                pid,
+                gpus,
+                free_port,
+                controller,
+                tx,
+            } => Input::AgentJoined {
+                host,
+                ip: host_ip,
+                pid,
+                gpus,
+                free_port,
+                controller,
+                conn: self.register(tx),
+            },
+            Net::FromAgent {
+                host,
+                msg:
+                    Message::Log {
+                        rank,
+                        stream,
+                        line,
+                        more,
+                    },
+            } => {
+                // An agent writes only its own ranks' logs.
+                let pph = self.plan.procs_per_host;
+                if rank / pph == host && rank < self.plan.nprocs {
+                    if let Some(out) = &mut self.output {
+                        out.line(rank, stream, &line, more);
+                    }
+                }
+                return Ok(());
+            }
+            Net::FromAgent { host, msg } => Input::FromAgent { host, msg },
+            Net::AgentLost { host, error } => Input::AgentLost { host, error },
+            Net::WorkerJoined {
+                rank,
+                attempt,
+                pid,
+                tx,
+            } => Input::WorkerJoined {
+                rank,
+                attempt,
+                pid,
+                conn: self.register(tx),
+            },
+            Net::FromWorker { rank, msg } => Input::FromWorker { rank, msg },
+            Net::WorkerLost { rank, clean } => Input::WorkerLost { rank, clean },
+            Net::StopRequested { now, tx } => Input::StopRequested {
+                now,
+                reply: self.register(tx),
+            },
+        };
+        self.input(input)
+    }
+
+    /// Carries out every action the machine has queued, in order.
+    pub fn perform(&mut self) -> Result<(), CoreError> {
+        while let Some(action) = self.machine.poll_action() {
+            match action {
+                Action::Send { to, msg } => {
+                    if let Some(tx) = self.conns.get(&to) {
+                        let _ = tx.send(msg);
+                    }
+                }
+                Action::Close { conn } => {
+                    self.conns.remove(&conn);
+                }
+                Action::Record(event) => self.rundir.event(event)?,
+                Action::OpenLogs => self.open_logs()?,
+                Action::Metrics { step, metrics } => self.rundir.metrics(&MetricsRecord {
+                    time: unix_time(),
+                    attempt: self.attempt,
+                    step,
+                    metrics,
+                })?,
+                Action::Note { rank, text } => {
+                    if let Some(out) = &mut self.output {
+                        out.note(rank, &text);
+                    }
+                }
+                Action::Progress {
+                    step,
+                    metrics,
+                    total_steps,
+                } => self.progress.report(step, &metrics, total_steps),
+                Action::Saving { step } => self.progress.saving(step),
+                Action::Commit {
+                    rank,
+                    step,
+                    leaves,
+                    extra,
+                } => {
+                    let input = match self.checkpoints.written(rank, step, leaves, extra) {
+                        Ok(Some(path)) => Input::Committed { step, path },
+                        Ok(None) => continue,
+                        Err(e) => Input::CommitFailed {
+                            step,
+                            error: e.to_string(),
+                        },
+                    };
+                    self.input(input)?;
+                }
+                Action::ApplyRetention => match self.checkpoints.retain() {
+                    Ok(deleted) if deleted.is_empty() => {}
+                    Ok(steps) => self.rundir.event(Event::CheckpointsDeleted {
+                        steps,
+                        reason: "retention".into(),
+                    })?,
+                    Err(e) => self.rundir.event(Event::RetentionFailed {
+                        error: e.to_string(),
+                    })?,
+                },
+            }
+        }
+        Ok(())
+    }
+
+    fn open_logs(&mut self) -> Result<(), CoreError> {
+        let paths: Vec<_> = (0..self.plan.nprocs)
+            .map(|r| self.rundir.log_path(r))
+            .collect();
+        let mut output = Output::open(
+            self.plan.tee,
+            &paths,
+            self.attempt,
+            &utc_rfc3339(std::time::SystemTime::now()),
+        )?;
+        output.set_bar(self.progress.bar());
+        self.output = Some(output);
+        Ok(())
+    }
+}
+
+/// Resolves on the next delivery of `kind`, or never when not handling signals.
+async fn next_signal(sig: &mut Option<tokio::signal::unix::Signal>) {
+    match sig {
+        Some(s) => {
+            s.recv().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+async fn stop_requested(handle: Option<&StopHandle>) {
+    match handle {
+        Some(h) => h.wait().await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,225 @@
+//! What the machine decides when time passes: joins that do not come,
+//! stops that do not end, preemptions without a checkpoint, frozen, lost
+//! and hung workers, and drains that are over.
+//!
+//! Every silence is measured from the later of the worker's last message
+//! and the moment the controller itself is known to have been running
+//! (`awake_since`): when the driver wakes much later than it asked to (the
+//! controller was stopped, swapped out, or busy), the messages that
+//! workers sent meanwhile may still sit in socket buffers, and a gap that
+//! is the controller's own must not fail the attempt.
+
+use std::time::{Duration, Instant};
+
+use meshrun_record::{Cause, Event};
+use nix::sys::signal::Signal;
+
+use super::stop::{StopReason, PREEMPT_GRACE};
+use super::{Machine, AGENT_JOIN_TIMEOUT};
+use crate::error::CoreError;
+
+/// A worker that has sent nothing (heartbeats included) for this long is
+/// frozen: heartbeats come from a Rust thread every second, whatever the
+/// Python code is doing.
+pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A broken worker connection whose process has not been reported as
+/// exited after this long is a failure of its own.
+pub const CONNECTION_LOSS_GRACE: Duration = Duration::from_secs(2);
+
+/// Waking this much later than asked means the controller was not running.
+pub const STALL_SLACK: Duration = Duration::from_secs(1);
+
+impl Machine {
+    /// The earliest moment at which [`Machine::handle_timeout`] has
+    /// something to decide; `None` while only an input can change anything.
+    pub fn poll_timeout(&mut self) -> Option<Instant> {
+        let mut next: Option<Instant> = None;
+        let mut consider = |t: Option<Instant>| {
+            if let Some(t) = t {
+                next = Some(next.map_or(t, |n| n.min(t)));
+            }
+        };
+        if !self.launched && self.stop.is_none() {
+            consider(Some(self.started + AGENT_JOIN_TIMEOUT));
+        }
+        consider(self.stop_deadline);
+        if self.launched && self.stop.is_none() {
+            consider(self.preempt_deadline);
+            for r in self.ranks.iter().filter(|r| !r.done) {
+                match r.connection_lost {
+                    Some(t) => consider(Some(self.since(t) + CONNECTION_LOSS_GRACE)),
+                    None => consider(r.heard.map(|h| self.since(h) + HEARTBEAT_TIMEOUT)),
+                }
+                if let (Some(limit), Some(p)) = (self.hang_timeout(), r.progress) {
+                    consider(Some(self.since(p) + limit));
+                }
+            }
+            consider(self.finish_deadlines().map(|d| d.at).min());
+        }
+        for r in &self.ranks {
+            consider(r.drain_deadline());
+        }
+        self.wake = next;
+        next
+    }
+
+    /// Decides what is due at `now`. The driver reads every queued input
+    /// first: a heartbeat that has arrived is never judged missing.
+    pub fn handle_timeout(&mut self, now: Instant) -> Result<(), CoreError> {
+        if let Some(wake) = self.wake.take() {
+            if now > wake + STALL_SLACK {
+                tracing::warn!(
+                    late_s = (now - wake).as_secs_f64(),
+                    "the controller woke late; silences count from now"
+                );
+                self.awake_since = now;
+            }
+        }
+        if !self.launched && self.stop.is_none() {
+            if now >= self.started + AGENT_JOIN_TIMEOUT {
+                let host = (0..self.plan.hosts)
+                    .find(|h| !self.agents.contains_key(h))
+                    .unwrap_or(0);
+                return Err(CoreError::AgentTimeout {
+                    host,
+                    secs: AGENT_JOIN_TIMEOUT.as_secs(),
+                });
+            }
+            return Ok(());
+        }
+        // An exited worker's connection that has been quiet long enough is
+        // drained: closed, and no longer waited for.
+        let drained: Vec<u32> = (0..self.plan.nprocs)
+            .filter(|&r| {
+                self.ranks[r as usize]
+                    .drain_deadline()
+                    .is_some_and(|d| now >= d)
+            })
+            .collect();
+        for rank in drained {
+            if let Some(conn) = self.ranks[rank as usize].conn.take() {
+                self.push(super::Action::Close { conn });
+            }
+        }
+        if self.stop_deadline.is_some_and(|d| now >= d) {
+            // Exits that never came: the workers are treated as lost.
+            self.stop_deadline = None;
+            for rank in 0..self.plan.nprocs {
+                self.abandon(rank);
+            }
+        }
+        if self.launched && self.stop.is_none() {
+            self.watch(now);
+        }
+        Ok(())
+    }
+
+    /// `t`, or when the controller was last known to wake, if later.
+    fn since(&self, t: Instant) -> Instant {
+        t.max(self.awake_since)
+    }
+
+    fn hang_timeout(&self) -> Option<Duration> {
+        self.plan
+            .failure
+            .hang_timeout_s
+            .map(Duration::from_secs_f64)
+    }
+
+    fn watch(&mut self, now: Instant) {
+        if self.preempt_deadline.is_some_and(|d| now >= d) {
+            self.record(Event::PreemptTimeout {
+                attempt: self.attempt(),
+                waited_s: PREEMPT_GRACE.as_secs(),
+            });
+            return self.begin_stop(now, StopReason::Signal(Signal::SIGTERM as i32));
+        }
+        let live = || self.ranks.iter().enumerate().filter(|(_, r)| !r.done);
+        let lost = live().find_map(|(rank, r)| {
+            r.connection_lost
+                .filter(|t| now >= self.since(*t) + CONNECTION_LOSS_GRACE)
+                .map(|_| rank as u32)
+        });
+        if let Some(rank) = lost {
+            return self.fail(now, rank, Cause::ConnectionLost);
+        }
+        let frozen = live().find_map(|(rank, r)| {
+            let heard = r.heard?;
+            (r.connection_lost.is_none() && now >= self.since(heard) + HEARTBEAT_TIMEOUT)
+                .then(|| (rank as u32, (now - heard).as_secs_f64()))
+        });
+        if let Some((rank, secs)) = frozen {
+            return self.fail(now, rank, Cause::Unresponsive { secs });
+        }
+        let behind = self
+            .finish_deadlines()
+            .filter(|d| now >= d.at)
+            .min_by_key(|d| d.at);
+        if let Some(d) = behind {
+            let last_step = self.ranks[d.rank as usize].last_step;
+            let cause = Cause::Hang {
+                secs: (now - d.since).as_secs_f64(),
+                last_step,
+                after_finish_of: Some(d.first),
+            };
+            return self.fail(now, d.rank, cause);
+        }
+        if let Some(limit) = self.hang_timeout() {
+            // The rank that has gone longest without a report is named.
+            let stalest = live()
+                .filter_map(|(rank, r)| Some((r.progress?, rank as u32, r.last_step)))
+                .min();
+            if let Some((since, rank, last_step)) = stalest {
+                if now >= self.since(since) + limit {
+                    let cause = Cause::Hang {
+                        secs: (now - since).as_secs_f64(),
+                        last_step,
+                        after_finish_of: None,
+                    };
+                    self.fail(now, rank, cause);
+                }
+            }
+        }
+    }
+
+    /// While a rank that finished its program is still alive (JAX holds it
+    /// in its shutdown barrier, waiting for the others), every rank still
+    /// running must report within the finish timeout of that finish (or of
+    /// its own last report, if later): SPMD ranks end together. A finished
+    /// rank whose process is gone waits for nobody (independent programs end
+    /// when they will). Gives the deadline of every rank still running.
+    fn finish_deadlines(&self) -> impl Iterator<Item = FinishDeadline> + '_ {
+        let limit = self.plan.failure.finish_timeout();
+        let first = self
+            .ranks
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| !r.done)
+            .filter_map(|(rank, r)| Some((r.finished?.0, rank as u32)))
+            .min();
+        self.ranks
+            .iter()
+            .enumerate()
+            .filter(move |(_, r)| first.is_some() && !r.done && r.finished.is_none())
+            .map(move |(rank, r)| {
+                let (finished, first) = first.expect("filtered on");
+                let since = r.progress.map_or(finished, |p| p.max(finished));
+                FinishDeadline {
+                    rank: rank as u32,
+                    since,
+                    at: self.since(since) + limit,
+                    first,
+                }
+            })
+    }
+}
+
+/// A rank that must report by `at`: `first` finished its program, and
+/// this rank has not reported since `since`.
+struct FinishDeadline {
+    rank: u32,
+    since: Instant,
+    at: Instant,
+    first: u32,
+}

@@ -1,0 +1,160 @@
+//! What the agents and workers say, as the machine takes it.
+
+use std::time::Instant;
+
+use meshrun_record::{Cause, Event};
+
+use super::{Action, Conn, Machine};
+use crate::protocol::Message;
+
+impl Machine {
+    pub(super) fn on_agent_message(&mut self, now: Instant, host: u32, msg: Message) {
+        let pph = self.plan.procs_per_host;
+        let owns = |rank: u32| rank / pph == host && (rank as usize) < self.ranks.len();
+        let attempt = self.attempt();
+        match msg {
+            Message::WorkerStarted { rank, pid } if owns(rank) => {
+                self.ranks[rank as usize].pid = Some(pid);
+                self.ranks[rank as usize].progress = Some(now);
+                self.record(Event::WorkerStarted {
+                    attempt,
+                    rank,
+                    host,
+                    pid,
+                });
+            }
+            Message::SpawnFailed { rank, error } if owns(rank) => {
+                self.ranks[rank as usize].done = true;
+                self.fail(now, rank, Cause::SpawnFailed { error });
+            }
+            Message::LeftoversEnded { rank, pids, how } if owns(rank) => {
+                self.record(Event::LeftoversEnded {
+                    attempt,
+                    rank,
+                    host,
+                    count: pids.len(),
+                    pids,
+                    how,
+                });
+            }
+            Message::WorkerExited { rank, exit } if owns(rank) => {
+                let failed = self.failure.is_some();
+                let state = &mut self.ranks[rank as usize];
+                state.exit = Some(exit);
+                state.done = true;
+                if exit.success() {
+                    state.finish(now, failed);
+                }
+                let stopped = state.stopped_by_meshrun;
+                self.push(Action::Note {
+                    rank,
+                    text: format!("rank {rank} ended with {exit}"),
+                });
+                self.record(Event::WorkerExited {
+                    attempt,
+                    rank,
+                    exit,
+                    stopped_by_meshrun: stopped,
+                });
+                if !exit.success() && !stopped {
+                    self.fail(now, rank, Cause::Exit { exit });
+                }
+            }
+            other => tracing::debug!(host, "ignored agent message {other:?}"),
+        }
+    }
+
+    pub(super) fn on_worker_message(&mut self, now: Instant, rank: u32, msg: Message) {
+        if rank as usize >= self.ranks.len() {
+            return;
+        }
+        match msg {
+            Message::Report {
+                step,
+                metrics,
+                checkpoint,
+                timing,
+                saving,
+                total_steps,
+            } => {
+                let state = &mut self.ranks[rank as usize];
+                state.progress = Some(now);
+                state.last_step = step.or(state.last_step);
+                state.reports += 1;
+                if let Some(t) = timing {
+                    // A save's figures: where a failure's lost time starts
+                    // once that step is committed.
+                    if let (true, Some(s)) = (saving, step) {
+                        state.saved_timings.insert(s, t.clone());
+                    }
+                    state.timing = Some(t);
+                }
+                self.checkpointing |= checkpoint;
+                if rank == 0 {
+                    self.push(Action::Progress {
+                        step,
+                        metrics: metrics.clone(),
+                        total_steps,
+                    });
+                    if saving {
+                        self.push(Action::Saving { step });
+                    }
+                    self.push(Action::Metrics {
+                        step,
+                        metrics: metrics.clone(),
+                    });
+                    self.last_metrics = Some(metrics);
+                }
+            }
+            Message::CheckpointWritten {
+                step,
+                leaves,
+                extra,
+            } => self.push(Action::Commit {
+                rank,
+                step,
+                leaves,
+                extra,
+            }),
+            Message::Timing { timing } => self.ranks[rank as usize].timing = Some(timing),
+            // A rank saving `step` went past every earlier step without a
+            // preemption save of it: ranks waiting on those go on, to meet
+            // the others at a later step.
+            Message::PreemptSave { step }
+                if self.preempt_deadline.is_some() && self.stop.is_none() && step > 0 =>
+            {
+                let conns: Vec<Conn> = self.ranks.iter().filter_map(|r| r.conn).collect();
+                for conn in conns {
+                    self.send(conn, Message::Resume { step: step - 1 });
+                }
+            }
+            Message::Failure {
+                kind,
+                message,
+                traceback,
+            } => self.fail(
+                now,
+                rank,
+                Cause::Exception {
+                    exception: kind,
+                    message,
+                    traceback,
+                },
+            ),
+            Message::ExitRequested {
+                code,
+                argument,
+                traceback,
+            } => self.fail(
+                now,
+                rank,
+                Cause::SystemExit {
+                    code,
+                    argument,
+                    traceback,
+                },
+            ),
+            _ => {}
+        }
+    }
+}

@@ -1,0 +1,455 @@
+//! One attempt's decisions, apart from all I/O (as `quinn-proto` keeps
+//! QUIC's state apart from `quinn`'s sockets): [`Input`]s go in with the
+//! time they happened, [`Action`]s come out of [`Machine::poll_action`],
+//! and [`Machine::poll_timeout`] names the next moment at which something
+//! is decided without an input (a join, stop, preemption, heartbeat, hang
+//! or drain deadline), to be passed to [`Machine::handle_timeout`]. The
+//! machine never reads the clock, the environment or a file, and owns no
+//! connection: it names them by [`Conn`], which the driver maps onto its
+//! channels. So every decision is tested with a simulated clock
+//! (`tests.rs`), and the driver (`super::driver`) only carries out what it
+//! is told.
+
+mod deadlines;
+mod messages;
+mod rank;
+#[cfg(test)]
+mod sim;
+mod stop;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, VecDeque};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use meshrun_record::{Cause, Event, FailureRecord};
+use serde_json::Value;
+
+use super::launch::host_launches;
+use crate::error::CoreError;
+use crate::plan::RunPlan;
+use crate::protocol::{Message, WorkerLaunch};
+use crate::worker_env::AttemptInfo;
+use rank::RankState;
+
+pub use stop::StopReason;
+
+/// A connection, as the driver numbers them.
+pub type Conn = u64;
+
+/// Every agent must have connected by then.
+pub const AGENT_JOIN_TIMEOUT: Duration = Duration::from_mins(1);
+
+/// What the attempt was started with, besides the plan.
+#[derive(Debug, Clone)]
+pub struct Setup {
+    pub attempt: u32,
+    pub run_id: String,
+    pub token_hex: String,
+    pub control_addr: String,
+    /// The `XLA_FLAGS` of the controller's environment, merged into the
+    /// workers' (read by the driver: the machine reads no environment).
+    pub user_xla_flags: Option<String>,
+    /// The checkpoint step this attempt resumes from.
+    pub resume_step: Option<u64>,
+}
+
+/// What happened, as the driver saw it.
+#[derive(Debug)]
+pub enum Input {
+    AgentJoined {
+        host: u32,
+        ip: String,
+        pid: u32,
+        gpus: Vec<String>,
+        free_port: u16,
+        /// How this host reaches the controller (given to its workers).
+        controller: Option<String>,
+        conn: Conn,
+    },
+    AgentLost {
+        host: u32,
+        error: String,
+    },
+    /// A message of host `host`'s agent about its workers.
+    FromAgent {
+        host: u32,
+        msg: Message,
+    },
+    WorkerJoined {
+        rank: u32,
+        attempt: u32,
+        pid: u32,
+        conn: Conn,
+    },
+    FromWorker {
+        rank: u32,
+        msg: Message,
+    },
+    /// A worker's connection ended; `clean` when it said goodbye first.
+    WorkerLost {
+        rank: u32,
+        clean: bool,
+    },
+    /// `meshrun stop`; the answer goes to `reply`.
+    StopRequested {
+        now: bool,
+        reply: Conn,
+    },
+    /// SIGINT, or a stop asked for from another thread.
+    Interrupt {
+        signal: i32,
+    },
+    /// SIGTERM: preemption.
+    Terminate,
+    /// The driver committed checkpoint `step` after [`Action::Commit`].
+    Committed {
+        step: u64,
+        path: PathBuf,
+    },
+    CommitFailed {
+        step: u64,
+        error: String,
+    },
+}
+
+/// What the driver is to do, in order.
+#[derive(Debug, PartialEq)]
+pub enum Action {
+    /// Send `msg` on connection `to`.
+    Send { to: Conn, msg: Message },
+    /// Close a connection: a worker given up on sees its controller go.
+    Close { conn: Conn },
+    /// Append to `events.jsonl`.
+    Record(Event),
+    /// Open the ranks' logs; the launch follows.
+    OpenLogs,
+    /// Append rank 0's report to `metrics.jsonl`.
+    Metrics { step: Option<u64>, metrics: Value },
+    /// A line of meshrun's own in a rank's log.
+    Note { rank: u32, text: String },
+    /// Rank 0 reported (the status line).
+    Progress {
+        step: Option<u64>,
+        metrics: Value,
+        total_steps: Option<u64>,
+    },
+    /// A save began (`Some(step)`) or its commit came (`None`).
+    Saving { step: Option<u64> },
+    /// Rank `rank` wrote its part of checkpoint `step`: commit the step
+    /// once every rank has, and answer [`Input::Committed`].
+    Commit {
+        rank: u32,
+        step: u64,
+        leaves: Vec<meshrun_ckpt::manifest::Leaf>,
+        extra: Option<Value>,
+    },
+    /// A step was committed: apply the retention policy.
+    ApplyRetention,
+}
+
+struct AgentLink {
+    ip: String,
+    gpus: Vec<String>,
+    free_port: u16,
+    controller: Option<String>,
+    conn: Conn,
+}
+
+/// The state of one attempt.
+pub struct Machine {
+    plan: RunPlan,
+    setup: Setup,
+    started: Instant,
+    agents: BTreeMap<u32, AgentLink>,
+    ranks: Vec<RankState>,
+    failure: Option<FailureRecord>,
+    stop: Option<StopReason>,
+    stop_deadline: Option<Instant>,
+    last_metrics: Option<Value>,
+    launched: bool,
+    /// A report of this attempt came with the state to checkpoint, so
+    /// SIGTERM can end in a checkpoint.
+    checkpointing: bool,
+    /// When SIGTERM asked for a checkpoint, the deadline for committing it.
+    preempt_deadline: Option<Instant>,
+    stacks_dumped: bool,
+    /// The newest step committed in this attempt.
+    last_committed: Option<u64>,
+    /// The moment the driver was asked to wake up for, and since when the
+    /// controller itself is known to have been running (see
+    /// `deadlines.rs`: a stalled controller must not blame its workers).
+    wake: Option<Instant>,
+    awake_since: Instant,
+    actions: VecDeque<Action>,
+}
+
+impl Machine {
+    pub fn new(plan: RunPlan, setup: Setup, now: Instant) -> Self {
+        Self {
+            ranks: vec![RankState::default(); plan.nprocs as usize],
+            plan,
+            setup,
+            started: now,
+            agents: BTreeMap::new(),
+            failure: None,
+            stop: None,
+            stop_deadline: None,
+            last_metrics: None,
+            launched: false,
+            checkpointing: false,
+            preempt_deadline: None,
+            stacks_dumped: false,
+            last_committed: None,
+            wake: None,
+            awake_since: now,
+            actions: VecDeque::new(),
+        }
+    }
+
+    /// The next thing to do.
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    fn push(&mut self, action: Action) {
+        self.actions.push_back(action);
+    }
+
+    fn record(&mut self, event: Event) {
+        self.push(Action::Record(event));
+    }
+
+    fn send(&mut self, to: Conn, msg: Message) {
+        self.push(Action::Send { to, msg });
+    }
+
+    fn attempt(&self) -> u32 {
+        self.setup.attempt
+    }
+
+    pub fn launched(&self) -> bool {
+        self.launched
+    }
+
+    /// Every worker has ended and all it sent has been read (or the attempt
+    /// ended before launching).
+    pub fn is_finished(&self, now: Instant) -> bool {
+        if !self.launched {
+            return self.stop.is_some();
+        }
+        self.ranks.iter().all(|r| r.done && r.drained(now))
+    }
+
+    /// Tells every agent to end (after [`Machine::is_finished`]).
+    pub fn shutdown(&mut self) {
+        let conns: Vec<Conn> = self.agents.values().map(|a| a.conn).collect();
+        for conn in conns {
+            self.send(conn, Message::Shutdown);
+        }
+    }
+
+    pub fn handle(&mut self, now: Instant, input: Input) -> Result<(), CoreError> {
+        match input {
+            Input::AgentJoined {
+                host,
+                ip,
+                pid,
+                gpus,
+                free_port,
+                controller,
+                conn,
+            } => {
+                if host >= self.plan.hosts || self.agents.contains_key(&host) || self.launched {
+                    tracing::warn!(host, "unexpected agent ignored");
+                    self.push(Action::Close { conn });
+                    return Ok(());
+                }
+                self.record(Event::AgentJoined {
+                    host,
+                    ip: ip.clone(),
+                    pid,
+                    gpus: gpus.clone(),
+                });
+                self.agents.insert(
+                    host,
+                    AgentLink {
+                        ip,
+                        gpus,
+                        free_port,
+                        controller,
+                        conn,
+                    },
+                );
+                if self.agents.len() == self.plan.hosts as usize && self.stop.is_none() {
+                    self.launch(now);
+                }
+            }
+            Input::AgentLost { host, error } => {
+                if !self.launched {
+                    if self.stop.is_none() {
+                        return Err(CoreError::AgentGone {
+                            host,
+                            what: format!("disconnected ({error})"),
+                        });
+                    }
+                    return Ok(());
+                }
+                let pph = self.plan.procs_per_host;
+                let lost: Vec<u32> = (host * pph..(host + 1) * pph)
+                    .filter(|&r| !self.ranks[r as usize].done)
+                    .collect();
+                for &rank in &lost {
+                    self.abandon(rank);
+                }
+                if let Some(&rank) = lost.first() {
+                    self.fail(now, rank, Cause::AgentLost { host, error });
+                }
+            }
+            Input::FromAgent { host, msg } => self.on_agent_message(now, host, msg),
+            Input::WorkerJoined {
+                rank,
+                attempt,
+                pid,
+                conn,
+            } => {
+                if attempt != self.attempt() || rank as usize >= self.ranks.len() {
+                    tracing::debug!(rank, attempt, "worker of another attempt ignored");
+                    self.push(Action::Close { conn });
+                    return Ok(());
+                }
+                tracing::debug!(rank, pid, "worker connected");
+                if self.preempt_deadline.is_some() {
+                    self.send(conn, Message::CheckpointNow);
+                }
+                let state = &mut self.ranks[rank as usize];
+                state.heard = Some(now);
+                state.conn = Some(conn);
+            }
+            Input::FromWorker { rank, msg } => {
+                if let Some(state) = self.ranks.get_mut(rank as usize) {
+                    state.heard = Some(now);
+                }
+                self.on_worker_message(now, rank, msg);
+            }
+            Input::WorkerLost { rank, clean } => {
+                tracing::debug!(rank, clean, "worker connection closed");
+                let failed = self.failure.is_some();
+                if let Some(state) = self.ranks.get_mut(rank as usize) {
+                    if let Some(conn) = state.conn.take() {
+                        self.actions.push_back(Action::Close { conn });
+                    }
+                    state.heard = None;
+                    if clean {
+                        state.finish(now, failed);
+                    } else {
+                        state.connection_lost = Some(now);
+                    }
+                }
+            }
+            Input::StopRequested {
+                now: at_once,
+                reply,
+            } => {
+                self.stop_requested(now, at_once, reply);
+            }
+            Input::Interrupt { signal } => self.interrupt(now, signal),
+            Input::Terminate => self.terminate(now),
+            Input::Committed { step, path } => self.committed(now, step, &path),
+            Input::CommitFailed { step, error } => self.record(Event::CheckpointFailed {
+                attempt: self.attempt(),
+                step,
+                error,
+            }),
+        }
+        Ok(())
+    }
+
+    fn committed(&mut self, now: Instant, step: u64, path: &std::path::Path) {
+        self.record(Event::CheckpointCommitted {
+            attempt: self.attempt(),
+            step,
+            path: path.display().to_string(),
+        });
+        let newest = self.last_committed.max(Some(step)).unwrap_or(step);
+        self.last_committed = Some(newest);
+        self.push(Action::Saving { step: None });
+        for r in &mut self.ranks {
+            r.forget_timings_before(newest);
+        }
+        if self.preempt_deadline.is_some() && self.stop.is_none() {
+            self.begin_stop(now, StopReason::Preempted(step));
+        }
+        self.push(Action::ApplyRetention);
+    }
+
+    /// Sends every agent its workers. Ranks are laid out host by host and
+    /// the JAX coordinator lives on host 0, at the port its agent found free.
+    fn launch(&mut self, now: Instant) {
+        let host0 = &self.agents[&0];
+        let coordinator = format!("{}:{}", host0.ip, host0.free_port);
+        let setup = &self.setup;
+        let info = AttemptInfo {
+            run_id: &setup.run_id,
+            attempt: setup.attempt,
+            control_addr: &setup.control_addr,
+            token_hex: &setup.token_hex,
+            coordinator: &coordinator,
+            user_xla_flags: setup.user_xla_flags.as_deref(),
+            host_ip: "",
+            resume_step: setup.resume_step,
+        };
+        let mut plans: Vec<(Conn, Vec<WorkerLaunch>)> = Vec::new();
+        let mut failed = None;
+        for (&host, link) in &self.agents {
+            let info = AttemptInfo {
+                control_addr: link.controller.as_deref().unwrap_or(&setup.control_addr),
+                host_ip: &link.ip,
+                ..info
+            };
+            match host_launches(&self.plan, &info, host, &link.gpus) {
+                Ok(workers) => plans.push((link.conn, workers)),
+                Err(e) => {
+                    failed = Some((host, e.to_string()));
+                    break;
+                }
+            }
+        }
+        self.launched = true;
+        if let Some((host, error)) = failed {
+            for r in &mut self.ranks {
+                r.done = true;
+            }
+            let rank = host * self.plan.procs_per_host;
+            return self.fail(now, rank, Cause::SpawnFailed { error });
+        }
+        self.push(Action::OpenLogs);
+        self.record(Event::Launched {
+            attempt: self.attempt(),
+            coordinator,
+        });
+        for (conn, workers) in plans {
+            self.send(
+                conn,
+                Message::Launch {
+                    attempt: self.setup.attempt,
+                    workers,
+                },
+            );
+        }
+    }
+
+    /// Gives up on a worker that can no longer be stopped or heard from in
+    /// order (its agent is gone, or its exit never came). Closing its
+    /// connection means a worker still alive sees its controller go and
+    /// kills itself; and an orphan that keeps sending heartbeats cannot
+    /// hold the attempt open.
+    fn abandon(&mut self, rank: u32) {
+        let state = &mut self.ranks[rank as usize];
+        state.done = true;
+        if let Some(conn) = state.conn.take() {
+            self.push(Action::Close { conn });
+        }
+    }
+}

@@ -1,0 +1,223 @@
+//! A machine on a simulated clock, for the tests: the clock moves only
+//! when told, and the driver is one that wakes exactly when asked.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use meshrun_record::{Event, ExitInfo, FailureRecord};
+use serde_json::json;
+
+use super::*;
+use crate::plan::{Entry, FailurePolicy, Platform, Tee};
+
+pub const AGENT: Conn = 1000;
+pub const STOP_CLIENT: Conn = 2000;
+
+pub fn plan(nprocs: u32) -> RunPlan {
+    RunPlan {
+        name: "sim".into(),
+        run_dir: PathBuf::from("runs/sim"),
+        nprocs,
+        hosts: 1,
+        procs_per_host: nprocs,
+        platform: Platform::Cpu,
+        devices_per_proc: 1,
+        gpus_per_proc: 0,
+        tee: Tee::Rank0,
+        entry: Entry::Script {
+            path: "train.py".into(),
+            args: vec![],
+        },
+        cwd: PathBuf::from("."),
+        python: PathBuf::from("python3"),
+        agent_command: vec![],
+        env: vec![],
+        retention: None,
+        checkpoint_every: None,
+        tensorboard: false,
+        failure: FailurePolicy::default(),
+        ray: None,
+        control_host: std::net::Ipv4Addr::LOCALHOST.into(),
+        control_port: 0,
+        resume_from: None,
+    }
+}
+
+/// A machine and a clock that only moves when told.
+pub struct Sim {
+    pub m: Machine,
+    pub t0: Instant,
+    pub now: Instant,
+    pub actions: Vec<Action>,
+}
+
+impl Sim {
+    pub fn new(plan: RunPlan) -> Self {
+        let t0 = Instant::now();
+        let setup = Setup {
+            attempt: 1,
+            run_id: "0123456789abcdef".into(),
+            token_hex: "00".repeat(32),
+            control_addr: "127.0.0.1:4000".into(),
+            user_xla_flags: None,
+            resume_step: None,
+        };
+        Self {
+            m: Machine::new(plan, setup, t0),
+            t0,
+            now: t0,
+            actions: Vec::new(),
+        }
+    }
+
+    /// Launched, every worker started and connected on conn = its rank.
+    pub fn running(nprocs: u32) -> Self {
+        Self::running_with(plan(nprocs))
+    }
+
+    pub fn running_with(plan: RunPlan) -> Self {
+        let n = plan.nprocs;
+        let mut sim = Self::new(plan);
+        sim.input(Input::AgentJoined {
+            host: 0,
+            ip: "127.0.0.1".into(),
+            pid: 10,
+            gpus: vec![],
+            free_port: 5000,
+            controller: None,
+            conn: AGENT,
+        });
+        assert!(sim.m.launched());
+        for rank in 0..n {
+            sim.agent(Message::WorkerStarted {
+                rank,
+                pid: 100 + rank,
+            });
+            sim.input(Input::WorkerJoined {
+                rank,
+                attempt: 1,
+                pid: 100 + rank,
+                conn: Conn::from(rank),
+            });
+        }
+        sim.take();
+        sim
+    }
+
+    pub fn secs(&self) -> f64 {
+        (self.now - self.t0).as_secs_f64()
+    }
+
+    pub fn input(&mut self, input: Input) {
+        self.m.handle(self.now, input).expect("no engine error");
+        self.actions.extend(self.m.drain_actions());
+    }
+
+    pub fn agent(&mut self, msg: Message) {
+        self.input(Input::FromAgent { host: 0, msg });
+    }
+
+    pub fn worker(&mut self, rank: u32, msg: Message) {
+        self.input(Input::FromWorker { rank, msg });
+    }
+
+    pub fn exit(&mut self, rank: u32, code: i32) {
+        self.agent(Message::WorkerExited {
+            rank,
+            exit: ExitInfo {
+                code: Some(code),
+                signal: None,
+            },
+        });
+    }
+
+    pub fn report(&mut self, rank: u32, step: u64, checkpoint: bool) {
+        self.worker(
+            rank,
+            Message::Report {
+                step: Some(step),
+                metrics: json!({ "loss": 1.0 / (step as f64 + 1.0) }),
+                checkpoint,
+                timing: None,
+                saving: false,
+                total_steps: None,
+            },
+        );
+    }
+
+    /// Every rank sends a heartbeat now.
+    pub fn heartbeats(&mut self) {
+        for rank in 0..self.m.ranks.len() as u32 {
+            if !self.m.ranks[rank as usize].done {
+                self.worker(rank, Message::Heartbeat);
+            }
+        }
+    }
+
+    /// Moves the clock to `secs`, waking exactly when the machine asks to,
+    /// as a driver that is never late does.
+    pub fn until(&mut self, secs: f64) {
+        let target = self.t0 + Duration::from_secs_f64(secs);
+        loop {
+            match self.m.poll_timeout() {
+                Some(wake) if wake <= target => {
+                    self.now = self.now.max(wake);
+                    self.m.handle_timeout(self.now).expect("no engine error");
+                    self.actions.extend(self.m.drain_actions());
+                }
+                _ => break,
+            }
+        }
+        self.now = target;
+    }
+
+    /// Moves the clock to `secs` with heartbeats every second, as live
+    /// workers send them.
+    pub fn alive_until(&mut self, secs: f64) {
+        while self.secs() + 1.0 <= secs {
+            let next = self.secs() + 1.0;
+            self.until(next);
+            self.heartbeats();
+        }
+        self.until(secs);
+    }
+
+    pub fn take(&mut self) -> Vec<Action> {
+        std::mem::take(&mut self.actions)
+    }
+
+    pub fn events(&self) -> Vec<&Event> {
+        self.actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Record(e) => Some(e),
+                _ => None,
+            })
+            .collect()
+    }
+
+    pub fn failed(&self) -> Option<FailureRecord> {
+        self.m.failure()
+    }
+
+    pub fn stops_sent(&self) -> Vec<(u64, bool)> {
+        self.actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Send {
+                    to: AGENT,
+                    msg:
+                        Message::Stop {
+                            grace_ms,
+                            dump_stacks,
+                        },
+                } => Some((*grace_ms, *dump_stacks)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    pub fn finished(&self) -> bool {
+        self.m.is_finished(self.now)
+    }
+}

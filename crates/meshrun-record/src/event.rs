@@ -1,0 +1,236 @@
+//! `events.jsonl`: what happened to a run, one JSON object per line, each
+//! with its time and its kind under `"event"`.
+
+use serde::{Deserialize, Serialize};
+
+use crate::failure::{ExitInfo, FailureRecord};
+use crate::run::RunState;
+
+/// One line of `events.jsonl`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EventLine {
+    /// Unix seconds.
+    pub time: f64,
+    #[serde(flatten)]
+    pub event: Event,
+}
+
+/// Every kind of event, named in snake case under `"event"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Event {
+    AttemptStarted {
+        attempt: u32,
+        nprocs: u32,
+        hosts: u32,
+        control_addr: String,
+    },
+    AgentJoined {
+        host: u32,
+        ip: String,
+        pid: u32,
+        gpus: Vec<String>,
+    },
+    /// Every agent was sent its workers.
+    Launched {
+        attempt: u32,
+        coordinator: String,
+    },
+    WorkerStarted {
+        attempt: u32,
+        rank: u32,
+        host: u32,
+        pid: u32,
+    },
+    WorkerExited {
+        attempt: u32,
+        rank: u32,
+        exit: ExitInfo,
+        stopped_by_meshrun: bool,
+    },
+    /// Processes a worker left behind were ended with it.
+    LeftoversEnded {
+        attempt: u32,
+        rank: u32,
+        host: u32,
+        count: usize,
+        pids: Vec<u32>,
+        how: String,
+    },
+    /// The attempt's first failure.
+    WorkerFailed(FailureRecord),
+    StopRequested {
+        attempt: u32,
+        now: bool,
+    },
+    /// SIGTERM: every worker saves at its next report.
+    Preempting {
+        attempt: u32,
+        grace_s: u64,
+    },
+    PreemptTimeout {
+        attempt: u32,
+        waited_s: u64,
+    },
+    Stopping {
+        attempt: u32,
+        reason: String,
+    },
+    StacksDumped {
+        attempt: u32,
+        dir: String,
+    },
+    CheckpointCommitted {
+        attempt: u32,
+        step: u64,
+        path: String,
+    },
+    CheckpointFailed {
+        attempt: u32,
+        step: u64,
+        error: String,
+    },
+    CheckpointsDeleted {
+        steps: Vec<u64>,
+        reason: String,
+    },
+    RetentionFailed {
+        error: String,
+    },
+    /// An uncommitted checkpoint folder removed when an attempt opened.
+    CheckpointDiscarded {
+        path: String,
+        reason: String,
+    },
+    /// A committed checkpoint that does not verify, passed over.
+    CheckpointSkipped {
+        attempt: u32,
+        step: u64,
+        path: String,
+        reason: String,
+        resume_step: Option<u64>,
+    },
+    CheckpointSetAside {
+        attempt: u32,
+        step: u64,
+        path: String,
+        moved_to: String,
+        reason: String,
+    },
+    Resuming {
+        attempt: u32,
+        step: u64,
+        /// The step was asked for (`--resume-from`), not the newest.
+        requested: bool,
+    },
+    AttemptEnded {
+        attempt: u32,
+        state: RunState,
+    },
+    Restarting {
+        after_attempt: u32,
+        failures: u32,
+        max_failures: u32,
+        from_step: Option<u64>,
+    },
+    RunEnded {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        attempt: Option<u32>,
+        state: RunState,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+    },
+    /// A kind this version does not know (written by a newer meshrun).
+    #[serde(other)]
+    Other,
+}
+
+impl Event {
+    /// The attempt an event belongs to, when it names one.
+    pub fn attempt(&self) -> Option<u32> {
+        match self {
+            Event::AttemptStarted { attempt, .. }
+            | Event::Launched { attempt, .. }
+            | Event::WorkerStarted { attempt, .. }
+            | Event::WorkerExited { attempt, .. }
+            | Event::LeftoversEnded { attempt, .. }
+            | Event::StopRequested { attempt, .. }
+            | Event::Preempting { attempt, .. }
+            | Event::PreemptTimeout { attempt, .. }
+            | Event::Stopping { attempt, .. }
+            | Event::StacksDumped { attempt, .. }
+            | Event::CheckpointCommitted { attempt, .. }
+            | Event::CheckpointFailed { attempt, .. }
+            | Event::CheckpointSkipped { attempt, .. }
+            | Event::CheckpointSetAside { attempt, .. }
+            | Event::Resuming { attempt, .. }
+            | Event::AttemptEnded { attempt, .. } => Some(*attempt),
+            Event::WorkerFailed(f) => Some(f.attempt),
+            Event::RunEnded { attempt, .. } => *attempt,
+            Event::AgentJoined { .. }
+            | Event::CheckpointsDeleted { .. }
+            | Event::RetentionFailed { .. }
+            | Event::CheckpointDiscarded { .. }
+            | Event::Restarting { .. }
+            | Event::Other => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::failure::Cause;
+
+    #[test]
+    fn a_line_is_flat_json_with_its_kind_under_event() {
+        let line = EventLine {
+            time: 12.5,
+            event: Event::WorkerStarted {
+                attempt: 1,
+                rank: 3,
+                host: 1,
+                pid: 42,
+            },
+        };
+        let v = serde_json::to_value(&line).unwrap();
+        assert_eq!(
+            v,
+            json!({"time": 12.5, "event": "worker_started", "attempt": 1, "rank": 3, "host": 1, "pid": 42})
+        );
+        let back: EventLine = serde_json::from_value(v).unwrap();
+        assert_eq!(back, line);
+    }
+
+    #[test]
+    fn a_failure_is_its_record_with_the_kind_beside_it() {
+        let record = FailureRecord {
+            rank: 2,
+            host: 1,
+            attempt: 3,
+            cause: Cause::ConnectionLost,
+            exit: None,
+        };
+        let line = EventLine {
+            time: 1.0,
+            event: Event::WorkerFailed(record.clone()),
+        };
+        let v = serde_json::to_value(&line).unwrap();
+        assert_eq!(v["event"], "worker_failed");
+        assert_eq!(v["rank"], 2);
+        assert_eq!(v["cause"]["kind"], "connection_lost");
+        let back: EventLine = serde_json::from_value(v).unwrap();
+        assert_eq!(back.event, Event::WorkerFailed(record));
+        assert_eq!(back.event.attempt(), Some(3));
+    }
+
+    #[test]
+    fn a_kind_from_a_newer_version_reads_as_other() {
+        let v = json!({"time": 3.0, "event": "rank_promoted", "rank": 1});
+        let line: EventLine = serde_json::from_value(v).unwrap();
+        assert_eq!(line.event, Event::Other);
+        assert!((line.time - 3.0).abs() < f64::EPSILON);
+    }
+}

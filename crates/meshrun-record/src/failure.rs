@@ -1,0 +1,164 @@
+//! Why a rank failed: recorded in `run.json` and `events.jsonl`, worded
+//! once here for the failure summary, `meshrun runs` and the report.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// How a worker process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExitInfo {
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+}
+
+impl ExitInfo {
+    pub fn success(&self) -> bool {
+        self.code == Some(0)
+    }
+}
+
+impl fmt::Display for ExitInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.code, self.signal) {
+            (Some(code), _) => write!(f, "exit code {code}"),
+            (None, Some(sig)) => {
+                let name = nix::sys::signal::Signal::try_from(sig)
+                    .map_or_else(|_| format!("signal {sig}"), |s| s.as_str().to_string());
+                write!(f, "signal {sig} ({name})")
+            }
+            (None, None) => f.write_str("unknown exit"),
+        }
+    }
+}
+
+/// Why a rank (or host) failed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Cause {
+    /// The user's code raised and meshrun's worker code reported it.
+    Exception {
+        exception: String,
+        message: String,
+        traceback: String,
+    },
+    /// The user's code called `sys.exit` with a non-zero code (reported
+    /// at once: JAX's shutdown barrier may hold the process for minutes).
+    SystemExit {
+        code: i32,
+        argument: String,
+        traceback: String,
+    },
+    /// The process ended with a non-zero status or a signal.
+    Exit { exit: ExitInfo },
+    /// The process could not be started.
+    SpawnFailed { error: String },
+    /// A host's agent went away with workers still running.
+    AgentLost { host: u32, error: String },
+    /// No `meshrun.report` from this rank for the hang timeout, or for the
+    /// finish timeout after rank `after_finish_of` finished its program.
+    Hang {
+        secs: f64,
+        last_step: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        after_finish_of: Option<u32>,
+    },
+    /// The process is there but its heartbeats stopped (frozen, stopped).
+    Unresponsive { secs: f64 },
+    /// Its connection to the controller broke while it was running.
+    ConnectionLost,
+}
+
+impl Cause {
+    /// One line: "raised `ValueError`: boom", "exit code 3", ...
+    pub fn headline(&self) -> String {
+        match self {
+            Cause::Exception {
+                exception, message, ..
+            } if message.is_empty() => format!("raised {exception}"),
+            Cause::Exception {
+                exception, message, ..
+            } => format!("raised {exception}: {message}"),
+            // Worded as the exit status it asked for, which the process may
+            // never reach (meshrun stops it if JAX holds it at exit).
+            Cause::SystemExit { code, argument, .. } => {
+                format!("ended with exit code {code} (called sys.exit({argument}))")
+            }
+            Cause::Exit { exit } => format!("ended with {exit}"),
+            Cause::SpawnFailed { error } => format!("could not start: {error}"),
+            Cause::AgentLost { host, error } => format!("lost its agent (host {host}): {error}"),
+            Cause::Hang {
+                secs,
+                last_step,
+                after_finish_of,
+            } => {
+                let last = last_step.map_or_else(
+                    || "before its first report".to_string(),
+                    |s| format!("after step {s}"),
+                );
+                match after_finish_of {
+                    Some(first) => format!(
+                        "hung: no report for {secs:.0} s ({last}) while rank {first} had \
+                         finished its program; see where each rank was below"
+                    ),
+                    None => format!("hung: no report for {secs:.0} s ({last}); see the stacks"),
+                }
+            }
+            Cause::Unresponsive { secs } => {
+                format!("stopped sending heartbeats for {secs:.0} s (frozen or stopped?)")
+            }
+            Cause::ConnectionLost => "lost its connection to the controller".to_string(),
+        }
+    }
+}
+
+/// The first failure of an attempt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FailureRecord {
+    pub rank: u32,
+    pub host: u32,
+    pub attempt: u32,
+    pub cause: Cause,
+    /// How the rank's process finally ended, when it is known.
+    pub exit: Option<ExitInfo>,
+}
+
+/// The one-line cause of a failure read back from its JSON form; a kind
+/// this version does not know is shown as it is.
+pub fn headline_of(cause: &serde_json::Value) -> String {
+    match serde_json::from_value::<Cause>(cause.clone()) {
+        Ok(c) => c.headline(),
+        Err(_) if cause.is_null() => "failed (no cause recorded)".to_string(),
+        Err(_) => format!("failed: {cause}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{json, Value};
+
+    use super::*;
+
+    #[test]
+    fn causes_read_back_as_the_summary_words_them() {
+        let exc = json!({"kind": "exception", "exception": "ValueError", "message": "boom", "traceback": "..."});
+        assert_eq!(headline_of(&exc), "raised ValueError: boom");
+        let exit = json!({"kind": "exit", "exit": {"code": 3, "signal": null}});
+        assert_eq!(headline_of(&exit), "ended with exit code 3");
+        let hang = json!({"kind": "hang", "secs": 30.0, "last_step": 7});
+        assert!(headline_of(&hang).starts_with("hung: no report for 30 s (after step 7)"));
+        let new_kind = json!({"kind": "cosmic_ray"});
+        assert_eq!(headline_of(&new_kind), r#"failed: {"kind":"cosmic_ray"}"#);
+        assert_eq!(headline_of(&Value::Null), "failed (no cause recorded)");
+    }
+
+    #[test]
+    fn a_signal_is_named() {
+        let killed = ExitInfo {
+            code: None,
+            signal: Some(9),
+        };
+        assert_eq!(killed.to_string(), "signal 9 (SIGKILL)");
+        assert!(!killed.success());
+    }
+}

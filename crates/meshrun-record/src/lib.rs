@@ -1,0 +1,49 @@
+//! What a run directory holds, as types: the controller writes these, and
+//! the CLI, the report and the Python package read them back through the
+//! same definitions, so a renamed field is a compile error rather than a
+//! value that silently reads as missing.
+//!
+//! This crate sits at the bottom of the stack (it depends on no other
+//! meshrun crate); the layout is in the architecture note.
+//! - [`names`]: every file and folder name of a run directory;
+//! - [`run`]: `run.json`, the run and its attempts, and their states;
+//! - [`failure`]: why a rank failed, as recorded and as worded;
+//! - [`event`]: the lines of `events.jsonl`;
+//! - [`metrics`]: the lines of `metrics.jsonl`;
+//! - [`goodput`]: `goodput.json`, where the wall time went;
+//! - [`read`]: tolerant readers for files that may be half-written.
+
+pub mod event;
+pub mod failure;
+pub mod goodput;
+pub mod metrics;
+pub mod names;
+pub mod read;
+pub mod run;
+
+pub use event::{Event, EventLine};
+pub use failure::{Cause, ExitInfo, FailureRecord};
+pub use goodput::{Goodput, Part, Timing};
+pub use metrics::MetricsRecord;
+pub use run::{AttemptRecord, RunRecord, RunState};
+
+/// Seconds since the Unix epoch, as events and metrics record time.
+pub fn unix_time() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64()
+}
+
+/// `2026-12-02T13:46:30Z`, seconds precision, as `run.json` records times.
+pub fn utc_rfc3339(time: std::time::SystemTime) -> String {
+    humantime::format_rfc3339_seconds(time).to_string()
+}
+
+/// Unix seconds of an RFC 3339 time of `run.json`.
+pub fn parse_time(text: &str) -> Option<f64> {
+    let t = humantime::parse_rfc3339_weak(text).ok()?;
+    t.duration_since(std::time::UNIX_EPOCH)
+        .ok()
+        .map(|d| d.as_secs_f64())
+}
