@@ -10,7 +10,7 @@ DEPS_STAMP := $(VENV)/.deps-installed
 BUILD_STAMP := $(VENV)/.meshrun-built
 RUST_SOURCES := $(shell find crates -name '*.rs' -o -name 'Cargo.toml') Cargo.toml $(wildcard Cargo.lock) pyproject.toml
 
-.PHONY: help install demo test test-rust test-python lint bench-startup bench-step-parity bench-data bench-ckpt bench-recovery bench-vs-ray soak fuzz load clean
+.PHONY: help install demo test test-fast test-rust test-python lint bench-startup bench-step-parity bench-data bench-ckpt bench-recovery bench-vs-ray soak fuzz load clean
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -38,6 +38,13 @@ demo: install  ## Set up, then run the main job: the sharded GPT on 2 processes 
 test: install  ## Set up, then run the Rust and Python test suites.
 	cargo test --workspace --release --quiet
 	$(VENV)/bin/pytest
+
+# The Rust unit tests (--lib leaves out the controller's load test) and
+# every Python test not marked `slow`: the slow ones train an example, start
+# a Ray cluster, restart a run or wait out a timeout.
+test-fast: install  ## Set up, then the Rust unit tests and the quick Python tests (under 2 minutes on 2 cores).
+	cargo test --workspace --release --quiet --lib
+	$(VENV)/bin/pytest -m "not slow"
 
 test-rust:  ## Rust tests only.
 	cargo test --workspace --release --quiet

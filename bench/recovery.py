@@ -42,9 +42,17 @@ MESHRUN = Path(sys.executable).parent / "meshrun"
 
 
 def jsonl(path: Path) -> list[dict]:
+    """The records of a JSONL file the run is still appending to: a last
+    line caught half-written is skipped, as every reader of a run does."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
 
 
 def wait(predicate, timeout: float, what: str) -> None:

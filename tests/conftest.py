@@ -18,6 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 MESHRUN = Path(sys.executable).parent / "meshrun"
+HELLO = str(SCRIPTS / "hello.py")
 
 
 @dataclass
@@ -95,6 +96,12 @@ def meshrun(args: list[str], *, runs_dir: Path, name: str | None = "t", timeout:
     return Finished(proc.returncode, proc.stdout, proc.stderr, run_dir)
 
 
+def cli(*args, cwd: Path = ROOT, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Runs any ``meshrun`` command (``ls``, ``status``, ``ckpt verify``, a
+    refused ``run``) to completion."""
+    return subprocess.run([str(MESHRUN), *map(str, args)], capture_output=True, text=True, timeout=60, cwd=cwd, env={**os.environ, **(env or {})})
+
+
 def start(args: list[str], *, runs_dir: Path, name: str, env: dict | None = None) -> subprocess.Popen:
     """Starts ``meshrun run`` in the background (for signal tests)."""
     return subprocess.Popen(
@@ -121,3 +128,37 @@ def stop(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=10)
+
+
+def flip_a_byte(shard: Path) -> None:
+    """Damages a checkpoint shard the way a bad disk would: one bit of the
+    last tensor's data, the file's size and header intact."""
+    raw = bytearray(shard.read_bytes())
+    raw[-3] ^= 0x01
+    shard.write_bytes(bytes(raw))
+
+
+# Runs that several feature files' error tests read and must leave as they
+# were (each such test compares a snapshot of them before and after), made
+# once per session.
+
+@pytest.fixture(scope="session")
+def finished_run(tmp_path_factory) -> Path:
+    """A runs directory holding 'two': a finished 2-process run that saved
+    no checkpoint."""
+    runs = tmp_path_factory.mktemp("finished") / "runs"
+    done = meshrun(["-n", "2", "--tee", "none", HELLO], runs_dir=runs, name="two")
+    assert done.code == 0, done.stderr
+    return runs
+
+
+@pytest.fixture(scope="session")
+def split_checkpoint(tmp_path_factory) -> Path:
+    """Step 3 of run 'ck': a committed checkpoint whose leaf 'w' is split
+    over two ranks' files."""
+    runs = tmp_path_factory.mktemp("split-checkpoint") / "runs"
+    done = meshrun(["-n", "2", "--tee", "none", str(SCRIPTS / "save_split.py")], runs_dir=runs, name="ck")
+    assert done.code == 0, done.stderr
+    path = done.run_dir / "checkpoints" / "step-3"
+    assert sorted(p.name for p in path.iterdir()) == ["manifest.json", "rank-0.safetensors", "rank-1.safetensors"]
+    return path

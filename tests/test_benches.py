@@ -7,7 +7,11 @@ import json
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT
+
+# Each runs a whole benchmark script, some against Ray: up to a minute or two.
+pytestmark = pytest.mark.slow
 
 
 def run_bench(tmp_path, script, *args):

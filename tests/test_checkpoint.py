@@ -1,17 +1,25 @@
 """Checkpoints across processes: saved with one layout, restored with
-another, every dtype bitwise; corruption is caught and named."""
+another, every dtype bitwise; corruption is caught and named, and every
+checkpoint row of docs/errors.md (a damaged file, a target that does not
+match) leaves the checkpoint as it was."""
 
 from __future__ import annotations
 
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import time
+from pathlib import Path
 
+import numpy as np
 import pytest
-from conftest import MESHRUN, SCRIPTS, assert_none_left, meshrun, read_jsonl, start, stop, wait_for
+from conftest import MESHRUN, SCRIPTS, assert_none_left, cli, flip_a_byte, meshrun, read_jsonl, start, stop, wait_for
+from errors_page import covers, exits, raises, snapshot
+
+from meshrun import checkpoint
 
 SCRIPT = str(SCRIPTS / "ckpt_roundtrip.py")
 
@@ -123,6 +131,7 @@ def committed_steps(run_dir):
     return sorted(int(p.name.removeprefix("step-")) for p in root.glob("step-*") if (p / "manifest.json").exists())
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_points_of_saves_never_loses_the_newest_commit(runs):
     """Kills a worker or the controller itself with SIGKILL at random
     moments of back-to-back saves (each rank writes 8 MiB per step, so
@@ -175,3 +184,70 @@ def test_a_tree_too_large_for_one_message_is_a_clear_error(runs):
     assert "refused: step 1: this rank's shard list and metadata take" in done.stdout
     assert "bytes a control message carries" in done.stdout
     assert not list((done.run_dir / "checkpoints").glob("step-*"))
+
+
+# Rows of docs/errors.md, on copies of one committed checkpoint whose leaf
+# 'w' is split over two ranks' files.
+
+@pytest.fixture
+def ckpt(split_checkpoint, tmp_path):
+    copy = tmp_path / "step-3"
+    shutil.copytree(split_checkpoint, copy)
+    return copy
+
+
+TARGET = {"w": np.zeros((8, 4), np.float32), "b": np.zeros((4,), np.float32)}
+
+
+@covers("ckpt-not-a-checkpoint", "ckpt-verify-corrupt")
+def test_ckpt_verify_of_a_folder_and_of_a_corrupt_checkpoint(ckpt, tmp_path):
+    exits("ckpt-not-a-checkpoint", cli("ckpt", "verify", tmp_path))
+    flip_a_byte(ckpt / "rank-0.safetensors")
+    before = snapshot(ckpt)
+    exits("ckpt-verify-corrupt", cli("ckpt", "verify", ckpt))
+    assert snapshot(ckpt) == before
+
+
+def restore_fails(row: str, path: Path, target=TARGET) -> None:
+    before = snapshot(path)
+    raises(row, lambda: checkpoint.restore(target, path))
+    assert snapshot(path) == before, "restoring changed the checkpoint"
+
+
+@covers("ckpt-missing-shard")
+def test_restore_with_a_shard_missing(ckpt):
+    (ckpt / "rank-1.safetensors").unlink()
+    restore_fails("ckpt-missing-shard", ckpt)
+
+
+@covers("ckpt-bad-crc")
+def test_restore_with_a_flipped_byte(ckpt):
+    flip_a_byte(ckpt / "rank-0.safetensors")
+    restore_fails("ckpt-bad-crc", ckpt)
+
+
+@covers("ckpt-shard-truncated")
+def test_restore_with_a_shard_cut_short(ckpt):
+    shard = ckpt / "rank-0.safetensors"
+    shard.write_bytes(shard.read_bytes()[:40])
+    restore_fails("ckpt-shard-truncated", ckpt)
+
+
+@covers("ckpt-shape-mismatch", "ckpt-dtype-mismatch", "ckpt-leaf-missing")
+def test_restore_onto_a_tree_that_does_not_match(ckpt):
+    restore_fails("ckpt-shape-mismatch", ckpt, {**TARGET, "w": np.zeros((8, 8), np.float32)})
+    restore_fails("ckpt-dtype-mismatch", ckpt, {**TARGET, "w": np.zeros((8, 4), np.float64)})
+    restore_fails("ckpt-leaf-missing", ckpt, {**TARGET, "v": np.zeros(2, np.float32)})
+    restored = checkpoint.restore(TARGET, ckpt)
+    np.testing.assert_array_equal(restored["w"], np.arange(32, dtype=np.float32).reshape(8, 4))
+
+
+@covers("ckpt-manifest-damaged")
+def test_restore_with_a_damaged_manifest(ckpt):
+    (ckpt / "manifest.json").write_text("{not json")
+    restore_fails("ckpt-manifest-damaged", ckpt)
+
+
+@covers("ckpt-not-committed")
+def test_restore_of_a_folder_that_is_not_a_checkpoint(tmp_path):
+    restore_fails("ckpt-not-committed", tmp_path)

@@ -1,17 +1,21 @@
 """A damaged newest checkpoint does not burn the restarts: the controller
 resumes from the newest checkpoint that verifies and says which it skipped
-and why, or from the step asked for with --resume-from; nothing is deleted."""
+and why, or from the step asked for with --resume-from; nothing is deleted.
+A --resume-from step that is not there or does not verify is refused
+before anything starts, every run and checkpoint left as it was."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import pytest
-from conftest import SCRIPTS, meshrun
+from conftest import HELLO, SCRIPTS, cli, flip_a_byte, meshrun
+from errors_page import covers, exits, raises, snapshot
 
-from meshrun import CheckpointError, _native
+from meshrun import CheckpointError, RunConfig, Trainer, _native
 
 SCRIPT = str(SCRIPTS / "resume_steps.py")
 
@@ -19,12 +23,6 @@ SCRIPT = str(SCRIPTS / "resume_steps.py")
 def files(folder: Path) -> dict[str, str]:
     """Every file of a folder and a hash of its bytes."""
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
-
-
-def flip_a_byte(shard: Path) -> None:
-    raw = bytearray(shard.read_bytes())
-    raw[-3] ^= 0x01  # inside the tensor's data
-    shard.write_bytes(bytes(raw))
 
 
 def resumed(run_dir: Path, attempt: int) -> list:
@@ -35,6 +33,7 @@ def steps(run_dir: Path) -> list[int]:
     return sorted(int(p.name.removeprefix("step-")) for p in (run_dir / "checkpoints").glob("step-*"))
 
 
+@pytest.mark.slow
 def test_a_damaged_newest_checkpoint_is_skipped_named_and_left_as_it_was(runs):
     first = meshrun(["-n", "2", "--tee", "none", SCRIPT, "3"], runs_dir=runs)
     assert first.code == 0, first.stderr
@@ -56,6 +55,7 @@ def test_a_damaged_newest_checkpoint_is_skipped_named_and_left_as_it_was(runs):
     assert steps(again.run_dir) == [1, 2, 3]
 
 
+@pytest.mark.slow
 def test_a_checkpoint_damaged_during_the_run_costs_one_restart_only(runs):
     # Attempt 1 saves steps 1-3, damages step 3 and fails; attempt 2 skips
     # step 3, resumes from step 2 and saves 3-5: the damaged copy of step 3
@@ -75,6 +75,7 @@ def test_a_checkpoint_damaged_during_the_run_costs_one_restart_only(runs):
     assert "damaged checkpoint step-3 set aside as '" in done.stderr
 
 
+@pytest.mark.slow
 def test_resume_from_an_older_step_sets_the_newer_ones_aside(runs):
     first = meshrun(["-n", "2", "--tee", "none", SCRIPT, "3"], runs_dir=runs)
     assert first.code == 0, first.stderr
@@ -97,3 +98,26 @@ def test_resume_from_an_older_step_sets_the_newer_ones_aside(runs):
     later = meshrun(["-n", "2", "--tee", "none", SCRIPT, "0"], runs_dir=runs)
     assert later.code == 0, later.stderr
     assert resumed(later.run_dir, 3) == [2, 2]
+
+
+# Rows of docs/errors.md: --resume-from (RunConfig.resume_from) of a step
+# that cannot be resumed from.
+
+@covers("run-resume-from-missing-step", "run-resume-from-no-checkpoints", "py-resume-from-missing-step")
+def test_resume_from_a_step_that_is_not_there(split_checkpoint, finished_run):
+    runs = split_checkpoint.parents[2]
+    before, before_two = snapshot(runs), snapshot(finished_run)
+    exits("run-resume-from-missing-step", cli("run", "--runs-dir", runs, "--name", "ck", "--resume-from", "999", HELLO))
+    exits("run-resume-from-no-checkpoints", cli("run", "--runs-dir", finished_run, "--name", "two", "--resume-from", "1", HELLO))
+    raises("py-resume-from-missing-step", lambda: Trainer(lambda: None, run_config=RunConfig(name="ck", storage_path=str(runs), resume_from=999)).fit())
+    assert snapshot(runs) == before and snapshot(finished_run) == before_two, "a refused resume changed a run"
+
+
+@covers("run-resume-from-damaged")
+def test_resume_from_a_step_that_does_not_verify(split_checkpoint, tmp_path):
+    runs = tmp_path / "runs"
+    shutil.copytree(split_checkpoint.parents[1], runs / "ck")
+    flip_a_byte(runs / "ck" / "checkpoints" / "step-3" / "rank-0.safetensors")
+    before = snapshot(runs)
+    exits("run-resume-from-damaged", cli("run", "--runs-dir", runs, "--name", "ck", "--resume-from", "3", HELLO))
+    assert snapshot(runs) == before, "the refused run changed the run or its checkpoint"

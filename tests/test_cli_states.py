@@ -1,7 +1,8 @@
 """What the run listing says about runs that did not end cleanly: a
 controller killed mid-run, a damaged or renamed run folder; the rule for run
-names on every command that takes one; shell completion and a runs
-directory that is not there."""
+names on every command that takes one, and a name in use by a running
+run; shell completion and a runs directory that is not there; `status` and
+`logs` asked for a run, rank or attempt that is not there."""
 
 from __future__ import annotations
 
@@ -10,13 +11,11 @@ import shutil
 import signal
 import subprocess
 
-from conftest import MESHRUN, ROOT, SCRIPTS, alive, assert_none_left, meshrun, read_jsonl, start, stop, wait_for
+import pytest
+from conftest import HELLO, MESHRUN, SCRIPTS, alive, assert_none_left, cli, meshrun, read_jsonl, start, stop, wait_for
+from errors_page import covers, exits, snapshot
 
 NAME_RULE = "is not accepted: use 1 to 100 letters, digits, '.', '_' and '-', not starting with '.' or '-' and with no '..'"
-
-
-def cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([str(MESHRUN), *map(str, args)], capture_output=True, text=True, timeout=60, cwd=ROOT)
 
 
 def rows(ls_output: str) -> dict[str, list[str]]:
@@ -30,6 +29,7 @@ def worker_pids(run_dir) -> list[int]:
     return [e["pid"] for e in read_jsonl(run_dir / "events.jsonl") if e["event"] == "worker_started"]
 
 
+@pytest.mark.slow
 def test_a_killed_controller_leaves_an_interrupted_run_that_can_be_continued(runs):
     run_dir = runs / "k"
     proc = start(["-n", "2", "--tee", "none", "-q", str(SCRIPTS / "plain_sleeper.py")], runs_dir=runs, name="k")
@@ -129,3 +129,36 @@ def test_ls_of_a_runs_directory_that_is_not_there(tmp_path):
     missing.mkdir()
     empty = cli("ls", "--runs-dir", missing)
     assert empty.returncode == 0 and empty.stdout == f"no runs in '{missing}'\n", empty.stdout
+
+
+# Rows of docs/errors.md.
+
+@covers("run-name-in-use")
+def test_name_in_use_by_a_running_run(tmp_path):
+    runs = tmp_path / "runs"
+    first = start(["-n", "1", "--tee", "none", str(SCRIPTS / "plain_sleeper.py")], runs_dir=runs, name="busy")
+    try:
+        wait_for(lambda: first.poll() is not None or (runs / "busy" / "ready-0").exists(), 60, "the first run")
+        before = snapshot(runs / "busy")
+        proc = cli("run", "--runs-dir", runs, "--name", "busy", HELLO)
+        exits("run-name-in-use", proc)
+        assert f"(pid {first.pid})" in proc.stderr
+        assert snapshot(runs / "busy") == before
+        assert first.poll() is None, "the running run was disturbed"
+    finally:
+        first.send_signal(signal.SIGINT)
+        first.communicate(timeout=30)
+        stop(first)
+
+
+@covers("status-no-such-run")
+def test_status_of_a_run_that_is_not_there(finished_run):
+    exits("status-no-such-run", cli("status", "nosuch", "--runs-dir", finished_run))
+
+
+@covers("logs-no-such-rank", "logs-no-such-attempt")
+def test_logs_of_a_rank_or_attempt_that_is_not_there(finished_run):
+    before = snapshot(finished_run)
+    exits("logs-no-such-rank", cli("logs", "two", "--rank", "7", "--runs-dir", finished_run))
+    exits("logs-no-such-attempt", cli("logs", "two", "--attempt", "5", "--runs-dir", finished_run))
+    assert snapshot(finished_run) == before

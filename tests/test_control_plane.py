@@ -2,7 +2,9 @@
 stay silent, skip the handshake, prove a wrong token, send garbage, an
 oversized length or another protocol version are each cut off, and the run
 finishes with every report. A client with the right token (read from the
-owner-only token file) is let in, so the harness itself is shown to work."""
+owner-only token file) is let in, so the harness itself is shown to work.
+A --control-port that another program holds is refused before anything
+starts; a free one is kept by every attempt."""
 
 from __future__ import annotations
 
@@ -14,7 +16,9 @@ import socket
 import stat
 import struct
 
-from conftest import SCRIPTS, assert_none_left, read_jsonl, start, stop, wait_for
+import pytest
+from conftest import HELLO, SCRIPTS, assert_none_left, cli, meshrun, read_jsonl, start, stop, wait_for
+from errors_page import covers, exits
 
 VERSION = 1
 
@@ -69,6 +73,7 @@ def mac(key: bytes, label: bytes, nonce: str) -> str:
     return hmac.new(key, label + nonce.encode(), hashlib.sha256).hexdigest()
 
 
+@pytest.mark.slow
 def test_intruders_are_refused_while_a_run_goes_on(tmp_path):
     runs = tmp_path / "runs"
     run_dir = runs / "cp"
@@ -133,3 +138,29 @@ def test_intruders_are_refused_while_a_run_goes_on(tmp_path):
     assert not [e for e in read_jsonl(run_dir / "events.jsonl") if e["event"] == "worker_failed"]
     assert token.hex() not in (err + "".join(p.read_text() for p in (run_dir / "logs").iterdir()))
     assert_none_left(run_dir)
+
+
+# The control port a user asks for: refused when taken (a row of
+# docs/errors.md), used by every attempt when free.
+
+@covers("run-control-port-in-use")
+def test_control_port_in_use(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = cli("run", "--runs-dir", tmp_path / "runs", "--control-port", port, HELLO)
+        exits("run-control-port-in-use", proc)
+        assert f"--control-port {port} on 127.0.0.1 is in use" in proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_a_free_control_port_is_used_by_every_attempt(tmp_path):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    done = meshrun(["-n", "2", "--tee", "none", "--control-port", str(port), "--max-failures", "1", str(SCRIPTS / "fail_once.py")], runs_dir=tmp_path / "runs")
+    assert done.code == 0, done.stderr
+    bound = [e["control_addr"] for e in done.events() if e["event"] == "attempt_started"]
+    assert bound == [f"127.0.0.1:{port}"] * 2

@@ -1,4 +1,6 @@
-"""meshrun.data: the Rust loader seen from Python."""
+"""meshrun.data: the Rust loader seen from Python, and the data rows of
+docs/errors.md: files it cannot read and settings that do not fit, each
+named and the files left as they were."""
 
 from __future__ import annotations
 
@@ -7,11 +9,13 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from errors_page import covers, raises, snapshot
 
 from meshrun import data
 
@@ -150,3 +154,73 @@ def test_ctrl_c_during_iteration_returns_promptly(tmp_path):
             proc.communicate()
     assert proc.returncode == 0 and "interrupted" in out
     assert elapsed < 2.0, f"took {elapsed:.2f}s to stop"
+
+
+# Rows of docs/errors.md.
+
+@pytest.fixture
+def files(tmp_path):
+    np.arange(100, dtype=np.uint16).tofile(tmp_path / "ok.bin")
+    (tmp_path / "odd.bin").write_bytes(b"\x00" * 1001)
+    (tmp_path / "bad.npy").write_bytes(b"not an array")
+    np.save(tmp_path / "complex.npy", np.zeros((8, 2), np.complex64))
+    pq.write_table(pa.table({"text": ["a", "b"] * 10}), tmp_path / "text.parquet")
+    (tmp_path / "cut.parquet").write_bytes((tmp_path / "text.parquet").read_bytes()[:50])
+    (tmp_path / "shards").mkdir()
+    # A damaged data page inside the fourth row group: the footer still reads.
+    ids = tmp_path / "ids.parquet"
+    pq.write_table(pa.table({"tokens": pa.array([[1, 2, 3]] * 1000, type=pa.list_(pa.int32()))}), ids, row_group_size=100, compression="snappy")
+    start = pq.ParquetFile(ids).metadata.row_group(3).column(0).data_page_offset
+    damaged = bytearray(ids.read_bytes())
+    damaged[start + 10 : start + 40] = b"\xff" * 30
+    (tmp_path / "damaged.parquet").write_bytes(bytes(damaged))
+    return tmp_path
+
+
+def data_fails(row: str, files: Path, fn) -> None:
+    before = snapshot(files)
+    raises(row, fn)
+    assert snapshot(files) == before, "reading changed the data files"
+
+
+@covers(
+    "data-file-missing",
+    "data-no-files-match",
+    "data-tokens-truncated",
+    "data-dtype-unsupported",
+    "data-too-short",
+    "data-seq-len-zero",
+    "data-parquet-corrupt",
+    "data-parquet-no-column",
+    "data-parquet-wrong-type",
+    "data-parquet-damaged-page",
+    "data-npy-corrupt",
+    "data-npy-wrong-dtype",
+)
+def test_data_files_that_cannot_be_read(files):
+    data_fails("data-file-missing", files, lambda: data.tokens(files / "nope.bin", "uint16", 8))
+    data_fails("data-no-files-match", files, lambda: data.parquet(str(files / "shards" / "*.parquet"), ["tokens"], seq_len=4))
+    data_fails("data-tokens-truncated", files, lambda: data.tokens(files / "odd.bin", "uint16", 8))
+    data_fails("data-dtype-unsupported", files, lambda: data.tokens(files / "ok.bin", "float32", 8))
+    data_fails("data-too-short", files, lambda: data.tokens(files / "ok.bin", "uint16", 200))
+    data_fails("data-seq-len-zero", files, lambda: data.tokens(files / "ok.bin", "uint16", 0))
+    data_fails("data-parquet-corrupt", files, lambda: data.parquet(files / "cut.parquet", ["text"], seq_len=4))
+    data_fails("data-parquet-no-column", files, lambda: data.parquet(files / "text.parquet", ["tokens"], seq_len=4))
+    data_fails("data-parquet-wrong-type", files, lambda: data.parquet(files / "text.parquet", ["text"], seq_len=4))
+    data_fails("data-parquet-damaged-page", files, lambda: data.parquet(files / "damaged.parquet", ["tokens"], seq_len=4))
+    data_fails("data-npy-corrupt", files, lambda: data.npy(files / "bad.npy"))
+    data_fails("data-npy-wrong-dtype", files, lambda: data.npy(files / "complex.npy"))
+
+
+@covers("data-batch-not-divisible", "data-batch-larger-than-data", "data-batch-negative", "data-resume-other-data-set", "data-resume-other-seed")
+def test_loader_settings_that_do_not_fit(files):
+    source = data.tokens(files / "ok.bin", "uint16", 8)  # 12 windows
+    raises("data-batch-not-divisible", lambda: data.Loader(source, 10, rank=0, num_processes=4))
+    raises("data-batch-larger-than-data", lambda: data.Loader(source, 64, rank=0, num_processes=1))
+    raises("data-batch-negative", lambda: data.Loader(source, -8, rank=0, num_processes=1))
+    loader = data.Loader(source, 4, rank=0, num_processes=1)
+    next(iter(loader))
+    state = loader.state()
+    np.arange(100, dtype=np.uint16)[::-1].copy().tofile(files / "other.bin")
+    raises("data-resume-other-data-set", lambda: data.Loader(data.tokens(files / "other.bin", "uint16", 8), 4, state=state, rank=0, num_processes=1))
+    raises("data-resume-other-seed", lambda: data.Loader(source, 4, state=state, seed=1, rank=0, num_processes=1))

@@ -7,6 +7,9 @@ from __future__ import annotations
 import pytest
 from conftest import ROOT, meshrun
 
+# The module trains the digits example on every layout: about a minute.
+pytestmark = pytest.mark.slow
+
 EXAMPLE = str(ROOT / "examples" / "digits_dp.py")
 LAYOUTS = {
     "1proc_x4dev": ["-n", "1", "--devices-per-proc", "4"],

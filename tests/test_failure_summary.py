@@ -7,11 +7,13 @@ import re
 import time
 from pathlib import Path
 
+import pytest
 from conftest import SCRIPTS, meshrun
 
 FINISH = str(SCRIPTS / "finish_early.py")
 
 
+@pytest.mark.slow
 def test_a_rank_stuck_after_the_last_report_is_a_hang_showing_its_own_frame(runs):
     # No --hang-timeout: the finish timeout alone catches it, long before
     # JAX's shutdown barrier would abort the finished rank (300 s).
@@ -28,6 +30,7 @@ def test_a_rank_stuck_after_the_last_report_is_a_hang_showing_its_own_frame(runs
     assert Path(stacks).is_dir()
 
 
+@pytest.mark.slow
 def test_a_rank_that_left_early_is_named_when_another_then_hangs(runs):
     done = meshrun(["-n", "2", "--finish-timeout", "3", FINISH], runs_dir=runs, env={"FINISH_MODE": "leave"})
     assert done.code == 1, done.stderr
@@ -43,6 +46,7 @@ def test_the_summary_names_no_stacks_folder_that_was_not_written(runs):
     assert not (done.run_dir / "stacks").exists()
 
 
+@pytest.mark.slow
 def test_a_rank_that_ended_waits_for_nobody_so_the_others_may_take_their_time(runs):
     # The finish timeout is for a finished rank held waiting (JAX's
     # shutdown barrier): independent programs of uneven length are healthy.

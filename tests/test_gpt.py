@@ -8,6 +8,9 @@ import json
 import pytest
 from conftest import ROOT, SCRIPTS, meshrun
 
+# Each test trains the GPT example: minutes on two cores.
+pytestmark = pytest.mark.slow
+
 EXAMPLE = str(ROOT / "examples" / "gpt.py")
 SMALL = ["--steps", "20", "--batch-size", "8", "--seq-len", "32", "--d-model", "32", "--layers", "2", "--heads", "4", "--eval-every", "1000", "--eval-batches", "1"]
 LAYOUTS = {

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import time
 
 import pytest
-from conftest import SCRIPTS, alive, assert_none_left, meshrun, start, stop, wait_for
+from conftest import HELLO, MESHRUN, ROOT, SCRIPTS, alive, assert_none_left, cli, meshrun, start, stop, wait_for
+from errors_page import covers, exits, snapshot
 
 
 def test_unmodified_initialize_joins_the_run(runs):
@@ -226,3 +228,113 @@ def test_wrong_token_is_refused_while_the_run_goes_on(runs):
         proc.communicate(timeout=20)
         stop(proc)
     assert_none_left(run_dir)
+
+
+# Rows of docs/errors.md: the mistakes `meshrun run` refuses, and a run
+# whose runs directory or program fails. Each checks that nothing already
+# written was lost or altered.
+
+USAGE = {
+    "run-nprocs-zero": ["-n", "0", HELLO],
+    "run-nprocs-not-a-number": ["-n", "x", HELLO],
+    "run-hosts-zero": ["--hosts", "0", HELLO],
+    "run-hosts-do-not-divide": ["-n", "2", "--hosts", "3", HELLO],
+    "run-too-many-hosts": ["-n", "300", "--hosts", "300", HELLO],
+    "run-devices-zero": ["--devices-per-proc", "0", HELLO],
+    "run-gpus-not-there": ["--gpus-per-proc", "1", HELLO],
+    "run-gpus-on-cpu": ["--platform", "cpu", "--gpus-per-proc", "1", HELLO],
+    "run-platform-unknown": ["--platform", "tpu9", HELLO],
+    "run-tee-unknown": ["--tee", "some", HELLO],
+    "run-no-program": [],
+    "run-script-missing": ["missing_script.py"],
+    "run-script-is-a-directory": [str(SCRIPTS)],
+    "run-module-name-bad": ["-m", "not a module"],
+    "run-name-with-slash": ["--name", "a/b", HELLO],
+    "run-name-dot-dot": ["--name", "..", HELLO],
+    "run-name-dot-dot-inside": ["--name", "x..", HELLO],
+    "run-name-leading-dash": ["--name=-x", HELLO],
+    "run-checkpoint-every-zero": ["--checkpoint-every", "0", HELLO],
+    "run-keep-checkpoints-zero": ["--keep-checkpoints", "0", HELLO],
+    "run-keep-every-zero": ["--keep-every-n-steps", "0", HELLO],
+    "run-score-order-unknown": ["--checkpoint-score-order", "best", HELLO],
+    "run-hang-timeout-zero": ["--hang-timeout", "0", HELLO],
+    "run-hang-timeout-nan": ["--hang-timeout", "nan", HELLO],
+    "run-max-failures-negative": ["--max-failures", "-1", HELLO],
+    "run-ray-strategy-unknown": ["--ray", "auto", "--ray-strategy", "FOO", HELLO],
+    "run-control-host-not-an-ip": ["--control-host", "nothost", HELLO],
+    # 192.0.2.0/24 is reserved for documentation: never this machine's.
+    "run-control-host-elsewhere": ["--control-host", "192.0.2.1", HELLO],
+}
+covers(*USAGE)
+
+
+@pytest.mark.parametrize("row", sorted(USAGE))
+def test_usage_errors_of_run(row, finished_run):
+    before = snapshot(finished_run)
+    proc = cli("run", "--runs-dir", finished_run, *USAGE[row], env={"CUDA_VISIBLE_DEVICES": ""})
+    exits(row, proc)
+    assert snapshot(finished_run) == before, "the runs directory was changed"
+
+
+@covers("run-runs-dir-is-a-file")
+def test_runs_dir_below_a_file(tmp_path):
+    blocker = tmp_path / "notes.txt"
+    blocker.write_text("keep me")
+    exits("run-runs-dir-is-a-file", cli("run", "--runs-dir", blocker / "runs", HELLO))
+    assert blocker.read_text() == "keep me"
+
+
+@covers("run-runs-dir-read-only")
+def test_runs_dir_on_a_read_only_file_system():
+    # Root ignores permission bits; procfs refuses everyone.
+    exits("run-runs-dir-read-only", cli("run", "--runs-dir", "/proc/meshrun-runs", HELLO))
+
+
+@covers("run-runs-dir-full")
+def test_runs_dir_on_a_full_file_system(tmp_path):
+    # A small tmpfs of its own, in a private mount namespace, filled up.
+    full = tmp_path / "full"
+    full.mkdir()
+    script = f"""set -e
+mount -t tmpfs -o size=64k tmpfs {full}
+mkdir {full}/runs && echo kept > {full}/runs/notes.txt
+head -c 1M /dev/zero > {full}/filler 2>/dev/null || true
+{MESHRUN} run --runs-dir {full}/runs {HELLO} && exit 99 || status=$?
+test "$(cat {full}/runs/notes.txt)" = kept && test "$(ls {full}/runs)" = notes.txt || exit 98
+exit $status
+"""
+    proc = subprocess.run(["unshare", "--map-root-user", "--mount", "sh", "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode not in (98, 99), f"the run started, or the runs directory changed: {proc.stderr}"
+    exits("run-runs-dir-full", proc)
+
+
+@covers("run-runs-dir-fills-up")
+def test_runs_dir_that_fills_up_during_the_run(tmp_path):
+    full, kept = tmp_path / "full", tmp_path / "kept"
+    full.mkdir()
+    script = f"""mount -t tmpfs -o size=256k tmpfs {full} || exit 97
+{MESHRUN} run -q --runs-dir {full}/runs --name f {SCRIPTS / "fill_disk.py"}
+status=$?
+cp -r {full}/runs/f {kept}
+exit $status
+"""
+    proc = subprocess.run(["unshare", "--map-root-user", "--mount", "sh", "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    exits("run-runs-dir-fills-up", proc)
+    assert_none_left(kept)
+    # What was written before the disk filled up is whole: the record of
+    # the run, every event, every metric but a last line cut short.
+    assert json.loads((kept / "run.json").read_text())["name"] == "f"
+    assert not list(kept.glob(".*.tmp")), "a half-written copy was left behind"
+    assert [json.loads(line)["event"] for line in (kept / "events.jsonl").read_text().splitlines()][-1] == "run_ended"
+    metrics = (kept / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in metrics[:-1]] == list(range(len(metrics) - 1))
+
+
+@covers("run-worker-fails")
+def test_a_failed_worker_keeps_its_logs_and_metrics(tmp_path):
+    # A JAX program, as users' are: its exit is reported before JAX's
+    # shutdown barrier can hold it (minutes, then SIGABRT).
+    done = meshrun(["-n", "2", "-q", str(SCRIPTS / "jax_exit_code.py")], runs_dir=tmp_path / "runs", name="fails", timeout=60)
+    exits("run-worker-fails", done)
+    assert "rank 1 giving up" in done.log(1)
+    assert (done.run_dir / "run.json").exists() and (done.run_dir / "events.jsonl").exists()

@@ -16,16 +16,12 @@ import termios
 import time
 
 import pytest
-from conftest import MESHRUN, ROOT, assert_none_left, meshrun, read_jsonl, start, stop, wait_for
+from conftest import MESHRUN, ROOT, assert_none_left, cli, meshrun, read_jsonl, start, stop, wait_for
 
 GPT = str(ROOT / "examples" / "gpt.py")
 DIGITS = str(ROOT / "examples" / "digits_dp.py")
 TINY = ["--batch-size", "8", "--seq-len", "32", "--d-model", "32", "--layers", "2", "--heads", "4", "--eval-every", "10", "--eval-batches", "1", "--fsdp", "2", "--tensor", "2", "--steps", "40"]
 PARTS = ("startup", "compile", "restore", "data", "step", "checkpoint", "lost", "other")
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(MESHRUN), *args], capture_output=True, text=True, timeout=60, cwd=ROOT)
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +47,7 @@ def failed_once(tmp_path_factory):
     return runs, outside
 
 
+@pytest.mark.slow
 def test_goodput_parts_account_for_the_wall_time_and_the_failure(failed_once):
     runs, outside = failed_once
     g = json.loads((runs / "g" / "goodput.json").read_text())
@@ -70,6 +67,7 @@ def test_goodput_parts_account_for_the_wall_time_and_the_failure(failed_once):
     assert second["seconds"]["step"] > 0
 
 
+@pytest.mark.slow
 def test_status_ls_and_logs_on_a_real_run(failed_once):
     runs, _ = failed_once
     ls = cli("ls", "--runs-dir", str(runs))
@@ -118,6 +116,7 @@ def on_terminal(cmd: list[str], timeout: float = 240) -> tuple[int, str]:
             proc.wait()
 
 
+@pytest.mark.slow
 def test_progress_bar_on_a_terminal_and_quiet(tmp_path):
     def command(name: str, *flags: str) -> list[str]:
         return [str(MESHRUN), "run", "--runs-dir", str(tmp_path / "runs"), "--name", name, *flags, "-n", "2", "--platform", "cpu", DIGITS, "--steps", "300"]
@@ -132,6 +131,7 @@ def test_progress_bar_on_a_terminal_and_quiet(tmp_path):
     assert code == 0 and "attempt 1 · step" not in drawn
 
 
+@pytest.mark.slow
 def test_tensorboard_event_files_hold_the_reported_metrics(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -12,9 +12,13 @@ import subprocess
 import time
 
 import pytest
-from conftest import MESHRUN, ROOT, SCRIPTS, alive, assert_none_left, meshrun, read_jsonl, start, stop, wait_for
+from conftest import HELLO, MESHRUN, ROOT, SCRIPTS, alive, assert_none_left, cli, meshrun, read_jsonl, start, stop, wait_for
+from errors_page import covers, exits
 
 DIGITS = str(ROOT / "examples" / "digits_dp.py")
+
+# The tests on a cluster are marked slow: starting one takes about 10 s, and
+# their runs as long again; the checks of arguments need none.
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +44,7 @@ def losses(records):
     return {r["step"]: r["metrics"]["loss"] for r in records if "loss" in r["metrics"]}
 
 
+@pytest.mark.slow
 def test_digits_gives_the_same_losses_on_ray_as_locally(two_nodes, tmp_path):
     runs = tmp_path / "runs"
     local = meshrun(["-n", "2", "--hosts", "2", "--devices-per-proc", "2", "--tee", "none", DIGITS], runs_dir=runs, name="local")
@@ -67,6 +72,7 @@ def final_losses(records):
     return out
 
 
+@pytest.mark.slow
 def test_gpt_on_ray_with_a_killed_worker_resumes_to_the_local_result(two_nodes, tmp_path):
     """The sharded GPT (data 2 x tensor 2 over two hosts) on Ray, with one
     worker SIGKILLed mid-run, restarts from its checkpoint and ends with the
@@ -98,6 +104,7 @@ def test_gpt_on_ray_with_a_killed_worker_resumes_to_the_local_result(two_nodes, 
     assert_none_left(run_dir)
 
 
+@pytest.mark.slow
 def test_env_contract_on_ray(two_nodes, tmp_path):
     done = meshrun(on_ray(two_nodes, "-n", "4", "--hosts", "2", "--platform", "cpu", "--tee", "none", str(SCRIPTS / "dump_env.py")), runs_dir=tmp_path / "runs")
     assert done.code == 0, done.stderr
@@ -112,6 +119,7 @@ def test_env_contract_on_ray(two_nodes, tmp_path):
     assert_none_left(done.run_dir)
 
 
+@pytest.mark.slow
 def test_a_killed_agent_actor_restarts_the_attempt(two_nodes, tmp_path):
     runs = tmp_path / "runs"
     run_dir = runs / "actor"
@@ -137,6 +145,7 @@ def test_a_killed_agent_actor_restarts_the_attempt(two_nodes, tmp_path):
 
 
 
+@pytest.mark.slow
 def test_a_request_the_cluster_cannot_hold_is_a_clear_error(two_nodes, tmp_path):
     t0 = time.monotonic()
     proc = subprocess.run(
@@ -152,6 +161,14 @@ def test_a_request_the_cluster_cannot_hold_is_a_clear_error(two_nodes, tmp_path)
     assert "its nodes have [{'CPU': 2.0}, {'CPU': 2.0}]" in proc.stderr
 
 
+@covers("run-ray-unreachable")
+def test_ray_address_that_does_not_answer(tmp_path):
+    t0 = time.monotonic()
+    proc = cli("run", "--runs-dir", tmp_path / "runs", "--ray", "127.0.0.1:9", "--control-host", "127.0.0.1", "--platform", "cpu", HELLO)
+    exits("run-ray-unreachable", proc)
+    assert time.monotonic() - t0 < 30
+
+
 def psum_fn():
     import jax
     import jax.numpy as jnp
@@ -164,6 +181,7 @@ def psum_fn():
     meshrun.report({"step": 0, "sum": int(total), "host": ctx.host_rank})
 
 
+@pytest.mark.slow
 def test_trainer_on_ray(two_nodes, tmp_path):
     import meshrun
 
@@ -223,6 +241,7 @@ def read_shard_fn(config):
     meshrun.report({"step": 0, "total": int(total)})
 
 
+@pytest.mark.slow
 def test_ray_data_shards_reach_every_worker_once(driver_on, tmp_path):
     import ray
 
@@ -286,6 +305,7 @@ def one_node_with_gpus():
         os.environ.update(saved)
 
 
+@pytest.mark.slow
 def test_workers_get_the_gpus_ray_assigned_to_their_bundle(one_node_with_gpus, tmp_path):
     """Both hosts packed on one node: host 1's bundle holds GPUs that are
     not 0 and 1, and its workers must get exactly those (Ray's JaxTrainer

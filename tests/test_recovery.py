@@ -10,7 +10,12 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
 from conftest import ROOT, SCRIPTS, alive, assert_none_left, meshrun, read_jsonl, start, stop, wait_for
+
+# Each test kills, hangs or preempts a training run and waits for it to
+# restart and finish: 10 s to minutes each.
+pytestmark = pytest.mark.slow
 
 EXAMPLE = str(ROOT / "examples" / "gpt.py")
 TINY = ["--batch-size", "8", "--seq-len", "32", "--d-model", "32", "--layers", "2", "--heads", "4", "--eval-every", "100000", "--eval-batches", "1", "--fsdp", "2", "--tensor", "2"]

@@ -22,6 +22,10 @@ from conftest import MESHRUN, ROOT, SCRIPTS, meshrun, read_jsonl
 sys.path.insert(0, str(ROOT / "bench"))
 import screenshot  # noqa: E402  (bench/screenshot.py)
 
+# Every test reads one run that fails and resumes, and one renders it in
+# Chromium.
+pytestmark = pytest.mark.slow
+
 NAME = "report"
 WIDTH = 1280
 

@@ -14,11 +14,11 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 import pytest  # noqa: E402
 from conftest import ROOT  # noqa: E402
+from errors_page import covers, raises  # noqa: E402
 from flax import nnx  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from meshrun import ConfigError, sharding  # noqa: E402
-from test_errors import covers, raises  # noqa: E402
 
 
 def load_gpt():
@@ -71,10 +71,10 @@ def test_optimizer_state_follows_its_parameter():
     opt = optax.adam(1e-3)
     opt_sh = sharding.shardings_for(jax.eval_shape(opt.init, params), gpt.RULES, mesh)
     opt_state = jax.jit(opt.init, out_shardings=opt_sh)(params)
-    param_specs = {sharding.path_str(p): leaf.sharding.spec for p, leaf in jax.tree_util.tree_flatten_with_path(params)[0]}
+    param_specs = {sharding._path_str(p): leaf.sharding.spec for p, leaf in jax.tree_util.tree_flatten_with_path(params)[0]}
     moments = 0
     for path, leaf in jax.tree_util.tree_flatten_with_path(opt_state)[0]:
-        name = sharding.path_str(path)
+        name = sharding._path_str(path)
         for prefix in ("0/mu/", "0/nu/"):
             if name.startswith(prefix):
                 assert leaf.sharding.spec == param_specs[name[len(prefix):]], name
@@ -121,7 +121,7 @@ def test_fsdp_memory_is_a_quarter_plus_replicated_leftovers():
     assert math.isclose(table.total_bytes, sum(x.nbytes for x in jax.tree.leaves(tree)))
 
 
-# Rows of docs/errors.md (see test_errors.py).
+# Rows of docs/errors.md.
 
 @covers("mesh-product-not-device-count", "mesh-two-unknown-axes", "mesh-axis-zero")
 def test_meshes_that_do_not_fit_the_devices():

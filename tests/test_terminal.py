@@ -9,11 +9,13 @@ import re
 import subprocess
 import time
 
+import pytest
 from conftest import MESHRUN, ROOT, SCRIPTS, assert_none_left, meshrun, stop
 
 NUMBERED = re.compile(r"^\d{8} x+$")
 
 
+@pytest.mark.slow
 def test_a_reader_that_does_not_read_neither_stops_the_run_nor_delays_the_logs(runs):
     # Rank 0 prints about 500 KB/s for 12 s while nobody reads meshrun's
     # stdout: longer than the 10 s after which a worker whose heartbeats are

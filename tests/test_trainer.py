@@ -1,12 +1,16 @@
 """Function mode: ``Trainer(train_fn, ...).fit()`` in this process, workers
-in real processes with real jax.distributed."""
+in real processes with real jax.distributed; the configs, ``report`` and
+``save`` refuse what they cannot use (the Python rows of docs/errors.md)."""
 
 from __future__ import annotations
 
 import json
+import threading
 
+import numpy as np
 import pytest
 from conftest import assert_none_left
+from errors_page import covers, raises
 
 import meshrun
 
@@ -78,10 +82,10 @@ def test_failure_is_returned_as_result_error(tmp_path):
     "scaling, message",
     [
         (meshrun.ScalingConfig(num_workers=0), "ScalingConfig.num_workers must be at least 1, got 0"),
-        (meshrun.ScalingConfig(num_workers=3, num_hosts=2), "--hosts 2 does not divide -n 3"),
+        (meshrun.ScalingConfig(num_workers=3, num_hosts=2), "ScalingConfig.num_hosts 2 does not divide ScalingConfig.num_workers 3"),
         (meshrun.ScalingConfig(num_workers="2"), "ScalingConfig.num_workers must be an integer, got '2'"),
         (meshrun.ScalingConfig(use_gpu=True), "GPUs on host 0"),
-        (meshrun.ScalingConfig(platform="tpu9"), "platform 'tpu9' is not known"),
+        (meshrun.ScalingConfig(platform="tpu9"), "ScalingConfig.platform must be 'cpu', 'cuda' or 'auto', got 'tpu9'"),
     ],
 )
 def test_bad_scaling_config(tmp_path, scaling, message, monkeypatch):
@@ -119,6 +123,7 @@ def fails_in_first_attempt():
     meshrun.report({"step": 1, "attempt": ctx.attempt})
 
 
+@pytest.mark.slow
 def test_failure_config_restarts_a_function(tmp_path):
     result = meshrun.Trainer(
         fails_in_first_attempt,
@@ -135,7 +140,7 @@ def test_failure_config_restarts_a_function(tmp_path):
     "failure, checkpoint, message",
     [
         (meshrun.FailureConfig(max_failures=-1), None, "FailureConfig.max_failures must be at least 0, got -1"),
-        (meshrun.FailureConfig(hang_timeout_s=0), None, "--hang-timeout must be a positive number of seconds, got 0"),
+        (meshrun.FailureConfig(hang_timeout_s=0), None, "FailureConfig.hang_timeout_s must be a positive number of seconds, got 0"),
         (meshrun.FailureConfig(hang_timeout_s="10"), None, "FailureConfig.hang_timeout_s must be a number of seconds, got '10'"),
         (None, meshrun.CheckpointConfig(every_n_steps=0), "CheckpointConfig.every_n_steps must be at least 1, got 0"),
     ],
@@ -145,3 +150,63 @@ def test_bad_failure_and_interval_config(tmp_path, failure, checkpoint, message)
     with pytest.raises(meshrun.ConfigError, match=message):
         meshrun.Trainer(psum_fn, run_config=run).fit()
     assert not (tmp_path / "runs").exists()
+
+
+# Rows of docs/errors.md: each refused before a run directory is made.
+
+def fit(tmp_path, fn=lambda: None, **kwargs):
+    runs = tmp_path / "runs"
+    meshrun.Trainer(fn, run_config=meshrun.RunConfig(storage_path=str(runs), **kwargs.pop("run", {})), **kwargs).fit()
+
+
+PY_CONFIGS = {
+    "py-num-workers-zero": dict(scaling_config=meshrun.ScalingConfig(num_workers=0)),
+    "py-backend-unknown": dict(scaling_config=meshrun.ScalingConfig(backend="kube")),
+    "py-ray-without-address": dict(scaling_config=meshrun.ScalingConfig(backend="ray")),
+    "py-control-port-out-of-range": dict(scaling_config=meshrun.ScalingConfig(control_port=70000)),
+    "py-hang-timeout-not-a-number": dict(run={"failure_config": meshrun.FailureConfig(hang_timeout_s="10s")}),
+    "py-score-order-unknown": dict(run={"checkpoint_config": meshrun.CheckpointConfig(score_order="best")}),
+}
+covers(*PY_CONFIGS)
+
+
+@pytest.mark.parametrize("row", sorted(PY_CONFIGS))
+def test_python_config_errors(row, tmp_path):
+    raises(row, lambda: fit(tmp_path, **PY_CONFIGS[row]))
+    assert not (tmp_path / "runs").exists()
+
+
+@covers("py-resume-from-negative")
+def test_resume_from_a_negative_step(tmp_path):
+    raises("py-resume-from-negative", lambda: fit(tmp_path, run={"resume_from": -1}))
+    assert not (tmp_path / "runs").exists()
+
+
+@covers("py-train-fn-not-callable")
+def test_train_fn_that_is_not_callable():
+    raises("py-train-fn-not-callable", lambda: meshrun.Trainer(42))
+
+
+@covers("py-train-fn-unpicklable")
+def test_train_fn_that_cannot_be_pickled(tmp_path):
+    lock = threading.Lock()
+
+    def uses_lock():
+        with lock:
+            pass
+
+    raises("py-train-fn-unpicklable", lambda: fit(tmp_path, uses_lock))
+    assert not (tmp_path / "runs").exists()
+
+
+@covers("py-report-not-a-dict", "py-report-checkpoint-without-step", "py-report-total-steps-negative")
+def test_report_arguments():
+    raises("py-report-not-a-dict", lambda: meshrun.report([1]))
+    raises("py-report-checkpoint-without-step", lambda: meshrun.report({"loss": 1.0}, checkpoint={"w": np.zeros(2)}))
+    raises("py-report-total-steps-negative", lambda: meshrun.report({"loss": 1.0}, total_steps=-1))
+
+
+@covers("py-save-outside-a-run")
+def test_save_outside_a_run(monkeypatch):
+    monkeypatch.delenv("MESHRUN_RUN_DIR", raising=False)
+    raises("py-save-outside-a-run", lambda: meshrun.save(1, {"w": np.zeros(2)}))

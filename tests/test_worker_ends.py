@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from conftest import SCRIPTS, assert_none_left, meshrun
 
 import meshrun as mr
@@ -51,6 +52,7 @@ def test_sys_exit_with_a_message_is_exit_code_1(runs):
     _stopped_within(done, 2.0)
 
 
+@pytest.mark.slow
 def test_ranks_that_never_join_are_warned_about_once(runs):
     done = meshrun(["-n", "2", "-q", str(SCRIPTS / "independent_copies.py")], runs_dir=runs, name="apart")
     assert done.code == 0, done.stderr

@@ -13,6 +13,8 @@ import runpy
 import sys
 import traceback
 
+from meshrun import _cluster, _connection, _goodput, _runtime, context
+
 
 def _run(kind: str, target: str, args: list[str]) -> None:
     if kind == "script":
@@ -24,13 +26,11 @@ def _run(kind: str, target: str, args: list[str]) -> None:
         sys.path[0] = os.getcwd()
         runpy.run_module(target, run_name="__main__", alter_sys=True)
     elif kind == "function":
-        import cloudpickle
-
-        import meshrun
+        import cloudpickle  # only function mode needs it
 
         with open(target, "rb") as f:
             fn, config = cloudpickle.load(f)
-        meshrun.init()
+        context.init()
         if config is None:
             fn()
         else:
@@ -43,9 +43,7 @@ def main(argv: list[str]) -> None:
     if len(argv) < 2:
         raise SystemExit("usage: python -m meshrun._bootstrap script|module|function TARGET [ARGS...]")
     kind, target, *args = argv
-    from meshrun import _cluster, _goodput, _runtime
-
-    _runtime.start()
+    _connection.start()
     if _cluster.register():
         _cluster.make_initialize_agree()
         _goodput.watch_jax()

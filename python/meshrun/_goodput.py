@@ -11,7 +11,6 @@ the Rust ``controller::goodput`` module).
 from __future__ import annotations
 
 import functools
-import json
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -124,13 +123,13 @@ def snapshot() -> dict[str, float]:
     return {"proc_start": _proc_start, "user_start": _user_start, "now": time.time(), "compile": _compile, **_totals}
 
 
-def due(saving: bool) -> str | None:
-    """The figures as JSON when they should go with this report: with every
-    save (a failed attempt keeps what it did up to its newest commit), else
-    at most once a second."""
+def due(saving: bool) -> dict[str, float] | None:
+    """The figures when they should go with this report: with every save (a
+    failed attempt keeps what it did up to its newest commit), else at most
+    once a second."""
     global _last_sent
     now = time.monotonic()
     if not saving and now - _last_sent < 1.0:
         return None
     _last_sent = now
-    return json.dumps(snapshot())
+    return snapshot()

@@ -4,11 +4,12 @@
 ``save`` copies the shards this process owns (replica 0 of each addressable
 shard of every ``jax.Array``; numpy arrays and scalars on rank 0) to host
 memory and returns; a background thread hands the bytes to Rust, which
-writes ``checkpoints/tmp-<step>/rank-<r>.safetensors`` with a CRC per 1 MiB
-chunk and syncs it, then tells the controller. When every rank has
-written, the controller writes ``manifest.json`` and renames the folder to
-``step-<step>``: the commit. A save asked for while the previous one is
-still writing waits for it first.
+writes this rank's file into the step's uncommitted folder under
+``checkpoints/``, with a CRC per 1 MiB chunk, and syncs it; then tells the
+controller. When every rank has written, the controller writes
+``manifest.json`` and renames the folder to ``step-<step>``: the commit.
+A save asked for while the previous one is still writing waits for it
+first; :func:`wait` waits for the last one.
 
 ``restore(target)`` reads, for every leaf of ``target`` (arrays, or
 ``jax.ShapeDtypeStruct`` s with a sharding), exactly the region each local
@@ -18,7 +19,6 @@ restores onto another process count, mesh or partitioning.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from dataclasses import dataclass
@@ -27,9 +27,11 @@ from typing import Any
 
 import numpy as np
 
-from meshrun import _goodput, _native, _runtime
+from meshrun import _connection, _goodput, _native, _values
 from meshrun.context import get_context
 from meshrun.errors import CheckpointError, ConfigError
+
+__all__ = ["Checkpoint", "get_checkpoint", "restore", "save", "wait"]
 
 _writer: threading.Thread | None = None
 _writer_error: BaseException | None = None
@@ -43,7 +45,7 @@ class Checkpoint:
     step: int
 
     def manifest(self) -> dict[str, Any]:
-        return json.loads(_native.CheckpointReader(self.path).manifest_json())
+        return _native.CheckpointReader(self.path).manifest()
 
     @property
     def metrics(self) -> dict[str, Any]:
@@ -60,15 +62,16 @@ def _root() -> Path:
     ctx = get_context()
     if ctx.run_dir is None:
         raise ConfigError("checkpoints need a run: start the program with `meshrun run` or Trainer.fit()")
-    return Path(ctx.run_dir) / "checkpoints"
+    return _native.checkpoints_dir(ctx.run_dir)
 
 
 def _leaf_paths(tree: Any) -> list[tuple[str, Any]]:
     import jax
 
-    from meshrun.sharding import path_str
+    # sharding imports JAX, which a process that never saves need not load.
+    from meshrun.sharding import _path_str
 
-    return [(path_str(p), leaf) for p, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]]
+    return [(_path_str(p), leaf) for p, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]]
 
 
 def _host_buffer(nbytes: int) -> np.ndarray:
@@ -111,7 +114,9 @@ def _owned_shards(tree: Any, rank: int) -> list[tuple[str, str, list[int], list[
 
 @_goodput.counts_as("checkpoint")
 def wait() -> None:
-    """Waits until this process's last save has been written."""
+    """Waits until this process's last :func:`save` has been written, and
+    raises what writing it raised (e.g. :class:`CheckpointError`). The
+    program's end waits by itself; call it to know a save is on disk."""
     global _writer, _writer_error
     if _writer is not None:
         _writer.join()
@@ -134,15 +139,15 @@ def save(step: int, state: Any, *, metrics: dict[str, Any] | None = None, extra:
     shards = _owned_shards(state, ctx.rank)
     info = None
     if ctx.rank == 0:
-        info = json.dumps({"paths": [p for p, _ in _leaf_paths(state)], "metrics": metrics or {}, "user": extra or {}}, default=str)
-    client = _runtime.client()
+        info = _values.plain({"paths": [p for p, _ in _leaf_paths(state)], "metrics": metrics or {}, "user": extra or {}})
+    client = _connection.client()
 
     def write() -> None:
         global _writer_error
         try:
-            leaves = _native.write_shards(str(root / f"tmp-{step}"), ctx.rank, shards)
+            written = _native.write_shards(root, step, ctx.rank, shards)
             if client is not None:
-                client.checkpoint_written(step, leaves, info)
+                client.checkpoint_written(step, written, info)
         except BaseException as exc:  # surfaced by the next save or wait()
             _writer_error = exc
 
@@ -158,10 +163,10 @@ def get_checkpoint() -> Checkpoint | None:
     root = _root()
     chosen = os.environ.get("MESHRUN_RESUME_STEP")
     if chosen is None:  # not started by a controller: the newest committed
-        found = _native.resume_checkpoint(str(root))
+        found = _native.resume_checkpoint(root)
     else:
         step = None if chosen == "none" else int(chosen)
-        found = _native.resume_checkpoint(str(root), get_context().attempt, step)
+        found = _native.resume_checkpoint(root, get_context().attempt, step)
     return None if found is None else Checkpoint(*found)
 
 
@@ -177,12 +182,11 @@ def restore(target: Any, checkpoint: Checkpoint | str | os.PathLike | None = Non
             raise CheckpointError(f"no committed checkpoint in {_root()}")
     path = checkpoint.path if isinstance(checkpoint, Checkpoint) else os.fspath(checkpoint)
     reader = _native.CheckpointReader(path)
-    saved = {leaf["path"]: leaf for leaf in json.loads(reader.manifest_json())["leaves"]}
+    saved = {leaf["path"]: leaf for leaf in reader.manifest()["leaves"]}
+    from meshrun.sharding import _path_str
 
     def one(key_path, leaf):
-        from meshrun.sharding import path_str
-
-        name = path_str(key_path)
+        name = _path_str(key_path)
         entry = saved.get(name)
         if entry is None:
             raise CheckpointError(f"leaf '{name}' of the target is not in checkpoint {path}; it holds: {', '.join(sorted(saved)) or 'nothing'}")

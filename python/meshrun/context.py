@@ -9,6 +9,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from meshrun._cluster import wait_for_coordinator
+
+__all__ = ["Context", "get_context", "init"]
+
 
 @dataclass(frozen=True)
 class Context:
@@ -78,8 +82,6 @@ def init() -> Context:
         import jax
 
         if not jax.distributed.is_initialized():
-            from meshrun._cluster import wait_for_coordinator
-
             wait_for_coordinator(ctx.coordinator_address)
             jax.distributed.initialize(
                 coordinator_address=ctx.coordinator_address,

@@ -32,6 +32,8 @@ from meshrun import _goodput, _native
 from meshrun.context import get_context
 from meshrun.errors import ConfigError, DataError
 
+__all__ = ["Loader", "Source", "npy", "parquet", "tokens"]
+
 
 class Source:
     """A data set of fixed-size records (see the module's description)."""
@@ -197,7 +199,7 @@ class Loader:
         if not self.drop_last:
             batch["mask"] = mask.view(np.bool_)
         if self.mesh is not None:
-            from meshrun import sharding
+            from meshrun import sharding  # imports JAX: only with a mesh
 
             spec = self.spec if self.spec is not None else sharding.P(("data", "fsdp"))
             batch = sharding.global_batch(batch, self.mesh, spec)

@@ -1,9 +1,17 @@
 """The exceptions meshrun raises, all subclasses of :class:`MeshrunError`.
 
-They are defined by the native engine, so an engine error arrives in Python
-as exactly one of these.
+They are defined by the native engine, which turns each of its errors into
+exactly one of these (crates/meshrun-python/src/errors.rs).
 """
 
-from meshrun._native import CheckpointError, ConfigError, ControlError, DataError, MeshrunError, RunFailedError
+from meshrun._native import (
+    CheckpointError,
+    ConfigError,
+    ControlError,
+    DataError,
+    MeshrunError,
+    RunFailedError,
+    StorageError,
+)
 
-__all__ = ["CheckpointError", "ConfigError", "ControlError", "DataError", "MeshrunError", "RunFailedError"]
+__all__ = ["CheckpointError", "ConfigError", "ControlError", "DataError", "MeshrunError", "RunFailedError", "StorageError"]

@@ -19,11 +19,14 @@ import os
 import uuid
 from typing import Any
 
+from meshrun.context import get_context
 from meshrun.errors import ConfigError
 
-NAMESPACE = "meshrun"
-ADDRESS_ENV = "MESHRUN_RAY_DATA_ADDRESS"
-ACTOR_ENV = "MESHRUN_RAY_DATA_ACTOR"
+__all__ = ["get_dataset_shard"]
+
+_NAMESPACE = "meshrun"
+_ADDRESS_ENV = "MESHRUN_RAY_DATA_ADDRESS"
+_ACTOR_ENV = "MESHRUN_RAY_DATA_ACTOR"
 
 _shards: dict[str, Any] = {}
 
@@ -50,7 +53,7 @@ class _Datasets:
         return self.splits[key][rank]
 
 
-def check(datasets: Any) -> dict[str, Any]:
+def _check_datasets(datasets: Any) -> dict[str, Any]:
     """The ``datasets=`` argument: a dict of names to Ray Datasets."""
     if not isinstance(datasets, dict) or not datasets:
         raise ConfigError(f"Trainer datasets must be a non-empty dict of name -> ray.data.Dataset, got {type(datasets).__name__}")
@@ -64,7 +67,7 @@ def check(datasets: Any) -> dict[str, Any]:
     return datasets
 
 
-class Host:
+class _Host:
     """Holds the datasets for one ``fit()``: joins Ray (the cluster the
     datasets belong to) unless this process already has, and starts the
     actor the workers ask for their splits. ``close()`` undoes both."""
@@ -83,9 +86,9 @@ class Host:
             )
         self.name = f"datasets-{uuid.uuid4().hex[:12]}"
         actor = ray.remote(num_cpus=0)(_Datasets)
-        self.actor = actor.options(name=self.name, namespace=NAMESPACE).remote(datasets)
+        self.actor = actor.options(name=self.name, namespace=_NAMESPACE).remote(datasets)
         ray.get(self.actor.names.remote())
-        self.env = {ADDRESS_ENV: gcs, ACTOR_ENV: self.name}
+        self.env = {_ADDRESS_ENV: gcs, _ACTOR_ENV: self.name}
 
     def close(self) -> None:
         import ray
@@ -103,16 +106,14 @@ def get_dataset_shard(name: str = "train") -> Any:
     of rows; a restarted attempt starts the dataset over."""
     if name in _shards:
         return _shards[name]
-    address, actor_name = os.environ.get(ADDRESS_ENV), os.environ.get(ACTOR_ENV)
+    address, actor_name = os.environ.get(_ADDRESS_ENV), os.environ.get(_ACTOR_ENV)
     if not address or not actor_name:
         raise ConfigError(f"get_dataset_shard({name!r}): this run was given no datasets; pass Trainer(..., datasets={{{name!r}: ray_dataset}})")
     import ray
 
-    from meshrun.context import get_context
-
     if not ray.is_initialized():
-        ray.init(address=address, namespace=NAMESPACE, logging_level="ERROR", log_to_driver=False, configure_logging=False)
-    holder = ray.get_actor(actor_name, namespace=NAMESPACE)
+        ray.init(address=address, namespace=_NAMESPACE, logging_level="ERROR", log_to_driver=False, configure_logging=False)
+    holder = ray.get_actor(actor_name, namespace=_NAMESPACE)
     ctx = get_context()
     shard = ray.get(holder.split.remote(name, ctx.attempt, ctx.rank, ctx.world_size))
     if shard is None:

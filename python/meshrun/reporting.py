@@ -12,36 +12,30 @@ client then sends the record from a Rust thread.
 
 from __future__ import annotations
 
-import json
 import threading
 import warnings
 from collections import deque
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from meshrun import _cluster, _goodput
+from meshrun import _cluster, _connection, _goodput, _values, checkpoint as ckpt
+from meshrun.context import get_context
+
+__all__ = ["report"]
+
 
 class _Record(NamedTuple):
     step: int | None
     metrics: dict[str, Any]
     checkpoint: bool  # it came with a state to checkpoint
     saving: bool  # a save of this step began with it
-    timing: str | None  # the worker's goodput figures, when they go with it
+    timing: dict[str, float] | None  # the worker's goodput figures, when they go with it
     total_steps: int | None
 
 
 _queue: deque[_Record] = deque()
 _lock = threading.Lock()
 _warned = False
-
-
-def _to_json(value: Any) -> Any:
-    # Scalars of numpy or JAX: .item(); arrays: .tolist(); anything else: str.
-    if getattr(value, "ndim", None) == 0 or getattr(value, "size", None) == 1:
-        return value.item()
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    return str(value)
 
 
 def _ready(value: Any) -> bool:
@@ -52,17 +46,15 @@ def _ready(value: Any) -> bool:
 
 
 def _send(record: _Record) -> None:
-    from meshrun import _runtime
-
-    client = _runtime.client()
+    client = _connection.client()
     if client is None:
         return
     try:
-        text = json.dumps(record.metrics, default=_to_json, allow_nan=True)
-    except (TypeError, ValueError) as exc:
+        metrics = _values.plain(record.metrics)
+    except (TypeError, ValueError, RecursionError) as exc:
         warnings.warn(f"meshrun.report: record of step {record.step} dropped: {exc}", RuntimeWarning, stacklevel=3)
         return
-    client.report(record.step, text, record.checkpoint, record.timing, record.saving, record.total_steps)
+    client.report(record.step, metrics, record.checkpoint, record.timing, record.saving, record.total_steps)
 
 
 def _send_ready(wait: bool) -> None:
@@ -77,10 +69,7 @@ def _checkpoint_due(step: int) -> bool:
     """Whether a state passed at ``step`` is saved: when the controller
     asked for one (preemption), or at the run's checkpoint interval, or
     always when no interval is set."""
-    from meshrun import _runtime
-    from meshrun.context import get_context
-
-    client = _runtime.client()
+    client = _connection.client()
     if client is not None and client.checkpoint_requested():
         return True
     every = get_context().checkpoint_every
@@ -107,28 +96,23 @@ def report(
     report and stops. ``total_steps``: how many steps the program runs,
     for the progress line's ETA."""
     global _warned
-    from meshrun import _runtime
-
     if not isinstance(metrics, Mapping):
         raise TypeError(f"meshrun.report expects a dict of metrics, got {type(metrics).__name__}")
     if total_steps is not None and (isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 0):
         raise TypeError(f"meshrun.report(total_steps=...) must be a non-negative integer, got {total_steps!r}")
     saving = preempting = False
     if checkpoint is not None:
-        from meshrun import checkpoint as ckpt
-
         at = step if step is not None else metrics.get("step")
         if not isinstance(at, int):
             raise TypeError("meshrun.report(checkpoint=...) needs the step: pass step= or a metrics['step'] integer")
         if _checkpoint_due(at):
-            client = _runtime.client()
+            client = _connection.client()
             preempting = client is not None and client.checkpoint_requested()
             if preempting:
                 client.preempt_save(at)
-            plain = json.loads(json.dumps(dict(metrics), default=_to_json))
-            ckpt.save(at, checkpoint, metrics=plain, extra=extra)
+            ckpt.save(at, checkpoint, metrics=_values.plain(dict(metrics)), extra=extra)
             saving = True
-    if _runtime.client() is None:
+    if _connection.client() is None:
         if not _warned:
             _warned = True
             warnings.warn("meshrun.report: not running under meshrun; metrics are not recorded", RuntimeWarning, stacklevel=2)
@@ -155,25 +139,20 @@ _PREEMPT_WAIT_S = 120.0
 
 def _wait_for_the_stop(step: int) -> None:
     """No rank trains past the checkpoint that ends a preempted run."""
-    from meshrun import _runtime
-    from meshrun import checkpoint as ckpt
-
     _send_ready(wait=True)
     ckpt.wait()
-    client = _runtime.client()
+    client = _connection.client()
     if client is not None:
         client.wait_resumed(step, _PREEMPT_WAIT_S)
 
 
-def drain(wait: bool) -> None:
+def _drain(wait: bool) -> None:
     """Sends what is queued: everything when ``wait`` (the program ended
     normally), else only what is already computed (after a failure, a value
     may never be)."""
-    from meshrun import _runtime
-
     _send_ready(wait)
     with _lock:
         _queue.clear()
-    client = _runtime.client()
+    client = _connection.client()
     if client is not None:
         client.flush()

@@ -33,6 +33,21 @@ from jax.sharding import PartitionSpec as P
 
 from meshrun.errors import ConfigError
 
+__all__ = [
+    "AXES",
+    "Description",
+    "P",
+    "Row",
+    "Rules",
+    "describe",
+    "global_batch",
+    "init_sharded",
+    "make_mesh",
+    "shard",
+    "shardings_for",
+    "spec_for",
+]
+
 Rules = Sequence[tuple[str, P]]
 
 #: Mesh axes in order, slowest-varying first: ``data`` spans hosts, ``tensor``
@@ -74,7 +89,7 @@ def _shape_text(sizes: dict[str, int]) -> str:
     return " x ".join(f"{a}={s}" for a, s in sizes.items())
 
 
-def path_str(path: tuple[Any, ...]) -> str:
+def _path_str(path: tuple[Any, ...]) -> str:
     """``blocks/0/attn/q/kernel`` for a key path; NNX's trailing ``value`` dropped."""
     text = jax.tree_util.keystr(path, simple=True, separator="/")
     return text[: -len("/value")] if text.endswith("/value") else text
@@ -110,7 +125,7 @@ def shardings_for(tree: Any, rules: Rules, mesh: Mesh, default: P = P()) -> Any:
     """A ``NamedSharding`` for every leaf of ``tree`` (arrays or shape structs)."""
 
     def one(path, leaf):
-        name = path_str(path)
+        name = _path_str(path)
         shape = tuple(getattr(leaf, "shape", ()))
         spec = spec_for(name, rules, default) if shape else P()
         _check(name, shape, spec, mesh)
@@ -205,7 +220,7 @@ def describe(tree: Any) -> Description:
         spec = getattr(sharding, "spec", P())
         rows.append(
             Row(
-                path=path_str(path),
+                path=_path_str(path),
                 shape=shape,
                 dtype=dtype.name,
                 spec=str(tuple(spec)),

@@ -4,7 +4,6 @@ directory (cloudpickle); the controller runs in this process."""
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Callable
@@ -13,6 +12,8 @@ from typing import Any
 
 from meshrun import _native, ray_data
 from meshrun.errors import ConfigError, RunFailedError
+
+__all__ = ["CheckpointConfig", "FailureConfig", "Result", "RunConfig", "ScalingConfig", "Trainer"]
 
 
 @dataclass
@@ -42,13 +43,6 @@ class ScalingConfig:
     control_host: str | None = None
     control_port: int | None = None
 
-    def _platform(self) -> str:
-        if self.platform is not None:
-            return self.platform
-        if self.use_gpu or self.gpus_per_worker:
-            return "cuda"
-        return "cpu"
-
 
 @dataclass
 class CheckpointConfig:
@@ -67,26 +61,6 @@ class CheckpointConfig:
     score_attribute: str | None = None
     score_order: str = "max"
     every_n_steps: int | None = None
-
-    def _json(self) -> str | None:
-        # Checked even when nothing is pruned: a typo should not wait for
-        # the day retention is switched on.
-        if self.score_order not in ("max", "min"):
-            raise ConfigError(f"CheckpointConfig.score_order must be 'max' or 'min', got {self.score_order!r}")
-        if self.num_to_keep is None and self.keep_every_n_steps is None:
-            return None
-        if self.num_to_keep is not None:
-            _count("CheckpointConfig.num_to_keep", self.num_to_keep)
-        if self.keep_every_n_steps is not None:
-            _count("CheckpointConfig.keep_every_n_steps", self.keep_every_n_steps)
-        return json.dumps(
-            {
-                "num_to_keep": self.num_to_keep,
-                "keep_every_n_steps": self.keep_every_n_steps,
-                "score_attribute": self.score_attribute,
-                "score_order": self.score_order,
-            }
-        )
 
 
 @dataclass
@@ -136,16 +110,6 @@ class Result:
     status: str
     failure: dict[str, Any] | None = None
     attempts: int = 1
-
-
-def _count(name: str, value: Any, minimum: int = 1, maximum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{name} must be an integer, got {value!r}")
-    if value < minimum:
-        raise ConfigError(f"{name} must be at least {minimum}, got {value}")
-    if maximum is not None and value > maximum:
-        raise ConfigError(f"{name} must be at most {maximum}, got {value}")
-    return value
 
 
 def _dumps_keeping_file_names(obj: Any) -> bytes:
@@ -218,65 +182,35 @@ class Trainer:
 
     def fit(self) -> Result:
         """Runs to the end and returns the result; Ctrl-C stops every worker."""
-        s = self.scaling
-        ckpt = self.run.checkpoint_config or CheckpointConfig()
-        failure = self.run.failure_config or FailureConfig()
-        hang = failure.hang_timeout_s
-        if hang is not None and (isinstance(hang, bool) or not isinstance(hang, (int, float))):
-            raise ConfigError(f"FailureConfig.hang_timeout_s must be a number of seconds, got {hang!r}")
-        if s.backend not in ("local", "ray"):
-            raise ConfigError(f"ScalingConfig.backend must be 'local' or 'ray', got {s.backend!r}")
-        if s.backend == "ray" and not s.ray_address:
-            raise ConfigError("ScalingConfig(backend='ray') needs ray_address: 'auto' or the head node's HOST:PORT")
-        if self.datasets is not None:
-            ray_data.check(self.datasets)
-        payload = self._payload()
-        # Every value is checked before anything starts.
-        launch = dict(
-            nprocs=_count("ScalingConfig.num_workers", s.num_workers),
-            hosts=_count("ScalingConfig.num_hosts", s.num_hosts),
-            devices_per_proc=None if s.devices_per_worker is None else _count("ScalingConfig.devices_per_worker", s.devices_per_worker),
-            gpus_per_proc=None if s.gpus_per_worker is None else _count("ScalingConfig.gpus_per_worker", s.gpus_per_worker),
-            platform_name=s._platform(),
-            name=self.run.name,
-            runs_dir=os.fspath(self.run.storage_path),
-            tee_name=self.run.tee,
-            python=sys.executable,
-            agent_command=[sys.executable, "-m", "meshrun"],
-            payload=payload,
-            retention_json=ckpt._json(),
-            checkpoint_every=None if ckpt.every_n_steps is None else _count("CheckpointConfig.every_n_steps", ckpt.every_n_steps),
-            max_failures=_count("FailureConfig.max_failures", failure.max_failures, minimum=0),
-            hang_timeout_s=None if hang is None else float(hang),
-            ray_address=s.ray_address if s.backend == "ray" else None,
-            ray_strategy=s.ray_strategy,
-            control_host=s.control_host,
-            control_port=None if s.control_port is None else _count("ScalingConfig.control_port", s.control_port, minimum=1, maximum=65535),
-            progress=bool(self.run.progress),
-            tensorboard=bool(self.run.tensorboard),
-            resume_from=None if self.run.resume_from is None else _count("RunConfig.resume_from", self.run.resume_from, minimum=0),
-        )
         # Workers import what this process can import.
         paths = [p for p in sys.path if p and os.path.isdir(p)]
         env = dict(self.run.env)
         env["PYTHONPATH"] = os.pathsep.join(paths + [env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))]).rstrip(os.pathsep)
-        host = None if self.datasets is None else ray_data.Host(self.datasets, s.ray_address if s.backend == "ray" else None)
+        # Every value is checked, by the engine, before anything starts.
+        plan = _native.plan(
+            self.scaling,
+            self.run,
+            self.run.checkpoint_config or CheckpointConfig(),
+            self.run.failure_config or FailureConfig(),
+            env=sorted(env.items()),
+            python=sys.executable,
+            agent_command=[sys.executable, "-m", "meshrun"],
+        )
+        if self.datasets is not None:
+            ray_data._check_datasets(self.datasets)
+        payload = self._payload()
+        s = self.scaling
+        host = None if self.datasets is None else ray_data._Host(self.datasets, s.ray_address if s.backend == "ray" else None)
         try:
-            if host is not None:
-                env.update(host.env)
-            out = _native.run(env=sorted(env.items()), **launch)
+            out = _native.run(plan, payload=payload, env=[] if host is None else sorted(host.env.items()))
         finally:
             if host is not None:
                 host.close()
-        error = None
-        if out["status"] != "succeeded":
-            error = RunFailedError(out["summary"] or f"run {out['name']} {out['status']}")
         return Result(
-            metrics=json.loads(out["metrics"]) if out["metrics"] else None,
-            path=out["run_dir"],
-            error=error,
-            status=out["status"],
-            failure=json.loads(out["failure"]) if out["failure"] else None,
-            attempts=out["attempts"],
+            metrics=out.metrics,
+            path=os.fspath(out.run_dir),
+            error=None if out.succeeded else RunFailedError(out.summary or f"run {out.name} {out.status}"),
+            status=out.status,
+            failure=out.failure,
+            attempts=out.attempts,
         )
-

@@ -1,6 +1,7 @@
 //! Checkpoint shards for Python: writing one rank's file (GIL released),
 //! reading regions of a committed checkpoint into numpy arrays, and which
-//! checkpoint a worker resumes from.
+//! checkpoint a worker resumes from. The folder names (`checkpoints/`,
+//! `tmp-<step>`, `step-<step>`) are meshrun-ckpt's alone.
 
 // PyO3 hands arguments over as owned values.
 #![allow(clippy::needless_pass_by_value)]
@@ -9,18 +10,34 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-use meshrun_ckpt::commit::committed;
+use meshrun_ckpt::commit::{committed, tmp_dir};
 use meshrun_ckpt::manifest::Leaf;
 use meshrun_ckpt::read::Reader;
-use meshrun_ckpt::resume::for_attempt;
+use meshrun_ckpt::resume::{for_attempt, CHECKPOINTS};
 use meshrun_ckpt::shard::{write_rank_file, ShardIn};
 use numpy::{PyReadonlyArray1, PyReadwriteArray1};
 use pyo3::prelude::*;
 
-use crate::errors::CheckpointError;
+use crate::convert::to_python;
+use crate::errors::ckpt_to_py as to_py;
 
-fn to_py(e: &meshrun_ckpt::CkptError) -> PyErr {
-    CheckpointError::new_err(e.to_string())
+/// The checkpoints folder of the run in `run_dir`.
+#[pyfunction]
+pub fn checkpoints_dir(run_dir: PathBuf) -> PathBuf {
+    run_dir.join(CHECKPOINTS)
+}
+
+/// What one rank wrote of a checkpoint: its leaves and their shard
+/// records, for `WorkerClient.checkpoint_written`.
+#[pyclass(frozen, module = "meshrun._native")]
+pub struct WrittenShards(pub Vec<Leaf>);
+
+#[pymethods]
+impl WrittenShards {
+    /// How many leaves this rank wrote shards of.
+    fn __len__(&self) -> usize {
+        self.0.len()
+    }
 }
 
 /// One shard from Python: (leaf path, dtype, global shape, region, bytes).
@@ -41,15 +58,18 @@ type ShardView<'a> = (
     &'a [u8],
 );
 
-/// Writes `rank-<rank>.safetensors` in `dir` (synced) and returns this
-/// rank's leaves with their shard records, as JSON for the controller.
+/// Writes this rank's file of checkpoint `step` into the uncommitted folder
+/// of that step under the checkpoints folder `root` (synced) and returns
+/// this rank's leaves with their shard records, for the controller.
 #[pyfunction]
 pub fn write_shards(
     py: Python<'_>,
-    dir: PathBuf,
+    root: PathBuf,
+    step: u64,
     rank: u32,
     shards: Vec<PyShard<'_>>,
-) -> PyResult<String> {
+) -> PyResult<WrittenShards> {
+    let dir = tmp_dir(&root, step);
     let mut leaves: BTreeMap<String, Leaf> = BTreeMap::new();
     let views: Vec<ShardView<'_>> = shards
         .iter()
@@ -92,8 +112,7 @@ pub fn write_shards(
             l.shards.push(record);
         }
     }
-    let list: Vec<Leaf> = leaves.into_values().collect();
-    Ok(serde_json::to_string(&list).expect("leaves serialize"))
+    Ok(WrittenShards(leaves.into_values().collect()))
 }
 
 /// The checkpoint `meshrun.get_checkpoint()` gives, as (path, step), from
@@ -127,10 +146,10 @@ impl CheckpointReader {
             .map_err(|e| to_py(&e))
     }
 
-    /// The manifest, as JSON text.
-    fn manifest_json(&self) -> String {
-        serde_json::to_string(self.0.lock().expect("reader lock").manifest())
-            .expect("manifest serializes")
+    /// The manifest: `{"format", "step", "leaves": [{"path", "dtype",
+    /// "shape", "shards"}], "extra", "attempt"}`.
+    fn manifest(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        to_python(py, self.0.lock().expect("reader lock").manifest())
     }
 
     /// Reads `region` of leaf `path` (row-major) into `out`, a writable

@@ -153,21 +153,7 @@ impl DataLoader {
                     .next_timeout(Duration::from_millis(100))
             });
             match got {
-                Ok(Some(b)) => {
-                    let fields = b
-                        .fields
-                        .into_iter()
-                        .map(|v| PyArray1::from_vec(py, v))
-                        .collect();
-                    return Ok(Some((
-                        b.step,
-                        b.epoch,
-                        fields,
-                        PyArray1::from_vec(py, b.mask),
-                        PyArray1::from_vec(py, b.indices),
-                    )));
-                }
-                Ok(None) => return Ok(None),
+                Ok(got) => return Ok(got.map(|b| to_python(py, b))),
                 Err(()) => py.check_signals()?,
             }
         }

@@ -1,10 +1,15 @@
-//! The one Python exception hierarchy and the one conversion into it.
+//! The one Python exception hierarchy and the one conversion into it: every
+//! engine error reaches Python through a function of this file, variant by
+//! variant, so a new variant has to be placed here.
 
-use meshrun_core::CoreError;
+use meshrun_ckpt::CkptError;
+use meshrun_core::{CoreError, UsageError};
 use meshrun_data::DataError as LoaderError;
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
+
+use crate::usage::python_words;
 
 create_exception!(
     meshrun,
@@ -40,7 +45,13 @@ create_exception!(
     meshrun,
     ControlError,
     MeshrunError,
-    "The control plane failed: the controller, an agent or a connection."
+    "The control plane failed: the controller, an agent, a connection or its token."
+);
+create_exception!(
+    meshrun,
+    StorageError,
+    MeshrunError,
+    "A file or folder of the run could not be read or written (permissions, a full disk)."
 );
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -51,19 +62,21 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("RunFailedError", py.get_type::<RunFailedError>())?;
     m.add("DataError", py.get_type::<DataError>())?;
     m.add("CheckpointError", py.get_type::<CheckpointError>())?;
+    m.add("StorageError", py.get_type::<StorageError>())?;
     Ok(())
 }
 
-/// Variant by variant, so a new engine error has to be placed here.
+/// An engine error. Usage errors are worded with the Python API's names
+/// (`ScalingConfig.num_workers`, not `-n/--nprocs`).
 pub fn to_py(err: &CoreError) -> PyErr {
     let text = err.to_string();
     match err {
-        CoreError::Usage(_) => ConfigError::new_err(text),
-        CoreError::Io { .. } | CoreError::Token(_) | CoreError::Checkpoint(_) => {
-            MeshrunError::new_err(text)
-        }
+        CoreError::Usage(usage) => usage_to_py(usage),
+        CoreError::Io { .. } => StorageError::new_err(text),
+        CoreError::Checkpoint(e) => ckpt_to_py(e),
         CoreError::Net { .. }
         | CoreError::Protocol(_)
+        | CoreError::Token(_)
         | CoreError::AgentTimeout { .. }
         | CoreError::AgentSpawn { .. }
         | CoreError::AgentGone { .. }
@@ -71,6 +84,14 @@ pub fn to_py(err: &CoreError) -> PyErr {
         | CoreError::NotRunning { .. }
         | CoreError::TokenRefused { .. } => ControlError::new_err(text),
     }
+}
+
+pub fn usage_to_py(err: &UsageError) -> PyErr {
+    ConfigError::new_err(python_words(err))
+}
+
+pub fn ckpt_to_py(err: &CkptError) -> PyErr {
+    CheckpointError::new_err(err.to_string())
 }
 
 /// Data errors: a request that cannot work is a `ConfigError`, a file that

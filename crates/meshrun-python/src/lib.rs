@@ -1,10 +1,14 @@
 //! `meshrun._native`: converts Python values to engine types and back, and
-//! releases the GIL around every engine call. No logic of its own.
+//! releases the GIL around every engine call that may block. No logic of
+//! its own: checks and names (folders, files) come from the engine crates.
 
 mod checkpoint;
+mod config;
+mod convert;
 mod data;
 mod errors;
 mod run;
+mod usage;
 mod worker;
 
 use pyo3::prelude::*;
@@ -23,13 +27,19 @@ fn cli(py: Python<'_>, argv: Vec<String>, python: String, agent_command: Vec<Str
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(cli, m)?)?;
+    m.add_class::<run::Plan>()?;
+    m.add_class::<run::Outcome>()?;
+    m.add_function(wrap_pyfunction!(run::plan, m)?)?;
     m.add_function(wrap_pyfunction!(run::run, m)?)?;
     m.add_class::<worker::WorkerClient>()?;
+    m.add_function(wrap_pyfunction!(worker::stacks_file, m)?)?;
     m.add_class::<data::DataSource>()?;
+    m.add_class::<data::DataLoader>()?;
     m.add_class::<checkpoint::CheckpointReader>()?;
+    m.add_class::<checkpoint::WrittenShards>()?;
+    m.add_function(wrap_pyfunction!(checkpoint::checkpoints_dir, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint::write_shards, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint::resume_checkpoint, m)?)?;
-    m.add_class::<data::DataLoader>()?;
     errors::register(m)?;
     Ok(())
 }

@@ -1,123 +1,112 @@
-//! `run(...)`: the engine behind `Trainer.fit()`. The controller runs on its
-//! own thread; this thread waits without the GIL and wakes every 100 ms to
-//! let Python deliver Ctrl-C, which becomes a clean stop of the whole group.
+//! The engine behind `Trainer.fit()`: `plan(...)` checks a request before
+//! anything starts, `run(plan, ...)` runs it. The controller runs on its own
+//! thread; this thread waits without the GIL and wakes every 100 ms to let
+//! Python deliver Ctrl-C, which becomes a clean stop of the whole group.
 
+use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::Duration;
 
 use meshrun_core::controller::progress::ProgressMode;
-use meshrun_core::{
-    execute, Entry, ExecOptions, FailurePolicy, OutcomeStatus, PlatformChoice, RayTarget, RunSpec,
-    StopHandle, Tee,
-};
-use pyo3::exceptions::PyValueError;
+use meshrun_core::{execute, ExecOptions, OutcomeStatus, RunPlan, StopHandle};
+use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::PyBytes;
 
-use crate::errors::{to_py, ConfigError};
+use crate::config::{progress, run_spec, Configs};
+use crate::convert::to_python;
+use crate::errors::{to_py, usage_to_py};
 
-fn platform(name: &str) -> PyResult<PlatformChoice> {
-    match name {
-        "cpu" => Ok(PlatformChoice::Cpu),
-        "cuda" | "gpu" => Ok(PlatformChoice::Cuda),
-        "auto" => Ok(PlatformChoice::Auto),
-        other => Err(ConfigError::new_err(format!(
-            "platform '{other}' is not known; use 'cpu', 'cuda' or 'auto'"
-        ))),
-    }
-}
-
-fn tee(name: &str) -> PyResult<Tee> {
-    match name {
-        "rank0" => Ok(Tee::Rank0),
-        "all" => Ok(Tee::All),
-        "none" => Ok(Tee::None),
-        other => Err(PyValueError::new_err(format!(
-            "tee '{other}' is not known; use 'rank0', 'all' or 'none'"
-        ))),
-    }
-}
-
-#[pyfunction]
-#[pyo3(signature = (*, nprocs, hosts, devices_per_proc, gpus_per_proc, platform_name, name, runs_dir, tee_name, python, agent_command, env, payload, retention_json=None, checkpoint_every=None, max_failures=0, hang_timeout_s=None, ray_address=None, ray_strategy="PACK", control_host=None, control_port=None, progress=true, tensorboard=false, resume_from=None))]
-#[allow(clippy::too_many_arguments)]
-pub fn run<'py>(
-    py: Python<'py>,
-    nprocs: u32,
-    hosts: u32,
-    devices_per_proc: Option<u32>,
-    gpus_per_proc: Option<u32>,
-    platform_name: &str,
-    name: Option<String>,
-    runs_dir: String,
-    tee_name: &str,
-    python: String,
-    agent_command: Vec<String>,
-    env: Vec<(String, String)>,
-    payload: Vec<u8>,
-    retention_json: Option<&str>,
-    checkpoint_every: Option<u64>,
-    max_failures: u32,
-    hang_timeout_s: Option<f64>,
-    ray_address: Option<String>,
-    ray_strategy: &str,
-    control_host: Option<String>,
-    control_port: Option<u16>,
+/// A request that passed every check: ready to run.
+#[pyclass(frozen, module = "meshrun._native")]
+pub struct Plan {
+    plan: RunPlan,
     progress: bool,
-    tensorboard: bool,
-    resume_from: Option<u64>,
-) -> PyResult<Bound<'py, PyDict>> {
-    let control_host = control_host
-        .map(|h| {
-            h.parse::<std::net::IpAddr>().map_err(|_| {
-                ConfigError::new_err(format!(
-                    "ScalingConfig.control_host must be an IP address, got '{h}'"
-                ))
-            })
-        })
-        .transpose()?;
-    let retention = retention_json
-        .map(serde_json::from_str)
-        .transpose()
-        .map_err(|e| ConfigError::new_err(format!("CheckpointConfig is not valid: {e}")))?;
-    let spec = RunSpec {
-        nprocs,
-        hosts,
-        devices_per_proc,
-        gpus_per_proc,
-        platform: platform(platform_name)?,
-        name,
-        runs_dir: runs_dir.into(),
-        tee: tee(tee_name)?,
-        entry: Some(Entry::Function),
-        python: python.into(),
-        agent_command,
-        env,
-        retention,
-        checkpoint_every,
-        tensorboard,
-        failure: FailurePolicy {
-            max_failures,
-            hang_timeout_s,
-            finish_timeout_s: None,
-        },
-        ray: ray_address.map(|address| RayTarget {
-            address,
-            strategy: ray_strategy.to_uppercase(),
-        }),
-        control_host,
-        control_port,
-        resume_from,
+}
+
+#[pymethods]
+impl Plan {
+    /// The run's name (given, or made from the time).
+    #[getter]
+    fn name(&self) -> &str {
+        &self.plan.name
+    }
+
+    /// The run's folder.
+    #[getter]
+    fn run_dir(&self) -> PathBuf {
+        self.plan.run_dir.clone()
+    }
+}
+
+/// Checks a `Trainer`'s request: the configuration objects' types here,
+/// their values by the engine's plan. Raises `ConfigError` naming the
+/// Python attribute that is wrong; touches no file.
+#[pyfunction]
+#[pyo3(signature = (scaling, run, checkpoint, failure, *, env, python, agent_command))]
+// PyO3 hands arguments over as owned values, one per Python argument.
+#[allow(clippy::needless_pass_by_value, clippy::too_many_arguments)]
+pub fn plan(
+    py: Python<'_>,
+    scaling: Bound<'_, PyAny>,
+    run: Bound<'_, PyAny>,
+    checkpoint: Bound<'_, PyAny>,
+    failure: Bound<'_, PyAny>,
+    env: Vec<(String, String)>,
+    python: PathBuf,
+    agent_command: Vec<String>,
+) -> PyResult<Plan> {
+    let progress = progress(&run)?;
+    let configs = Configs {
+        scaling,
+        run,
+        checkpoint,
+        failure,
     };
-    let plan = py
-        .detach(|| spec.validate())
-        .map_err(|e| ConfigError::new_err(e.to_string()))?;
+    let spec = run_spec(&configs, env, python, agent_command)?;
+    let plan = py.detach(|| spec.validate()).map_err(|e| usage_to_py(&e))?;
+    Ok(Plan { plan, progress })
+}
+
+/// How a run ended.
+#[pyclass(frozen, get_all, module = "meshrun._native")]
+pub struct Outcome {
+    /// `succeeded`, `failed`, `interrupted` or `preempted`.
+    status: &'static str,
+    succeeded: bool,
+    /// Attempts made (1 + restarts).
+    attempts: u32,
+    /// What the `meshrun` command would exit with.
+    exit_code: i32,
+    name: String,
+    run_dir: PathBuf,
+    /// The account of the failure the command line prints, if any.
+    summary: Option<String>,
+    /// The first failure, as recorded in the run's folder.
+    failure: Option<Py<PyAny>>,
+    /// Rank 0's last reported metrics.
+    metrics: Option<Py<PyAny>>,
+}
+
+/// Runs `plan` to its end; `payload` is the pickled function and its
+/// config, `env` more environment for every worker. Ctrl-C stops every
+/// worker, then raises `KeyboardInterrupt`.
+#[pyfunction]
+#[pyo3(signature = (plan, *, payload, env))]
+pub fn run(
+    py: Python<'_>,
+    plan: &Plan,
+    payload: &Bound<'_, PyBytes>,
+    env: Vec<(String, String)>,
+) -> PyResult<Outcome> {
+    let mut run_plan = plan.plan.clone();
+    run_plan.env.extend(env);
     let stop = StopHandle::new();
     let opts = ExecOptions {
         handle_signals: false,
-        payload: Some(payload),
+        payload: Some(payload.as_bytes().to_vec()),
         stop: Some(stop.clone()),
-        progress: if progress {
+        progress: if plan.progress {
             ProgressMode::Auto
         } else {
             ProgressMode::Off
@@ -129,9 +118,9 @@ pub fn run<'py>(
     std::thread::Builder::new()
         .name("meshrun-controller".into())
         .spawn(move || {
-            let _ = tx.send(execute(plan, opts));
+            let _ = tx.send(execute(run_plan, opts));
         })
-        .map_err(|e| PyValueError::new_err(format!("cannot start the controller thread: {e}")))?;
+        .map_err(|e| PyRuntimeError::new_err(format!("cannot start the controller thread: {e}")))?;
     let mut interrupted: Option<PyErr> = None;
     let outcome = loop {
         match py.detach(|| {
@@ -149,7 +138,7 @@ pub fn run<'py>(
                 }
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => {
-                return Err(PyValueError::new_err(
+                return Err(PyRuntimeError::new_err(
                     "the controller thread ended without a result",
                 ))
             }
@@ -159,31 +148,29 @@ pub fn run<'py>(
         return Err(e);
     }
     let outcome = outcome.map_err(|e| to_py(&e))?;
-    let out = PyDict::new(py);
-    out.set_item(
-        "status",
-        match outcome.status {
+    Ok(Outcome {
+        // The names run.json and `meshrun ls` use.
+        status: match outcome.status {
             OutcomeStatus::Succeeded => "succeeded",
             OutcomeStatus::Failed => "failed",
             OutcomeStatus::Interrupted { .. } => "interrupted",
             OutcomeStatus::Preempted { .. } => "preempted",
         },
-    )?;
-    out.set_item("attempts", outcome.attempts)?;
-    out.set_item("exit_code", outcome.exit_code())?;
-    out.set_item("name", &outcome.name)?;
-    out.set_item("run_dir", outcome.run_dir.display().to_string())?;
-    out.set_item("summary", outcome.summary.as_deref())?;
-    out.set_item(
-        "failure",
-        outcome
+        succeeded: matches!(outcome.status, OutcomeStatus::Succeeded),
+        attempts: outcome.attempts,
+        exit_code: outcome.exit_code(),
+        failure: outcome
             .failure
             .as_ref()
-            .map(|f| serde_json::to_string(f).unwrap_or_default()),
-    )?;
-    out.set_item(
-        "metrics",
-        outcome.last_metrics.as_ref().map(ToString::to_string),
-    )?;
-    Ok(out)
+            .map(|f| to_python(py, f))
+            .transpose()?,
+        metrics: outcome
+            .last_metrics
+            .as_ref()
+            .map(|m| to_python(py, m))
+            .transpose()?,
+        name: outcome.name,
+        run_dir: outcome.run_dir,
+        summary: outcome.summary,
+    })
 }

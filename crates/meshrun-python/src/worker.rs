@@ -1,19 +1,40 @@
 //! The worker's connection to its controller, for meshrun's Python code
 //! running inside each worker.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
+use meshrun_core::protocol::MAX_FRAME_BYTES;
 use meshrun_core::token::Token;
 use meshrun_core::worker_client::{OnControllerLoss, Report, WorkerClient as Client};
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use serde::Serialize;
 
-use meshrun_core::protocol::MAX_FRAME_BYTES;
-
+use crate::checkpoint::WrittenShards;
+use crate::convert::to_value;
 use crate::errors::{to_py, CheckpointError, ConfigError};
 
 /// Room left in a frame for the message's own fields.
 const FRAME_HEADROOM: usize = 4096;
+
+/// The bytes `value` takes as JSON on the wire, counted without keeping them.
+fn json_size<T: Serialize>(value: &T) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // Writing into a counter cannot fail, and the engine's values serialize.
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
+}
 
 #[pyclass(frozen, module = "meshrun._native")]
 pub struct WorkerClient(Client);
@@ -43,26 +64,22 @@ impl WorkerClient {
             .map_err(|e| to_py(&e))
     }
 
-    /// Queues a metrics record (a JSON object as text); returns at once.
+    /// Queues a metrics record (a dict of plain values); returns at once.
     /// `checkpoint`: the report came with the state to save.
-    /// `timing_json`: where this worker's time went so far (goodput);
+    /// `timing`: where this worker's time went so far (goodput);
     /// `saving`: a save of this step began; `total_steps`: for the ETA.
-    #[pyo3(signature = (step, metrics_json, checkpoint=false, timing_json=None, saving=false, total_steps=None))]
+    #[pyo3(signature = (step, metrics, checkpoint=false, timing=None, saving=false, total_steps=None))]
     fn report(
         &self,
         step: Option<u64>,
-        metrics_json: &str,
+        metrics: &Bound<'_, PyDict>,
         checkpoint: bool,
-        timing_json: Option<&str>,
+        timing: Option<&Bound<'_, PyDict>>,
         saving: bool,
         total_steps: Option<u64>,
     ) -> PyResult<()> {
-        let metrics = serde_json::from_str(metrics_json)
-            .map_err(|e| PyValueError::new_err(format!("metrics are not JSON: {e}")))?;
-        let timing = timing_json
-            .map(serde_json::from_str)
-            .transpose()
-            .map_err(|e| PyValueError::new_err(format!("timing is not JSON: {e}")))?;
+        let metrics = to_value("metrics", metrics)?;
+        let timing = timing.map(|t| to_value("timing", t)).transpose()?;
         self.0.report(Report {
             step,
             metrics,
@@ -75,10 +92,8 @@ impl WorkerClient {
     }
 
     /// Sends where this worker's time went (at the end of its program).
-    fn timing(&self, timing_json: &str) -> PyResult<()> {
-        let timing = serde_json::from_str(timing_json)
-            .map_err(|e| PyValueError::new_err(format!("timing is not JSON: {e}")))?;
-        self.0.timing(timing);
+    fn timing(&self, timing: &Bound<'_, PyDict>) -> PyResult<()> {
+        self.0.timing(to_value("timing", timing)?);
         Ok(())
     }
 
@@ -101,18 +116,20 @@ impl WorkerClient {
         })
     }
 
-    /// Tells the controller this rank's shards of `step` are written;
-    /// `leaves_json` is what `write_shards` returned.
-    #[pyo3(signature = (step, leaves_json, extra_json=None))]
+    /// Tells the controller this rank's shards of `step` are written
+    /// (`shards`: what `write_shards` returned); `extra`: what the manifest
+    /// keeps with the step (rank 0's tree paths, metrics, user data).
+    #[pyo3(signature = (step, shards, extra=None))]
     fn checkpoint_written(
         &self,
         step: u64,
-        leaves_json: &str,
-        extra_json: Option<&str>,
+        shards: &WrittenShards,
+        extra: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<()> {
+        let extra = extra.map(|e| to_value("extra", e)).transpose()?;
         // The records travel in one control frame; a tree too large for it
         // is refused here, loudly, instead of a frame the connection drops.
-        let size = leaves_json.len() + extra_json.map_or(0, str::len);
+        let size = json_size(&shards.0) + extra.as_ref().map_or(0, json_size);
         if size + FRAME_HEADROOM > MAX_FRAME_BYTES {
             return Err(CheckpointError::new_err(format!(
                 "step {step}: this rank's shard list and metadata take {size} bytes, over the \
@@ -121,13 +138,7 @@ impl WorkerClient {
                 MAX_FRAME_BYTES - FRAME_HEADROOM
             )));
         }
-        let leaves = serde_json::from_str(leaves_json)
-            .map_err(|e| PyValueError::new_err(format!("leaves are not valid: {e}")))?;
-        let extra = extra_json
-            .map(serde_json::from_str)
-            .transpose()
-            .map_err(|e| PyValueError::new_err(format!("extra is not JSON: {e}")))?;
-        self.0.checkpoint_written(step, leaves, extra);
+        self.0.checkpoint_written(step, shards.0.clone(), extra);
         Ok(())
     }
 
@@ -157,4 +168,20 @@ impl WorkerClient {
     fn close(&self, py: Python<'_>) {
         py.detach(|| self.0.close(Duration::from_secs(5)));
     }
+}
+
+/// Where rank `rank` of attempt `attempt` writes its Python stacks when the
+/// controller asks (SIGUSR1), under the run's folder `run_dir`.
+///
+/// The controller reads them back from the same place; the layout should
+/// come from one function of meshrun-core's `controller::stacks`, which does
+/// not yet offer it (its supervisor builds the folder privately), so it is
+/// written here once for Python and nowhere in the Python package.
+#[pyfunction]
+#[allow(clippy::needless_pass_by_value)] // PyO3 hands arguments over as owned values
+pub fn stacks_file(run_dir: PathBuf, attempt: u32, rank: u32) -> PathBuf {
+    run_dir
+        .join("stacks")
+        .join(format!("attempt-{attempt}"))
+        .join(format!("rank-{rank}.txt"))
 }

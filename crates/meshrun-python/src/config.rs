@@ -1,0 +1,279 @@
+//! `Trainer`'s configuration objects (`ScalingConfig`, `RunConfig`,
+//! `CheckpointConfig`, `FailureConfig`) read into the engine's [`RunSpec`].
+//!
+//! Only the types are checked here (an integer, a number, a known name),
+//! each error naming the Python attribute and the value seen; whether the
+//! values make a run is the plan's to decide ([`RunSpec::validate`]), and
+//! its errors are worded for Python by [`crate::usage`].
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use meshrun_core::plan::{Retention, ScoreOrder};
+use meshrun_core::{Entry, FailurePolicy, PlatformChoice, RayTarget, RunSpec, Tee};
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyFloat, PyInt};
+
+use crate::errors::ConfigError;
+use crate::usage::{at_least, no_ray_address};
+
+/// The four configuration objects of a `Trainer`.
+pub struct Configs<'py> {
+    pub scaling: Bound<'py, PyAny>,
+    pub run: Bound<'py, PyAny>,
+    pub checkpoint: Bound<'py, PyAny>,
+    pub failure: Bound<'py, PyAny>,
+}
+
+/// One configuration object, read attribute by attribute.
+struct Config<'py> {
+    obj: Bound<'py, PyAny>,
+    class: &'static str,
+}
+
+impl<'py> Config<'py> {
+    /// The attribute `field`; None when it is set to `None`.
+    fn get(&self, field: &str) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let value = self.obj.getattr(field)?;
+        Ok((!value.is_none()).then_some(value))
+    }
+
+    fn wrong(&self, field: &str, value: Option<&Bound<'py, PyAny>>, what: &str) -> PyErr {
+        let seen = value.map_or_else(
+            || "None".to_string(),
+            |v| v.repr().map_or_else(|_| "?".into(), |r| r.to_string()),
+        );
+        ConfigError::new_err(format!("{}.{field} must be {what}, got {seen}", self.class))
+    }
+
+    /// An unsigned integer of type `T`, or None; Python's `bool` is not one.
+    fn uint<T: TryFrom<u64> + Bounded>(&self, field: &str) -> PyResult<Option<T>> {
+        let Some(value) = self.get(field)? else {
+            return Ok(None);
+        };
+        if value.is_instance_of::<PyBool>() || !value.is_instance_of::<PyInt>() {
+            return Err(self.wrong(field, Some(&value), "an integer"));
+        }
+        let name = format!("{}.{field}", self.class);
+        let n: i128 = value
+            .extract()
+            .map_err(|_| at_most(&name, T::MAX, &value))?;
+        if n < 0 {
+            return Err(ConfigError::new_err(at_least(&name, 0, n)));
+        }
+        u64::try_from(n)
+            .ok()
+            .and_then(|n| T::try_from(n).ok())
+            .map(Some)
+            .ok_or_else(|| at_most(&name, T::MAX, n))
+    }
+
+    fn required_uint<T: TryFrom<u64> + Bounded>(&self, field: &str) -> PyResult<T> {
+        self.uint(field)?
+            .ok_or_else(|| self.wrong(field, None, "an integer"))
+    }
+
+    /// A number of seconds (an int or a float, not a bool), or None.
+    fn seconds(&self, field: &str) -> PyResult<Option<f64>> {
+        let Some(value) = self.get(field)? else {
+            return Ok(None);
+        };
+        let number = !value.is_instance_of::<PyBool>()
+            && (value.is_instance_of::<PyInt>() || value.is_instance_of::<PyFloat>());
+        if !number {
+            return Err(self.wrong(field, Some(&value), "a number of seconds"));
+        }
+        value.extract().map(Some)
+    }
+
+    /// A string, or None.
+    fn text(&self, field: &str) -> PyResult<Option<String>> {
+        let Some(value) = self.get(field)? else {
+            return Ok(None);
+        };
+        value
+            .extract()
+            .map(Some)
+            .map_err(|_| self.wrong(field, Some(&value), "a string"))
+    }
+
+    fn required_text(&self, field: &str) -> PyResult<String> {
+        self.text(field)?
+            .ok_or_else(|| self.wrong(field, None, "a string"))
+    }
+
+    /// One of the names in `accepted` (`aliases` are accepted too, unsaid).
+    fn choice<T: Copy>(
+        &self,
+        field: &str,
+        accepted: &[(&str, T)],
+        aliases: &[(&str, T)],
+    ) -> PyResult<T> {
+        let value = self.get(field)?;
+        let text: Option<String> = value.as_ref().and_then(|v| v.extract().ok());
+        accepted
+            .iter()
+            .chain(aliases)
+            .find(|(name, _)| text.as_deref() == Some(*name))
+            .map(|(_, v)| *v)
+            .ok_or_else(|| {
+                let names: Vec<String> = accepted.iter().map(|(n, _)| format!("'{n}'")).collect();
+                let listed = match names.split_last() {
+                    Some((last, [])) => last.clone(),
+                    Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+                    None => String::new(),
+                };
+                self.wrong(field, value.as_ref(), &listed)
+            })
+    }
+
+    fn truthy(&self, field: &str) -> PyResult<bool> {
+        self.obj.getattr(field)?.is_truthy()
+    }
+}
+
+/// The largest value of an unsigned integer type, for messages.
+trait Bounded {
+    const MAX: u64;
+}
+impl Bounded for u16 {
+    const MAX: u64 = u16::MAX as u64;
+}
+impl Bounded for u32 {
+    const MAX: u64 = u32::MAX as u64;
+}
+impl Bounded for u64 {
+    const MAX: u64 = u64::MAX;
+}
+impl Bounded for usize {
+    const MAX: u64 = usize::MAX as u64;
+}
+
+fn at_most(name: &str, max: u64, got: impl std::fmt::Display) -> PyErr {
+    ConfigError::new_err(format!("{name} must be at most {max}, got {got}"))
+}
+
+/// Whether `RunConfig.progress` asks for the live progress line.
+pub fn progress(run: &Bound<'_, PyAny>) -> PyResult<bool> {
+    run.getattr("progress")?.is_truthy()
+}
+
+/// What `Trainer.fit()` runs. Nothing is validated beyond the types here.
+pub fn run_spec(
+    configs: &Configs<'_>,
+    env: Vec<(String, String)>,
+    python: PathBuf,
+    agent_command: Vec<String>,
+) -> PyResult<RunSpec> {
+    let s = Config {
+        obj: configs.scaling.clone(),
+        class: "ScalingConfig",
+    };
+    let r = Config {
+        obj: configs.run.clone(),
+        class: "RunConfig",
+    };
+    let ckpt = Config {
+        obj: configs.checkpoint.clone(),
+        class: "CheckpointConfig",
+    };
+    let failure = Config {
+        obj: configs.failure.clone(),
+        class: "FailureConfig",
+    };
+
+    let gpus_per_proc = s.uint::<u32>("gpus_per_worker")?;
+    let platform = if s.get("platform")?.is_some() {
+        s.choice(
+            "platform",
+            &[
+                ("cpu", PlatformChoice::Cpu),
+                ("cuda", PlatformChoice::Cuda),
+                ("auto", PlatformChoice::Auto),
+            ],
+            &[("gpu", PlatformChoice::Cuda)],
+        )?
+    } else if s.truthy("use_gpu")? || gpus_per_proc.is_some_and(|n| n > 0) {
+        // Without a platform, asking for GPUs means cuda.
+        PlatformChoice::Cuda
+    } else {
+        PlatformChoice::Cpu
+    };
+    let ray = if s.choice("backend", &[("local", false), ("ray", true)], &[])? {
+        let address = s
+            .text("ray_address")?
+            .ok_or_else(|| ConfigError::new_err(no_ray_address()))?;
+        Some(RayTarget {
+            address,
+            strategy: s.required_text("ray_strategy")?.to_uppercase(),
+        })
+    } else {
+        None
+    };
+    let control_host = s
+        .text("control_host")?
+        .map(|h| {
+            h.parse::<IpAddr>().map_err(|_| {
+                ConfigError::new_err(format!(
+                    "ScalingConfig.control_host must be an IP address (like '127.0.0.1' or \
+                     '0.0.0.0'), got '{h}'"
+                ))
+            })
+        })
+        .transpose()?;
+    // Checked even when nothing is pruned: a typo should not wait for the
+    // day retention is switched on.
+    let score_order = ckpt.choice(
+        "score_order",
+        &[("max", ScoreOrder::Max), ("min", ScoreOrder::Min)],
+        &[],
+    )?;
+    let score_attribute = ckpt.text("score_attribute")?;
+    let num_to_keep = ckpt.uint::<usize>("num_to_keep")?;
+    let keep_every_n_steps = ckpt.uint::<u64>("keep_every_n_steps")?;
+    let retention = (num_to_keep.is_some() || keep_every_n_steps.is_some()).then_some(Retention {
+        num_to_keep,
+        keep_every_n_steps,
+        score_attribute,
+        score_order,
+    });
+    Ok(RunSpec {
+        nprocs: s.required_uint("num_workers")?,
+        hosts: s.required_uint("num_hosts")?,
+        devices_per_proc: s.uint("devices_per_worker")?,
+        gpus_per_proc,
+        platform,
+        name: r.text("name")?,
+        runs_dir: match r.get("storage_path")? {
+            Some(path) => path
+                .extract()
+                .map_err(|_| r.wrong("storage_path", Some(&path), "a path"))?,
+            None => return Err(r.wrong("storage_path", None, "a path")),
+        },
+        tee: r.choice(
+            "tee",
+            &[
+                ("rank0", Tee::Rank0),
+                ("all", Tee::All),
+                ("none", Tee::None),
+            ],
+            &[],
+        )?,
+        entry: Some(Entry::Function),
+        python,
+        agent_command,
+        env,
+        retention,
+        checkpoint_every: ckpt.uint("every_n_steps")?,
+        tensorboard: r.truthy("tensorboard")?,
+        failure: FailurePolicy {
+            max_failures: failure.required_uint("max_failures")?,
+            hang_timeout_s: failure.seconds("hang_timeout_s")?,
+            finish_timeout_s: None,
+        },
+        ray,
+        control_host,
+        control_port: s.uint("control_port")?,
+        resume_from: r.uint("resume_from")?,
+    })
+}

@@ -1,0 +1,103 @@
+//! The engine's usage errors in the words of the Python API.
+//!
+//! The plan (`meshrun_core::plan`) is the one place where a request's values
+//! are checked; its messages name the command line's flags. A `Trainer` user
+//! set `ScalingConfig.num_workers`, not `-n`, so every variant that names a
+//! flag is reworded here with the Python argument. The match has no catch-all:
+//! a new variant has to be placed.
+
+use meshrun_core::gpu::GpuError;
+use meshrun_core::plan::RAY_STRATEGIES;
+use meshrun_core::UsageError;
+
+/// `err`'s message, naming the Python arguments that set the values.
+#[allow(clippy::too_many_lines)] // one arm per variant, nothing else
+pub fn python_words(err: &UsageError) -> String {
+    match err {
+        UsageError::NoProcesses(n) => at_least("ScalingConfig.num_workers", 1, n),
+        UsageError::NoHosts(n) => at_least("ScalingConfig.num_hosts", 1, n),
+        UsageError::HostsDoNotDivide {
+            hosts,
+            nprocs,
+            divisors,
+        } => format!(
+            "ScalingConfig.num_hosts {hosts} does not divide ScalingConfig.num_workers {nprocs}: \
+             every host runs the same number of workers; use a host count that divides \
+             {nprocs} (one of: {divisors})"
+        ),
+        UsageError::TooManyHosts { hosts, max } => format!(
+            "ScalingConfig.num_hosts {hosts} is more than meshrun supports ({max}); the local \
+             backend gives each host a loopback address, 127.0.0.2 ... 127.0.0.{}",
+            max + 1
+        ),
+        UsageError::NoDevices(n) => at_least("ScalingConfig.devices_per_worker", 1, n),
+        UsageError::NoGpus(n) => at_least("ScalingConfig.gpus_per_worker", 1, n),
+        UsageError::DevicesOnCuda(n) => format!(
+            "ScalingConfig.devices_per_worker={n} applies to the cpu platform only; with cuda \
+             every worker gets ScalingConfig.gpus_per_worker whole GPUs"
+        ),
+        UsageError::GpusOnCpu(n) => {
+            format!("ScalingConfig.gpus_per_worker={n} needs platform 'cuda' or 'auto', not 'cpu'")
+        }
+        UsageError::Gpu(GpuError::NotEnough {
+            host,
+            workers,
+            per_worker,
+            found,
+            source_text,
+        }) => format!(
+            "{workers} workers x ScalingConfig.gpus_per_worker={per_worker} need {needed} GPUs \
+             on host {host}, but {found} {are} available ({source_text}); lower num_workers or \
+             gpus_per_worker, or use platform='cpu'",
+            needed = workers * per_worker,
+            are = if *found == 1 { "is" } else { "are" },
+        ),
+        UsageError::KeepNone => format!(
+            "{} (the newest checkpoint is always kept)",
+            at_least("CheckpointConfig.num_to_keep", 1, 0)
+        ),
+        UsageError::KeepEveryZero => at_least("CheckpointConfig.keep_every_n_steps", 1, 0),
+        UsageError::CheckpointEveryZero => at_least("CheckpointConfig.every_n_steps", 1, 0),
+        UsageError::BadHangTimeout(t) => {
+            format!("FailureConfig.hang_timeout_s must be a positive number of seconds, got {t}")
+        }
+        UsageError::BadRayStrategy(s) => format!(
+            "ScalingConfig.ray_strategy '{s}' is not a Ray placement strategy; use one of {}",
+            RAY_STRATEGIES.join(", ")
+        ),
+        UsageError::EmptyRayAddress => no_ray_address(),
+        UsageError::ControlPortInUse { host, port, source } => format!(
+            "ScalingConfig.control_port {port} on {host} is in use ({source}); choose a free \
+             port, or leave control_port None and meshrun picks one"
+        ),
+        UsageError::ControlHostUnusable { host, source } => format!(
+            "the controller cannot listen on ScalingConfig.control_host {host} ({source}); give \
+             an address of this machine, or 0.0.0.0 for all of them"
+        ),
+        UsageError::NameInUse { name, pid, path } => format!(
+            "run name '{name}' is in use by a running run (pid {pid}) in '{}'; wait for it, \
+             stop it (meshrun stop {name}), or pick another RunConfig.name",
+            path.display()
+        ),
+        // Name no flag, or cannot come from the Python API.
+        UsageError::Gpu(GpuError::Duplicate { .. })
+        | UsageError::ScriptNotFound { .. }
+        | UsageError::ScriptIsDirectory(_)
+        | UsageError::NoEntry
+        | UsageError::BadModule(_)
+        | UsageError::BadRunName(_)
+        | UsageError::RunsDirUnusable { .. }
+        | UsageError::BadFinishTimeout(_)
+        | UsageError::NoCwd(_)
+        | UsageError::Resume(_) => err.to_string(),
+    }
+}
+
+/// `ScalingConfig(backend='ray')` without an address, or with an empty one.
+pub fn no_ray_address() -> String {
+    "ScalingConfig(backend='ray') needs ray_address: 'auto' or the head node's HOST:PORT".into()
+}
+
+pub fn at_least(name: &str, min: i64, got: impl std::fmt::Display) -> String {
+    format!("{name} must be at least {min}, got {got}")
+}

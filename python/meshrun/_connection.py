@@ -1,0 +1,48 @@
+"""This worker's connection to its controller: the one native client.
+
+Kept apart from :mod:`meshrun._runtime` (what happens when the program
+ends) so that :mod:`meshrun.reporting` and :mod:`meshrun.checkpoint`, which
+send through the client, and ``_runtime``, which drains them at the end,
+import this module and not each other.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+from typing import IO
+
+from meshrun import _native
+
+_client: _native.WorkerClient | None = None
+_stacks_file: IO[str] | None = None
+
+
+def client() -> _native.WorkerClient | None:
+    """The connection, or None outside a run (plain ``python``)."""
+    return _client
+
+
+def _stacks_on_sigusr1(run_dir: str, attempt: int, rank: int) -> None:
+    """When meshrun stops a failed or hung attempt it first sends SIGUSR1:
+    faulthandler then writes every thread's Python stack to the file the
+    controller reads them from, from the signal handler, so it works while
+    the main thread is stuck in C (a collective, a sleep)."""
+    global _stacks_file
+    path = _native.stacks_file(run_dir, attempt, rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Kept open for the life of the process: the handler writes to its fd.
+    _stacks_file = open(path, "w")  # noqa: SIM115
+    faulthandler.register(signal.SIGUSR1, file=_stacks_file, all_threads=True, chain=False)
+
+
+def start() -> None:
+    """Connects to the controller named in the environment contract."""
+    global _client
+    if _client is not None or "MESHRUN_CONTROL_ADDR" not in os.environ:
+        return
+    rank = int(os.environ["MESHRUN_RANK"])
+    attempt = int(os.environ.get("MESHRUN_ATTEMPT", "1"))
+    _stacks_on_sigusr1(os.environ["MESHRUN_RUN_DIR"], attempt, rank)
+    _client = _native.WorkerClient(os.environ["MESHRUN_CONTROL_ADDR"], os.environ["MESHRUN_TOKEN"], rank, attempt)

@@ -1,0 +1,32 @@
+"""docs/errors.md, the catalogue of users' mistakes: every row has a test and
+every such test names a row. The tests themselves sit beside their feature:
+
+- ``meshrun run``: test_launcher.py (usage, runs directory, a failed worker),
+  test_control_plane.py (control port), test_cli_states.py (a name in use),
+  test_ray.py (a Ray address that does not answer);
+- ``status`` and ``logs``: test_cli_states.py;
+- checkpoints and ``ckpt``: test_checkpoint.py; resuming from a given step:
+  test_ckpt_fallback.py;
+- Python configuration, ``report`` and ``save``: test_trainer.py;
+- meshes and sharding rules: test_sharding.py;
+- data: test_data.py.
+
+A test registers its rows with ``errors_page.covers`` when its file is
+imported, so this test imports every test file first (pytest has already
+done so when it collected them)."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from errors_page import CATALOGUE, TESTED
+
+
+def test_every_row_has_a_test_and_every_test_a_row():
+    for path in sorted(Path(__file__).parent.glob("test_*.py")):
+        importlib.import_module(path.stem)
+
+    assert len(CATALOGUE) >= 40
+    assert sorted(set(CATALOGUE) - TESTED) == [], "rows without a test"
+    assert sorted(TESTED - set(CATALOGUE)) == [], "tests of rows the page does not have"
