@@ -18,6 +18,13 @@ pub fn to_value(what: &str, obj: &Bound<'_, PyAny>) -> PyResult<Value> {
     })
 }
 
+/// A Python dict as one of the engine's typed records: a missing, unknown
+/// or mistyped field raises `ValueError` naming `what` and the field.
+pub fn to_typed<T: serde::de::DeserializeOwned>(what: &str, obj: &Bound<'_, PyAny>) -> PyResult<T> {
+    pythonize::depythonize(obj)
+        .map_err(|e| pyo3::exceptions::PyValueError::new_err(format!("{what}: {e}")))
+}
+
 /// An engine value as plain Python objects (dicts, lists, numbers).
 pub fn to_python<T: Serialize>(py: Python<'_>, value: &T) -> PyResult<Py<PyAny>> {
     Ok(pythonize::pythonize(py, value)?.unbind())

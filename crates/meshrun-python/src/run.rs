@@ -148,14 +148,15 @@ pub fn run(
         return Err(e);
     }
     let outcome = outcome.map_err(|e| to_py(&e))?;
+    // The page is a view of what is already written: failing to write it
+    // must not fail the run.
+    if let Err(e) = meshrun_report::write(&outcome.run_dir) {
+        let warnings = py.import("warnings")?;
+        warnings.call_method1("warn", (format!("meshrun: report.html not written: {e}"),))?;
+    }
     Ok(Outcome {
         // The names run.json and `meshrun ls` use.
-        status: match outcome.status {
-            OutcomeStatus::Succeeded => "succeeded",
-            OutcomeStatus::Failed => "failed",
-            OutcomeStatus::Interrupted { .. } => "interrupted",
-            OutcomeStatus::Preempted { .. } => "preempted",
-        },
+        status: outcome.status.state().as_str(),
         succeeded: matches!(outcome.status, OutcomeStatus::Succeeded),
         attempts: outcome.attempts,
         exit_code: outcome.exit_code(),

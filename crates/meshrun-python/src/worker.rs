@@ -4,15 +4,17 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use meshrun_core::protocol::MAX_FRAME_BYTES;
+use meshrun_core::protocol::{ProtocolError, MAX_FRAME_BYTES};
 use meshrun_core::token::Token;
 use meshrun_core::worker_client::{OnControllerLoss, Report, WorkerClient as Client};
+use meshrun_record::names;
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use serde::Serialize;
 
 use crate::checkpoint::WrittenShards;
-use crate::convert::to_value;
+use crate::convert::{to_typed, to_value};
 use crate::errors::{to_py, CheckpointError, ConfigError};
 
 /// Room left in a frame for the message's own fields.
@@ -79,21 +81,28 @@ impl WorkerClient {
         total_steps: Option<u64>,
     ) -> PyResult<()> {
         let metrics = to_value("metrics", metrics)?;
-        let timing = timing.map(|t| to_value("timing", t)).transpose()?;
-        self.0.report(Report {
-            step,
-            metrics,
-            checkpoint,
-            saving,
-            timing,
-            total_steps,
-        });
-        Ok(())
+        let timing = timing.map(|t| to_typed("timing", t)).transpose()?;
+        self.0
+            .report(Report {
+                step,
+                metrics,
+                checkpoint,
+                saving,
+                timing,
+                total_steps,
+            })
+            .map_err(|e| match e {
+                ProtocolError::TooLarge(bytes) => PyValueError::new_err(format!(
+                    "the report of step {} takes {bytes} bytes, over the {MAX_FRAME_BYTES} bytes                      a report may carry; report fewer or smaller values",
+                    step.map_or_else(|| "-".to_string(), |s| s.to_string())
+                )),
+                other => to_py(&other.into()),
+            })
     }
 
     /// Sends where this worker's time went (at the end of its program).
     fn timing(&self, timing: &Bound<'_, PyDict>) -> PyResult<()> {
-        self.0.timing(to_value("timing", timing)?);
+        self.0.timing(to_typed("timing", timing)?);
         Ok(())
     }
 
@@ -171,17 +180,10 @@ impl WorkerClient {
 }
 
 /// Where rank `rank` of attempt `attempt` writes its Python stacks when the
-/// controller asks (SIGUSR1), under the run's folder `run_dir`.
-///
-/// The controller reads them back from the same place; the layout should
-/// come from one function of meshrun-core's `controller::stacks`, which does
-/// not yet offer it (its supervisor builds the folder privately), so it is
-/// written here once for Python and nowhere in the Python package.
+/// controller asks (SIGUSR1), under the run's folder `run_dir`: the place
+/// the controller reads them back from.
 #[pyfunction]
 #[allow(clippy::needless_pass_by_value)] // PyO3 hands arguments over as owned values
 pub fn stacks_file(run_dir: PathBuf, attempt: u32, rank: u32) -> PathBuf {
-    run_dir
-        .join("stacks")
-        .join(format!("attempt-{attempt}"))
-        .join(format!("rank-{rank}.txt"))
+    names::stack_file(&names::stacks_dir(&run_dir, attempt), rank)
 }
