@@ -5,7 +5,8 @@ lowering, backend compile; merged so nested spans count once), the join of
 ``jax.distributed``, waits in ``meshrun.data.Loader``, time blocked in
 checkpoint saves and in restores, and when the process and the user's
 code started. The controller turns them into parts of the wall time (see
-the Rust ``controller::goodput`` module).
+the Rust ``meshrun_record::goodput`` module, whose ``Timing`` takes these
+figures by name: a key renamed here is an error there, not a zero).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """``python -m meshrun._tensorboard RUN_DIR OFFSET``: started by the
 controller of a run with ``--tensorboard``. Follows the run's
-``metrics.jsonl`` from byte OFFSET and writes every numeric metric as a
+``metrics.jsonl`` from byte OFFSET (read through the run folder's Rust
+types) and writes every numeric metric as a
 TensorBoard scalar (tensorboardX) under ``RUN_DIR/tensorboard``, so
 ``tensorboard --logdir runs`` shows every run by name. Being a process of
 its own, it costs the training loop nothing. On SIGTERM (the run ended) it
@@ -9,12 +10,13 @@ writes what is left and exits.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
 import time
 from typing import Any
+
+from meshrun import _native
 
 
 def scalars(metrics: dict[str, Any], prefix: str = "") -> list[tuple[str, float]]:
@@ -41,23 +43,10 @@ def main(argv: list[str]) -> None:
 
     signal.signal(signal.SIGTERM, on_term)
     writer = SummaryWriter(logdir=os.path.join(run_dir, "tensorboard"), flush_secs=2)
-    path = os.path.join(run_dir, "metrics.jsonl")
-    pending = b""
     while True:
         last_pass = stopping
-        try:
-            with open(path, "rb") as f:
-                f.seek(offset)
-                chunk = f.read()
-        except FileNotFoundError:
-            chunk = b""
-        offset += len(chunk)
-        *lines, pending = (pending + chunk).split(b"\n")
-        for line in lines:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
+        records, offset = _native.read_metrics(run_dir, offset)
+        for record in records:
             step = record.get("step")
             for name, value in scalars(record.get("metrics") or {}):
                 writer.add_scalar(name, value, global_step=step, walltime=record.get("time"))

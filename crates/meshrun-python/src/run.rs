@@ -118,7 +118,13 @@ pub fn run(
     std::thread::Builder::new()
         .name("meshrun-controller".into())
         .spawn(move || {
-            let _ = tx.send(execute(run_plan, opts));
+            let result = execute(run_plan, opts);
+            // Written here, so a run stopped by Ctrl-C has its page too; a
+            // page that cannot be written is a warning, never a failed run.
+            if let Ok(outcome) = &result {
+                meshrun::runs::report_after_run(&outcome.run_dir);
+            }
+            let _ = tx.send(result);
         })
         .map_err(|e| PyRuntimeError::new_err(format!("cannot start the controller thread: {e}")))?;
     let mut interrupted: Option<PyErr> = None;
@@ -148,12 +154,6 @@ pub fn run(
         return Err(e);
     }
     let outcome = outcome.map_err(|e| to_py(&e))?;
-    // The page is a view of what is already written: failing to write it
-    // must not fail the run.
-    if let Err(e) = meshrun_report::write(&outcome.run_dir) {
-        let warnings = py.import("warnings")?;
-        warnings.call_method1("warn", (format!("meshrun: report.html not written: {e}"),))?;
-    }
     Ok(Outcome {
         // The names run.json and `meshrun ls` use.
         status: outcome.status.state().as_str(),

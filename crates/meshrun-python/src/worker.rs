@@ -187,3 +187,17 @@ impl WorkerClient {
 pub fn stacks_file(run_dir: PathBuf, attempt: u32, rank: u32) -> PathBuf {
     names::stack_file(&names::stacks_dir(&run_dir, attempt), rank)
 }
+
+/// Rank 0's metrics records in `run_dir`'s `metrics.jsonl` from byte
+/// `offset` on, as dicts, and the offset to read on from: the follower of a
+/// live run (`--tensorboard`) reads the file through the run folder's types.
+/// A line still being written is left for the next call.
+#[pyfunction]
+#[allow(clippy::needless_pass_by_value)] // PyO3 hands arguments over as owned values
+pub fn read_metrics(py: Python<'_>, run_dir: PathBuf, offset: u64) -> PyResult<(Py<PyAny>, u64)> {
+    let path = run_dir.join(names::METRICS);
+    let (records, next, _skipped) = py
+        .detach(|| meshrun_record::read::jsonl_from::<meshrun_record::MetricsRecord>(&path, offset))
+        .map_err(|e| pyo3::exceptions::PyOSError::new_err(e.to_string()))?;
+    Ok((crate::convert::to_python(py, &records)?, next))
+}

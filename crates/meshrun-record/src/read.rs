@@ -111,6 +111,41 @@ pub fn jsonl_each<T: DeserializeOwned>(
     Ok(skipped)
 }
 
+/// What a follower of a JSONL file being appended to has not read yet:
+/// the lines from byte `offset` up to the last complete one that parse as
+/// `T`, the offset to continue from (a line still being written is left
+/// for the next call), and how many complete lines did not parse.
+pub fn jsonl_from<T: DeserializeOwned>(
+    path: &Path,
+    offset: u64,
+) -> Result<(Vec<T>, u64, usize), ReadError> {
+    use std::io::{Read, Seek, SeekFrom};
+    let io = |source| ReadError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok((Vec::new(), offset, 0)),
+        Err(e) => return Err(io(e)),
+    };
+    file.seek(SeekFrom::Start(offset)).map_err(io)?;
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes).map_err(io)?;
+    let complete = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+    let (mut out, mut skipped) = (Vec::new(), 0);
+    for line in bytes[..complete].split(|&b| b == b'\n') {
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        match serde_json::from_slice::<T>(line) {
+            Ok(v) => out.push(v),
+            Err(_) => skipped += 1,
+        }
+    }
+    Ok((out, offset + complete as u64, skipped))
+}
+
 /// Every line of a JSONL file that parses as `T`, and how many did not.
 pub fn jsonl<T: DeserializeOwned>(path: &Path) -> Result<(Vec<T>, usize), ReadError> {
     let mut out = Vec::new();
@@ -138,6 +173,27 @@ mod tests {
         assert!(matches!(lines[0].event, Event::Launched { attempt: 1, .. }));
         let (none, zero) = jsonl::<EventLine>(&dir.path().join("missing")).unwrap();
         assert!(none.is_empty() && zero == 0);
+    }
+
+    #[test]
+    fn a_follower_reads_complete_lines_and_comes_back_for_the_rest() {
+        use crate::MetricsRecord;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(names::METRICS);
+        let one = "{\"time\":1.0,\"attempt\":1,\"step\":1,\"metrics\":{\"loss\":2.0}}\n";
+        let half = "{\"time\":2.0,\"attempt\":1,";
+        std::fs::write(&path, format!("{one}not json\n{half}")).unwrap();
+        let (records, next, skipped) = jsonl_from::<MetricsRecord>(&path, 0).unwrap();
+        assert_eq!(records.len(), 1);
+        assert_eq!(records[0].number("loss"), Some(2.0));
+        assert_eq!(skipped, 1);
+        assert_eq!(next as usize, one.len() + "not json\n".len());
+        let rest = "\"step\":2,\"metrics\":{}}\n";
+        std::fs::write(&path, format!("{one}not json\n{half}{rest}")).unwrap();
+        let (records, end, _) = jsonl_from::<MetricsRecord>(&path, next).unwrap();
+        assert_eq!(records.len(), 1, "the finished line is read once");
+        assert_eq!(records[0].step, Some(2));
+        assert_eq!(end, std::fs::metadata(&path).unwrap().len());
     }
 
     #[test]

@@ -78,15 +78,7 @@ impl Sim {
     pub fn running_with(plan: RunPlan) -> Self {
         let n = plan.nprocs;
         let mut sim = Self::new(plan);
-        sim.input(Input::AgentJoined {
-            host: 0,
-            ip: "127.0.0.1".into(),
-            pid: 10,
-            gpus: vec![],
-            free_port: 5000,
-            controller: None,
-            conn: AGENT,
-        });
+        sim.join_agent();
         assert!(sim.m.launched());
         for rank in 0..n {
             sim.agent(Message::WorkerStarted {
@@ -102,6 +94,19 @@ impl Sim {
         }
         sim.take();
         sim
+    }
+
+    /// The one agent (host 0) connects.
+    pub fn join_agent(&mut self) {
+        self.input(Input::AgentJoined {
+            host: 0,
+            ip: "127.0.0.1".into(),
+            pid: 10,
+            gpus: vec![],
+            free_port: 5000,
+            controller: None,
+            conn: AGENT,
+        });
     }
 
     pub fn secs(&self) -> f64 {

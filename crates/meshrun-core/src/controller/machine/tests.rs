@@ -21,15 +21,7 @@ fn launch_waits_for_every_agent_and_sends_each_its_workers() {
         Some(sim.t0 + AGENT_JOIN_TIMEOUT),
         "the join deadline"
     );
-    sim.input(Input::AgentJoined {
-        host: 0,
-        ip: "127.0.0.1".into(),
-        pid: 10,
-        gpus: vec![],
-        free_port: 5000,
-        controller: None,
-        conn: AGENT,
-    });
+    sim.join_agent();
     let actions = sim.take();
     let launch = actions.iter().find_map(|a| match a {
         Action::Send {
