@@ -14,8 +14,9 @@ own ``events.jsonl`` and ``metrics.jsonl`` (times taken by the controller):
             blocks on that step's loss before reporting it)
 
 "cache off" sets ``JAX_ENABLE_COMPILATION_CACHE=false`` for the workers;
-"cache on" is meshrun's default (a per-run cache in the run directory, so
-the restarted attempt finds everything attempt 1 compiled). Rounds
+"cache on" is meshrun's default (the cache in each host's scratch folder,
+so the restarted attempt finds everything attempt 1 compiled; every round
+gets a scratch folder of its own, so no round finds another's entries). Rounds
 alternate; the table gives medians.
 
     python bench/recovery.py [--rounds 3] [--json OUT]
@@ -65,7 +66,7 @@ def wait(predicate, timeout: float, what: str) -> None:
 
 
 def one_round(runs: Path, name: str, cache: bool, steps: int) -> dict[str, float]:
-    env = dict(os.environ)
+    env = dict(os.environ, MESHRUN_SCRATCH=str(runs / f"{name}-scratch"))
     if not cache:
         env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
     run_dir = runs / name

@@ -162,3 +162,36 @@ def split_checkpoint(tmp_path_factory) -> Path:
     path = done.run_dir / "checkpoints" / "step-3"
     assert sorted(p.name for p in path.iterdir()) == ["manifest.json", "rank-0.safetensors", "rank-1.safetensors"]
     return path
+
+
+# Hosts that share nothing (network, /tmp, scratch), made on this machine
+# with namespaces: see nshosts.py.
+
+@pytest.fixture
+def nshosts():
+    """Factory: ``nshosts(count, **options)`` returns an open ``NsHosts``;
+    skips the test where namespaces cannot be made, and closes every
+    harness it made at teardown, whatever the test did."""
+    from nshosts import NsHosts, nshosts_unavailable
+
+    reason = nshosts_unavailable()
+    if reason is not None:
+        pytest.skip(f"no network namespaces: {reason}")
+    made = []
+
+    def make(count: int, **options) -> NsHosts:
+        hosts = NsHosts(count, **options)
+        made.append(hosts)
+        return hosts
+
+    yield make
+    for hosts in made:
+        hosts.close()
+
+
+@pytest.fixture(autouse=True)
+def _own_scratch(tmp_path_factory, monkeypatch):
+    """Every test's hosts get a scratch folder of their own (the compilation
+    cache and the runs' host-local files live there): no test finds what
+    another left."""
+    monkeypatch.setenv("MESHRUN_SCRATCH", str(tmp_path_factory.mktemp("scratch")))

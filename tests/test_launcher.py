@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from conftest import HELLO, MESHRUN, ROOT, SCRIPTS, alive, assert_none_left, cli, meshrun, start, stop, wait_for
@@ -60,7 +62,8 @@ def test_env_contract_with_two_hosts(runs):
         assert e["JAX_PLATFORMS"] == "cpu"
         # the user's flags are kept, the device count is meshrun's
         assert e["XLA_FLAGS"] == "--xla_cpu_use_thunk_runtime=true --xla_force_host_platform_device_count=3"
-        assert e["JAX_COMPILATION_CACHE_DIR"] == str(done.run_dir / "compile-cache")
+        assert e["JAX_COMPILATION_CACHE_DIR"] == str(Path(os.environ["MESHRUN_SCRATCH"]) / "compile-cache")
+        assert e["MESHRUN_STORAGE_DIR"] == str(done.run_dir)
         assert e["token_length"] == 64
         assert "CUDA_VISIBLE_DEVICES" not in e
     agents = [e for e in done.events() if e["event"] == "agent_joined"]

@@ -135,7 +135,7 @@ def test_the_stub_says_what_the_native_module_has():
         # A parameter dropped from a method.
         ("        total_steps: int | None = None,\n", "WorkerClient.report: the stub says"),
         # A function missing.
-        ("def stacks_file(run_dir: str | PathLike[str], attempt: int, rank: int) -> Path: ...\n", "stacks_file: in the module, not in the stub"),
+        ("def stacks_file(scratch: str | PathLike[str], attempt: int, rank: int) -> Path: ...\n", "stacks_file: in the module, not in the stub"),
         # A property missing.
         ("    @property\n    def succeeded(self) -> bool: ...\n", "Outcome.succeeded: in the module, not in the stub"),
         # An exception class missing.

@@ -235,7 +235,8 @@ def test_every_rank_finds_its_compilation_in_the_cache_on_a_restart(tmp_path):
     args = ["-n", "2", "--platform", "cpu", "--tee", "none", str(SCRIPTS / "cached_step.py")]
     first = meshrun(args, runs_dir=runs, name="cache")
     assert first.code == 0, first.stderr
-    entries = [p.name for p in (first.run_dir / "compile-cache").iterdir() if p.name.startswith("jit_cached_step-")]
+    # The cache is host-local: in the scratch folder (one per test, see conftest).
+    entries = [p.name for p in (Path(os.environ["MESHRUN_SCRATCH"]) / "compile-cache").iterdir() if p.name.startswith("jit_cached_step-")]
     assert len(entries) == 2, entries
     again = meshrun(args, runs_dir=runs, name="cache", env={"JAX_LOG_COMPILES": "1"})
     assert again.code == 0, again.stderr

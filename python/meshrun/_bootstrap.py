@@ -1,7 +1,8 @@
 """Entry point of every worker: ``python -m meshrun._bootstrap KIND TARGET [ARGS]``.
 
 KIND is ``script`` (a path), ``module`` (a dotted name) or ``function`` (a
-cloudpickled ``(fn, config)`` file). The worker joins the run, registers
+cloudpickled ``(fn, config)`` file, named relative to the run's scratch
+folder on this host, where the agent wrote what the controller sent). The worker joins the run, registers
 meshrun's JAX cluster environment, then runs the target as Python itself
 would (``__main__``, ``sys.argv``, ``sys.path[0]``).
 """
@@ -28,7 +29,7 @@ def _run(kind: str, target: str, args: list[str]) -> None:
     elif kind == "function":
         import cloudpickle  # only function mode needs it
 
-        with open(target, "rb") as f:
+        with open(os.path.join(os.environ.get("MESHRUN_SCRATCH", ""), target), "rb") as f:
             fn, config = cloudpickle.load(f)
         context.init()
         if config is None:

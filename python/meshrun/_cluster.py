@@ -81,7 +81,40 @@ def register() -> bool:
     types.remove(MeshrunCluster)
     types.insert(0, MeshrunCluster)
     _cache_from_every_process()
+    _gloo_on_host_address()
     return True
+
+
+def _gloo_on_host_address() -> None:
+    """Makes JAX's CPU collectives (gloo) listen on this host's address.
+
+    Left alone, gloo advertises the address its host name resolves to,
+    which on many machines is a loopback address (Debian maps the host name
+    to 127.0.1.1; containers often to 127.0.0.1): processes on other hosts
+    then dial their own loopback and the first collective times out.
+    meshrun knows the address this host reached the controller from
+    (``MESHRUN_HOST_IP``), so gloo is bound there, as ``GLOO_SOCKET_IFNAME``
+    would do by hand."""
+    host_ip = os.environ.get("MESHRUN_HOST_IP")
+    if not host_ip:
+        return
+    import dataclasses
+
+    from jax._src import config, distributed, xla_bridge
+    from jax._src.lib import _jax
+
+    registered = xla_bridge._backend_factories.get("cpu")
+    if registered is None or getattr(registered.factory, "_meshrun_gloo", False):
+        return
+    original = registered.factory
+
+    def make_cpu_client(collectives: Any = None) -> Any:
+        if collectives is None and distributed.global_state.client is not None and config.cpu_collectives_implementation.value == "gloo":
+            collectives = _jax.make_gloo_tcp_collectives(distributed_client=distributed.global_state.client, hostname=host_ip)
+        return original(collectives)
+
+    make_cpu_client._meshrun_gloo = True  # type: ignore[attr-defined]
+    xla_bridge._backend_factories["cpu"] = dataclasses.replace(registered, factory=make_cpu_client)
 
 
 def _contradictions(given: dict[str, Any]) -> list[tuple[str, Any, Any]]:

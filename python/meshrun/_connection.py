@@ -24,13 +24,14 @@ def client() -> _native.WorkerClient | None:
     return _client
 
 
-def _stacks_on_sigusr1(run_dir: str, attempt: int, rank: int) -> None:
+def _stacks_on_sigusr1(scratch: str, attempt: int, rank: int) -> None:
     """When meshrun stops a failed or hung attempt it first sends SIGUSR1:
-    faulthandler then writes every thread's Python stack to the file the
-    controller reads them from, from the signal handler, so it works while
-    the main thread is stuck in C (a collective, a sleep)."""
+    faulthandler then writes every thread's Python stack to a file in the
+    run's scratch folder on this host, from the signal handler, so it works
+    while the main thread is stuck in C (a collective, a sleep); the agent
+    sends it on to the controller."""
     global _stacks_file
-    path = _native.stacks_file(run_dir, attempt, rank)
+    path = _native.stacks_file(scratch, attempt, rank)
     path.parent.mkdir(parents=True, exist_ok=True)
     # Kept open for the life of the process: the handler writes to its fd.
     _stacks_file = open(path, "w")  # noqa: SIM115
@@ -44,5 +45,5 @@ def start() -> None:
         return
     rank = int(os.environ["MESHRUN_RANK"])
     attempt = int(os.environ.get("MESHRUN_ATTEMPT", "1"))
-    _stacks_on_sigusr1(os.environ["MESHRUN_RUN_DIR"], attempt, rank)
+    _stacks_on_sigusr1(os.environ["MESHRUN_SCRATCH"], attempt, rank)
     _client = _native.WorkerClient(os.environ["MESHRUN_CONTROL_ADDR"], os.environ["MESHRUN_TOKEN"], rank, attempt)

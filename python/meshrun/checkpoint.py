@@ -60,9 +60,9 @@ class Checkpoint:
 
 def _root() -> Path:
     ctx = get_context()
-    if ctx.run_dir is None:
+    if ctx.storage_dir is None:
         raise ConfigError("checkpoints need a run: start the program with `meshrun run` or Trainer.fit()")
-    return _native.checkpoints_dir(ctx.run_dir)
+    return _native.checkpoints_dir(ctx.storage_dir)
 
 
 def _leaf_paths(tree: Any) -> list[tuple[str, Any]]:

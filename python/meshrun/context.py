@@ -30,6 +30,8 @@ class Context:
     coordinator_address: str | None
     #: Save a checkpoint passed to ``report`` only at multiples of this step.
     checkpoint_every: int | None = None
+    #: The run's folder in the storage every host reaches: its checkpoints.
+    storage_dir: str | None = None
 
     # Ray Train's names, for users moving over.
     def get_world_rank(self) -> int:
@@ -71,6 +73,7 @@ def get_context() -> Context:
         attempt=_int("MESHRUN_ATTEMPT", 1),
         coordinator_address=os.environ.get("JAX_COORDINATOR_ADDRESS"),
         checkpoint_every=int(os.environ["MESHRUN_CHECKPOINT_EVERY"]) if "MESHRUN_CHECKPOINT_EVERY" in os.environ else None,
+        storage_dir=os.environ.get("MESHRUN_STORAGE_DIR", os.environ.get("MESHRUN_RUN_DIR")),
     )
 
 

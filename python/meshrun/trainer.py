@@ -28,7 +28,10 @@ class ScalingConfig:
     on the Ray cluster at ``ray_address`` (``"auto"`` or the head's
     ``HOST:PORT``), placed with ``ray_strategy``; the controller listens
     on ``control_host`` (default: every interface) at ``control_port``
-    (default: any free port).
+    (default: any free port). ``listen="ADDR:PORT"``: hosts 1.. join by
+    themselves (``meshrun join ADDR:PORT`` on each, under Slurm, SSH or
+    Kubernetes) within ``join_timeout_s`` (default 300); this process is
+    host 0.
     """
 
     num_workers: int = 1
@@ -42,6 +45,8 @@ class ScalingConfig:
     ray_strategy: str = "PACK"
     control_host: str | None = None
     control_port: int | None = None
+    listen: str | None = None
+    join_timeout_s: float | None = None
 
 
 @dataclass

@@ -9,5 +9,5 @@ env = {k: os.environ[k] for k in keys}
 env.pop("MESHRUN_TOKEN")
 env["token_length"] = len(os.environ["MESHRUN_TOKEN"])
 rank = os.environ["MESHRUN_RANK"]
-with open(os.path.join(os.environ["MESHRUN_RUN_DIR"], f"env-{rank}.json"), "w") as f:
+with open(os.path.join(os.environ["MESHRUN_STORAGE_DIR"], f"env-{rank}.json"), "w") as f:
     json.dump(env, f)

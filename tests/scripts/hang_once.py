@@ -15,7 +15,7 @@ ctx = meshrun.init()
 
 def stuck_in_step(step: int) -> None:
     if ctx.attempt == 1 and ctx.rank == 1 and step == 3:
-        with open(os.path.join(ctx.run_dir, "stuck-at"), "w") as f:
+        with open(os.path.join(ctx.storage_dir, "stuck-at"), "w") as f:
             f.write(str(time.time()))
         time.sleep(1e6)
 

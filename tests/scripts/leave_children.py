@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-run_dir = os.environ["MESHRUN_RUN_DIR"]
+run_dir = os.environ["MESHRUN_STORAGE_DIR"]
 rank = int(os.environ["MESHRUN_RANK"])
 world = int(os.environ["MESHRUN_WORLD_SIZE"])
 kids = [

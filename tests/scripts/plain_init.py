@@ -18,7 +18,7 @@ record = {
     "gathered": [int(v) for v in gathered.ravel()],
     "argv": sys.argv[1:],
 }
-out = os.path.join(os.environ["MESHRUN_RUN_DIR"], f"plain-{jax.process_index()}.json")
+out = os.path.join(os.environ["MESHRUN_STORAGE_DIR"], f"plain-{jax.process_index()}.json")
 with open(out, "w") as f:
     json.dump(record, f)
 # One write: workers run unbuffered, so a print of several pieces can be

@@ -4,5 +4,5 @@
 import os
 import time
 
-open(os.path.join(os.environ["MESHRUN_RUN_DIR"], f"ready-{os.environ['MESHRUN_RANK']}"), "w").close()
+open(os.path.join(os.environ["MESHRUN_STORAGE_DIR"], f"ready-{os.environ['MESHRUN_RANK']}"), "w").close()
 time.sleep(300)

@@ -30,7 +30,7 @@ if ckpt is not None:
     for shard in got["w"].addressable_shards:
         assert (np.asarray(shard.data) == ckpt.step).all(), (ckpt.step, np.asarray(shard.data))
     first = ckpt.step + 1
-Path(ctx.run_dir, f"resumed-{ctx.attempt}-{ctx.rank}.json").write_text(json.dumps({"step": None if ckpt is None else ckpt.step}))
+Path(ctx.storage_dir, f"resumed-{ctx.attempt}-{ctx.rank}.json").write_text(json.dumps({"step": None if ckpt is None else ckpt.step}))
 
 for step in range(first, first + save):
     meshrun.save(step, sharding.shard({"w": np.full((4, 2), step, np.float32)}, [("w", P("fsdp"))], mesh))
@@ -38,7 +38,7 @@ meshrun.checkpoint.wait()
 
 if damage and ctx.attempt == 1 and ctx.rank == 0:
     last = first + save - 1
-    manifest = Path(ctx.run_dir, "checkpoints", f"step-{last}", "manifest.json")
+    manifest = Path(ctx.storage_dir, "checkpoints", f"step-{last}", "manifest.json")
     deadline = time.monotonic() + 30
     while not manifest.exists() and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -33,7 +33,7 @@ def place(tree: dict) -> dict:
     return {"w": sharding.shard(tree["w"], [("", P("fsdp", None))], mesh), "ids": sharding.shard(tree["ids"], [("", P("fsdp"))], mesh), "step": tree["step"]}
 
 
-root = Path(ctx.run_dir) / "checkpoints"
+root = Path(ctx.storage_dir) / "checkpoints"
 leftover = sorted(p.name for p in root.glob("tmp-*"))
 multihost_utils.sync_global_devices("checked leftovers")  # before anyone saves
 ckpt = meshrun.get_checkpoint()
@@ -47,7 +47,7 @@ if ckpt is not None:
         for shard in got[key].addressable_shards:
             np.testing.assert_array_equal(np.asarray(shard.data), want[key][shard.index])
     start = ckpt.step + 1
-marker = Path(ctx.run_dir) / f"verified-{ctx.rank}.jsonl"
+marker = Path(ctx.storage_dir) / f"verified-{ctx.rank}.jsonl"
 with open(marker, "a") as f:
     f.write(json.dumps({"restored": None if ckpt is None else ckpt.step, "leftover": leftover, "pid": os.getpid()}) + "\n")
 for step in range(start, start + steps):

@@ -5,5 +5,5 @@ import time
 import jax
 
 jax.distributed.initialize()
-open(os.path.join(os.environ["MESHRUN_RUN_DIR"], f"ready-{jax.process_index()}"), "w").close()
+open(os.path.join(os.environ["MESHRUN_STORAGE_DIR"], f"ready-{jax.process_index()}"), "w").close()
 time.sleep(300)

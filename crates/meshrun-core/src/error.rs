@@ -63,6 +63,30 @@ pub enum UsageError {
     CheckpointEveryZero,
     #[error("--hang-timeout must be a positive number of seconds, got {0}")]
     BadHangTimeout(f64),
+    #[error("--join-timeout must be a positive number of seconds, got {0}")]
+    BadJoinTimeout(f64),
+    #[error("storage '{path}' cannot be used: {reason}")]
+    StorageUnusable { path: PathBuf, reason: String },
+    #[error("--listen {0} is for hosts that join by themselves; with --ray, Ray places the agents: use one or the other")]
+    ListenWithRay(std::net::SocketAddr),
+    #[error("--listen {0} waits for other hosts to join, but the run has one host; give --hosts 2 or more")]
+    ListenOneHost(std::net::SocketAddr),
+    #[error("--listen {0} already says where the controller listens; leave out --control-host and --control-port")]
+    ListenWithControl(std::net::SocketAddr),
+    #[error("--listen {0}: the other hosts must reach this address, so give one of this machine's addresses (e.g. 10.0.0.1:29400), not an unspecified one")]
+    ListenUnspecified(std::net::SocketAddr),
+    #[error("--listen {host}:{port}: the port is in use ({source}); choose a free port")]
+    ListenPortInUse {
+        host: std::net::IpAddr,
+        port: u16,
+        source: io::Error,
+    },
+    #[error("--listen {host}:{port}: the controller cannot listen there ({source}); give an address of this machine")]
+    ListenUnusable {
+        host: std::net::IpAddr,
+        port: u16,
+        source: io::Error,
+    },
     #[error("--finish-timeout must be a positive number of seconds, got {0}")]
     BadFinishTimeout(f64),
     #[error("--ray-strategy '{0}' is not a Ray placement strategy; use one of PACK, SPREAD, STRICT_PACK, STRICT_SPREAD")]
@@ -97,6 +121,15 @@ fn full_disk_hint(source: &io::Error) -> &'static str {
     }
 }
 
+/// "host 2", "hosts 1, 3".
+fn hosts_named(hosts: &[u32]) -> String {
+    let list: Vec<String> = hosts.iter().map(u32::to_string).collect();
+    match hosts.len() {
+        1 => format!("host {}", list[0]),
+        _ => format!("hosts {}", list.join(", ")),
+    }
+}
+
 /// A failure of the engine itself while a run is being set up or supervised.
 #[derive(Debug, thiserror::Error)]
 pub enum CoreError {
@@ -115,8 +148,20 @@ pub enum CoreError {
     },
     #[error(transparent)]
     Protocol(#[from] crate::protocol::ProtocolError),
-    #[error("agent for host {host} did not connect within {secs} s")]
-    AgentTimeout { host: u32, secs: u64 },
+    #[error("{} did not join within {secs} s: start `meshrun join` there (or give it more time with --join-timeout)", hosts_named(missing))]
+    AgentTimeout { missing: Vec<u32>, secs: u64 },
+    #[error(
+        "host {host} ({ip}) cannot see the run's storage '{}': {problem}. Every host must reach \
+         the storage at the same path: put it on a shared filesystem mounted on every host \
+         (NFS, Lustre, a bind-mounted volume) and pass it with --storage, or use object storage",
+        storage.display()
+    )]
+    StorageNotShared {
+        host: u32,
+        ip: String,
+        storage: PathBuf,
+        problem: String,
+    },
     #[error("cannot start the agent of host {host} ({program}): {source}")]
     AgentSpawn {
         host: u32,
@@ -125,6 +170,19 @@ pub enum CoreError {
     },
     #[error(transparent)]
     Token(#[from] crate::token::TokenError),
+    #[error("the controller at {controller} did not accept this host's run token ({why}): give the token of that run (MESHRUN_TOKEN, or --token-file with the file it printed)")]
+    HandshakeFailed {
+        controller: std::net::SocketAddr,
+        why: String,
+    },
+    #[error("the run refused this host: {0}")]
+    JoinRefused(String),
+    #[error("could not join the run at {controller} within {secs} s (last: {last}); is `meshrun run --listen {controller}` running, and is that address reachable from here?")]
+    JoinTimeout {
+        controller: std::net::SocketAddr,
+        secs: u64,
+        last: String,
+    },
     #[error(transparent)]
     Checkpoint(#[from] meshrun_ckpt::CkptError),
     #[error("agent of host {host} {what} before the run started")]

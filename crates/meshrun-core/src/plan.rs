@@ -3,7 +3,7 @@
 //! Validation happens here, before anything touches the disk, so a bad
 //! request exits with a clear message and leaves no run directory behind.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -102,6 +102,15 @@ pub struct RunSpec {
     /// Resume from this committed checkpoint step instead of the newest
     /// that verifies (checked here: it must exist and verify).
     pub resume_from: Option<u64>,
+    /// Where checkpoints go (`STORAGE/NAME/checkpoints`): the one folder
+    /// every host must reach. Default: the runs directory.
+    pub storage: Option<PathBuf>,
+    /// Hosts 1.. join by themselves (`meshrun join ADDR`): the controller
+    /// listens here and runs host 0's agent in its own process.
+    pub listen: Option<SocketAddr>,
+    /// How long hosts may take to join (default: 60 s for agents meshrun
+    /// starts, 5 minutes for hosts that join).
+    pub join_timeout_s: Option<f64>,
 }
 
 /// The Ray backend: where the cluster is and how to spread the agents.
@@ -173,16 +182,45 @@ pub struct RunPlan {
     /// The first attempt resumes from this step (see `RunSpec`).
     #[serde(default)]
     pub resume_from: Option<u64>,
+    /// The storage root, when it is not the runs directory.
+    #[serde(default)]
+    pub storage: Option<PathBuf>,
+    /// Hosts 1.. join by themselves at the control address.
+    #[serde(default)]
+    pub rendezvous: bool,
+    #[serde(default)]
+    pub join_timeout_s: Option<f64>,
 }
 
 impl RunPlan {
-    /// The loopback address that stands for host `h` in the local backend:
-    /// 127.0.0.1 for a one-host run, else 127.0.0.2, 127.0.0.3, ...
-    pub fn host_ip(&self, host: u32) -> std::net::Ipv4Addr {
-        if self.hosts == 1 {
-            std::net::Ipv4Addr::LOCALHOST
+    /// The address that stands for host `h` in the local backend: 127.0.0.1
+    /// for a one-host run, else 127.0.0.2, 127.0.0.3, ...; with hosts that
+    /// join, host 0 is the controller's machine, at the address it listens on.
+    pub fn host_ip(&self, host: u32) -> IpAddr {
+        if self.rendezvous {
+            self.control_host
+        } else if self.hosts == 1 {
+            IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)
         } else {
-            std::net::Ipv4Addr::new(127, 0, 0, (host + 2) as u8)
+            IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, (host + 2) as u8))
+        }
+    }
+
+    /// This run's folder in the storage: its `checkpoints/` are there.
+    pub fn storage_dir(&self) -> PathBuf {
+        match &self.storage {
+            Some(root) => root.join(&self.name),
+            None => self.run_dir.clone(),
+        }
+    }
+
+    /// How long the hosts' agents may take to join.
+    pub fn join_timeout(&self) -> std::time::Duration {
+        use crate::controller::machine::{AGENT_JOIN_TIMEOUT, DEFAULT_JOIN_TIMEOUT};
+        match self.join_timeout_s {
+            Some(s) => std::time::Duration::from_secs_f64(s),
+            None if self.rendezvous => DEFAULT_JOIN_TIMEOUT,
+            None => AGENT_JOIN_TIMEOUT,
         }
     }
 }
@@ -248,6 +286,14 @@ impl RunSpec {
                 return Err(UsageError::BadFinishTimeout(t));
             }
         }
+        if let Some(t) = self.join_timeout_s {
+            if !(t.is_finite() && t > 0.0) {
+                return Err(UsageError::BadJoinTimeout(t));
+            }
+        }
+        if let Some(listen) = self.listen {
+            self.check_listen(listen)?;
+        }
         if let Some(ray) = &self.ray {
             if !RAY_STRATEGIES.contains(&ray.strategy.as_str()) {
                 return Err(UsageError::BadRayStrategy(ray.strategy.clone()));
@@ -292,11 +338,35 @@ impl RunSpec {
             IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)
         });
         let control_port = self.control_port.unwrap_or(0);
-        check_control_address(control_host, control_port)?;
+        let (control_host, control_port) = self
+            .listen
+            .map_or((control_host, control_port), |l| (l.ip(), l.port()));
+        check_control_address(control_host, control_port).map_err(|e| match (self.listen, e) {
+            (Some(_), UsageError::ControlPortInUse { host, port, source }) => {
+                UsageError::ListenPortInUse { host, port, source }
+            }
+            (Some(_), UsageError::ControlHostUnusable { host, source }) => {
+                UsageError::ListenUnusable {
+                    host,
+                    port: control_port,
+                    source,
+                }
+            }
+            (_, e) => e,
+        })?;
         let runs_dir = cwd.join(&self.runs_dir);
         check_runs_dir(&runs_dir)?;
+        let storage = match self.storage {
+            Some(root) => {
+                let root = cwd.join(root);
+                check_storage(&root)?;
+                Some(root)
+            }
+            None => None,
+        };
+        let storage_dir = storage.as_ref().unwrap_or(&runs_dir).join(&name);
         if let Some(step) = self.resume_from {
-            meshrun_ckpt::resume::check_requested(&runs_dir.join(&name), &name, step)?;
+            meshrun_ckpt::resume::check_requested(&storage_dir, &name, step)?;
         }
         Ok(RunPlan {
             run_dir: runs_dir.join(&name),
@@ -324,7 +394,29 @@ impl RunSpec {
             control_port,
             ray: self.ray,
             resume_from: self.resume_from,
+            storage,
+            rendezvous: self.listen.is_some(),
+            join_timeout_s: self.join_timeout_s,
         })
+    }
+
+    /// `--listen ADDR:PORT`: other hosts must be able to reach the address,
+    /// so it must name one; the local backend's own agents, Ray's and a
+    /// listen address exclude each other.
+    fn check_listen(&self, listen: SocketAddr) -> Result<(), UsageError> {
+        if self.ray.is_some() {
+            return Err(UsageError::ListenWithRay(listen));
+        }
+        if self.hosts < 2 {
+            return Err(UsageError::ListenOneHost(listen));
+        }
+        if self.control_host.is_some() || self.control_port.is_some() {
+            return Err(UsageError::ListenWithControl(listen));
+        }
+        if listen.ip().is_unspecified() {
+            return Err(UsageError::ListenUnspecified(listen));
+        }
+        Ok(())
     }
 
     fn resolve_platform(
@@ -427,6 +519,17 @@ fn check_control_address(host: IpAddr, port: u16) -> Result<(), UsageError> {
         }
         Err(source) => Err(UsageError::ControlHostUnusable { host, source }),
     }
+}
+
+/// The storage root, like the runs directory, must be a writable directory
+/// (whether other hosts see it is checked when they join).
+fn check_storage(path: &Path) -> Result<(), UsageError> {
+    check_runs_dir(path).map_err(|e| match e {
+        UsageError::RunsDirUnusable { path, reason } => {
+            UsageError::StorageUnusable { path, reason }
+        }
+        other => other,
+    })
 }
 
 /// The runs directory must be (or become) a writable directory with room

@@ -29,6 +29,9 @@ fn spec(dir: &Path) -> RunSpec {
         control_host: None,
         control_port: None,
         resume_from: None,
+        storage: None,
+        listen: None,
+        join_timeout_s: None,
     }
 }
 

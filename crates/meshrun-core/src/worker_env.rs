@@ -69,7 +69,14 @@ pub fn worker_env(
 ) -> Vec<(String, String)> {
     let run_dir = plan.run_dir.display().to_string();
     let mut env: Vec<(String, String)> = vec![
-        ("MESHRUN_RUN_DIR".into(), run_dir.clone()),
+        // The run folder lives on the controller's machine only: workers
+        // are told where it is, never write there. Checkpoints go to the
+        // storage, the one folder every host reaches.
+        ("MESHRUN_RUN_DIR".into(), run_dir),
+        (
+            "MESHRUN_STORAGE_DIR".into(),
+            plan.storage_dir().display().to_string(),
+        ),
         ("MESHRUN_RUN_ID".into(), info.run_id.into()),
         ("MESHRUN_ATTEMPT".into(), info.attempt.to_string()),
         ("MESHRUN_CONTROL_ADDR".into(), info.control_addr.into()),
@@ -92,11 +99,8 @@ pub fn worker_env(
             info.coordinator.into(),
         ),
         ("JAX_PLATFORMS".into(), plan.platform.jax_name().into()),
-        (
-            "JAX_COMPILATION_CACHE_DIR".into(),
-            format!("{run_dir}/compile-cache"),
-        ),
-        // Cache every compilation, however quick: a restart then compiles
+        // The cache itself is host-local (the agent names it, in its
+        // scratch folder). Cache every compilation, however quick: a restart then compiles
         // nothing (JAX's default skips those under a second).
         (
             "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS".into(),

@@ -68,6 +68,9 @@ fn controller_keeps_up_with_64_workers_at_1000_records_a_second() {
         control_host: None,
         control_port: None,
         resume_from: None,
+        storage: None,
+        listen: None,
+        join_timeout_s: None,
     }
     .validate()
     .expect("a valid plan");

@@ -21,7 +21,7 @@ use pyo3::prelude::*;
 use crate::convert::to_python;
 use crate::errors::ckpt_to_py as to_py;
 
-/// The checkpoints folder of the run in `run_dir`.
+/// The checkpoints folder of the run whose storage folder is `run_dir`.
 #[pyfunction]
 pub fn checkpoints_dir(run_dir: PathBuf) -> PathBuf {
     run_dir.join(CHECKPOINTS)

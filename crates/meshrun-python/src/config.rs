@@ -221,6 +221,17 @@ pub fn run_spec(
             })
         })
         .transpose()?;
+    let listen = s
+        .text("listen")?
+        .map(|a| {
+            a.parse::<std::net::SocketAddr>().map_err(|_| {
+                ConfigError::new_err(format!(
+                    "ScalingConfig.listen must be ADDRESS:PORT where the other hosts reach this \
+                     one (like '10.0.0.1:29400'), got '{a}'"
+                ))
+            })
+        })
+        .transpose()?;
     // Checked even when nothing is pruned: a typo should not wait for the
     // day retention is switched on.
     let score_order = ckpt.choice(
@@ -275,5 +286,10 @@ pub fn run_spec(
         control_host,
         control_port: s.uint("control_port")?,
         resume_from: r.uint("resume_from")?,
+        // `storage_path` holds the run folders and the checkpoints alike, as
+        // in Ray Train: the one path every host must reach.
+        storage: None,
+        listen,
+        join_timeout_s: s.seconds("join_timeout_s")?,
     })
 }

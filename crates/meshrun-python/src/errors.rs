@@ -72,7 +72,7 @@ pub fn to_py(err: &CoreError) -> PyErr {
     let text = err.to_string();
     match err {
         CoreError::Usage(usage) => usage_to_py(usage),
-        CoreError::Io { .. } => StorageError::new_err(text),
+        CoreError::Io { .. } | CoreError::StorageNotShared { .. } => StorageError::new_err(text),
         CoreError::Checkpoint(e) => ckpt_to_py(e),
         CoreError::Net { .. }
         | CoreError::Protocol(_)
@@ -82,7 +82,10 @@ pub fn to_py(err: &CoreError) -> PyErr {
         | CoreError::AgentGone { .. }
         | CoreError::RayPlacement(_)
         | CoreError::NotRunning { .. }
-        | CoreError::TokenRefused { .. } => ControlError::new_err(text),
+        | CoreError::TokenRefused { .. }
+        | CoreError::HandshakeFailed { .. }
+        | CoreError::JoinRefused(_)
+        | CoreError::JoinTimeout { .. } => ControlError::new_err(text),
     }
 }
 

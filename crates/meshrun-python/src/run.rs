@@ -104,7 +104,7 @@ pub fn run(
     let stop = StopHandle::new();
     let opts = ExecOptions {
         handle_signals: false,
-        payload: Some(payload.as_bytes().to_vec()),
+        payload: Some(std::sync::Arc::from(payload.as_bytes())),
         stop: Some(stop.clone()),
         progress: if plan.progress {
             ProgressMode::Auto

@@ -79,7 +79,35 @@ pub fn python_words(err: &UsageError) -> String {
              stop it (meshrun stop {name}), or pick another RunConfig.name",
             path.display()
         ),
+        UsageError::BadJoinTimeout(t) => {
+            format!("ScalingConfig.join_timeout_s must be a positive number of seconds, got {t}")
+        }
+        UsageError::ListenWithRay(a) => format!(
+            "ScalingConfig.listen '{a}' is for hosts that join by themselves; with \
+             backend='ray', Ray places the agents: use one or the other"
+        ),
+        UsageError::ListenOneHost(a) => format!(
+            "ScalingConfig.listen '{a}' waits for other hosts to join, but num_hosts is 1; give \
+             num_hosts 2 or more"
+        ),
+        UsageError::ListenWithControl(a) => format!(
+            "ScalingConfig.listen '{a}' already says where the controller listens; leave \
+             control_host and control_port None"
+        ),
+        UsageError::ListenUnspecified(a) => format!(
+            "ScalingConfig.listen '{a}': the other hosts must reach this address, so give one \
+             of this machine's addresses (like '10.0.0.1:29400'), not an unspecified one"
+        ),
+        UsageError::ListenPortInUse { host, port, source } => format!(
+            "ScalingConfig.listen '{host}:{port}': the port is in use ({source}); choose a free port"
+        ),
+        UsageError::ListenUnusable { host, port, source } => format!(
+            "ScalingConfig.listen '{host}:{port}': the controller cannot listen there ({source}); \
+             give an address of this machine"
+        ),
         // Name no flag, or cannot come from the Python API.
+        UsageError::StorageUnusable { .. }
+        |
         UsageError::Gpu(GpuError::Duplicate { .. })
         | UsageError::ScriptNotFound { .. }
         | UsageError::ScriptIsDirectory(_)

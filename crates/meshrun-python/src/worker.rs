@@ -180,12 +180,12 @@ impl WorkerClient {
 }
 
 /// Where rank `rank` of attempt `attempt` writes its Python stacks when the
-/// controller asks (SIGUSR1), under the run's folder `run_dir`: the place
-/// the controller reads them back from.
+/// controller asks (SIGUSR1), under the run's scratch folder on its host
+/// (`MESHRUN_SCRATCH`): the place its agent reads them from.
 #[pyfunction]
 #[allow(clippy::needless_pass_by_value)] // PyO3 hands arguments over as owned values
-pub fn stacks_file(run_dir: PathBuf, attempt: u32, rank: u32) -> PathBuf {
-    names::stack_file(&names::stacks_dir(&run_dir, attempt), rank)
+pub fn stacks_file(scratch: PathBuf, attempt: u32, rank: u32) -> PathBuf {
+    names::stack_file(&names::stacks_dir(&scratch, attempt), rank)
 }
 
 /// Rank 0's metrics records in `run_dir`'s `metrics.jsonl` from byte

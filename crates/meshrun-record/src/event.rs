@@ -31,6 +31,11 @@ pub enum Event {
         pid: u32,
         gpus: Vec<String>,
     },
+    /// An agent that offered to join was turned away.
+    AgentRefused {
+        ip: String,
+        reason: String,
+    },
     /// Every agent was sent its workers.
     Launched {
         attempt: u32,
@@ -168,6 +173,7 @@ impl Event {
             Event::WorkerFailed(f) => Some(f.attempt),
             Event::RunEnded { attempt, .. } => *attempt,
             Event::AgentJoined { .. }
+            | Event::AgentRefused { .. }
             | Event::CheckpointsDeleted { .. }
             | Event::RetentionFailed { .. }
             | Event::CheckpointDiscarded { .. }

@@ -67,6 +67,9 @@ pub enum Cause {
     Unresponsive { secs: f64 },
     /// Its connection to the controller broke while it was running.
     ConnectionLost,
+    /// Its host went silent, agent and workers alike: the host is cut off
+    /// from the controller (its network down, its machine gone).
+    HostUnreachable { host: u32, ip: String, secs: f64 },
 }
 
 impl Cause {
@@ -108,6 +111,9 @@ impl Cause {
                 format!("stopped sending heartbeats for {secs:.0} s (frozen or stopped?)")
             }
             Cause::ConnectionLost => "lost its connection to the controller".to_string(),
+            Cause::HostUnreachable { host, ip, secs } => {
+                format!("is on host {host} ({ip}), unreachable for {secs:.0} s")
+            }
         }
     }
 }

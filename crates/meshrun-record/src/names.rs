@@ -28,6 +28,22 @@ pub const STACKS: &str = "stacks";
 /// The event files of `--tensorboard`.
 pub const TENSORBOARD: &str = "tensorboard";
 
+/// The environment variable naming a host's scratch folder: what is
+/// host-local and never shared (default: `meshrun-UID` in the system's
+/// temporary folder). Inside it, `compile-cache/` (JAX's persistent cache,
+/// shared by runs: its keys hash the computation, platform and flags) and
+/// one folder per run ([`scratch_run`]) with the function of
+/// `Trainer.fit` ([`FUNCTION`]) and the ranks' stacks ([`stacks_dir`]).
+/// Workers get their run's folder in the same variable.
+pub const SCRATCH_ENV: &str = "MESHRUN_SCRATCH";
+/// JAX's compilation cache, in a host's scratch folder.
+pub const COMPILE_CACHE: &str = "compile-cache";
+
+/// A run's folder inside a host's scratch folder.
+pub fn scratch_run(scratch: &Path, run_id: &str) -> PathBuf {
+    scratch.join("runs").join(run_id)
+}
+
 /// `logs/rank-N.log` under `root`.
 pub fn log_path(root: &Path, rank: u32) -> PathBuf {
     root.join(LOGS).join(format!("rank-{rank}.log"))

@@ -27,6 +27,10 @@ pub struct Cli {
 pub enum Command {
     /// Launch and supervise a JAX program on N processes.
     Run(RunArgs),
+    /// Join a run started with `meshrun run --hosts H --listen ADDR:PORT`
+    /// as one of its hosts (Slurm, SSH, Kubernetes, bare machines). The run
+    /// token comes from `MESHRUN_TOKEN` or --token-file, never the command line.
+    Join(JoinArgs),
     /// Run a host's agent (started by `meshrun run`, not by hand).
     #[command(hide = true)]
     Agent(AgentArgs),
@@ -253,6 +257,23 @@ pub struct RunArgs {
     #[arg(long, value_name = "PORT")]
     pub control_port: Option<u16>,
 
+    /// Where checkpoints go (STORAGE/NAME/checkpoints/): the one folder
+    /// every host must reach at the same path (a shared filesystem).
+    /// Default: the runs directory.
+    #[arg(long, value_name = "PATH")]
+    pub storage: Option<PathBuf>,
+
+    /// Let hosts 1.. join by themselves (Slurm, SSH, Kubernetes, bare
+    /// machines): listen for them at ADDR:PORT, run host 0 here, print the
+    /// command the other hosts run (`meshrun join ADDR:PORT`) and wait.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub listen: Option<SocketAddr>,
+
+    /// How long hosts may take to join, in seconds [default: 300 with
+    /// --listen, else 60].
+    #[arg(long, value_name = "S")]
+    pub join_timeout: Option<f64>,
+
     /// Run PROGRAM as a module (like python -m) instead of a script path.
     #[arg(short = 'm', long = "module")]
     pub module: bool,
@@ -264,6 +285,25 @@ pub struct RunArgs {
         value_name = "SCRIPT|MODULE [ARGS]"
     )]
     pub program: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct JoinArgs {
+    /// Where the run listens (its --listen).
+    #[arg(value_name = "ADDR:PORT")]
+    pub controller: SocketAddr,
+    /// A file holding the run's token (the run prints its path); else
+    /// `MESHRUN_TOKEN`.
+    #[arg(long, value_name = "PATH")]
+    pub token_file: Option<PathBuf>,
+    /// This host's rank (1 to H-1); default: `SLURM_NODEID` under Slurm,
+    /// else the next free rank in the order hosts join.
+    #[arg(long, value_name = "R")]
+    pub host_rank: Option<u32>,
+    /// Give up when no controller takes this host for S seconds (at the
+    /// start, and after each attempt or lost connection).
+    #[arg(long, default_value_t = 300.0, value_name = "S")]
+    pub join_timeout: f64,
 }
 
 #[derive(Debug, Args)]

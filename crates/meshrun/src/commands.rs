@@ -11,13 +11,14 @@ use meshrun_core::{execute, Entry, ExecOptions, PlatformChoice, RunSpec, Tee};
 use crate::cli::{
     completion_command, AgentArgs, Cli, Command, PlatformArg, RunArgs, ScoreOrderArg, TeeArg,
 };
-use crate::{ckpt, logs, runs, stop};
+use crate::{ckpt, join, logs, runs, stop};
 use crate::{exit, Launcher};
 
 pub fn dispatch(cli: Cli, launcher: &Launcher) -> i32 {
     match cli.command {
         Command::Run(args) => run(args, launcher),
         Command::Agent(args) => agent(&args),
+        Command::Join(args) => join::join(&args),
         Command::Ckpt(cmd) => match ckpt::run(cmd) {
             Ok(()) => exit::SUCCESS,
             Err(e) => {
@@ -133,6 +134,9 @@ pub fn spec(args: RunArgs, launcher: &Launcher) -> RunSpec {
         control_host: args.control_host,
         control_port: args.control_port,
         resume_from: args.resume_from,
+        storage: args.storage,
+        listen: args.listen,
+        join_timeout_s: args.join_timeout,
     }
 }
 
@@ -183,8 +187,9 @@ fn agent(args: &AgentArgs) -> i32 {
     let cfg = AgentConfig {
         controller: args.controller,
         token,
-        host: args.host,
-        host_ip: args.host_ip,
+        host: Some(args.host),
+        host_ip: Some(args.host_ip),
+        scratch: agent::scratch_root(),
     };
     let runtime = match agent::runtime() {
         Ok(rt) => rt,
@@ -193,8 +198,8 @@ fn agent(args: &AgentArgs) -> i32 {
             return exit::FAILURE;
         }
     };
-    match runtime.block_on(agent::run(cfg)) {
-        Ok(()) => exit::SUCCESS,
+    match runtime.block_on(agent::run(&cfg)) {
+        Ok(_) => exit::SUCCESS,
         Err(e) => {
             error(e);
             exit::FAILURE

@@ -5,6 +5,7 @@
 mod ckpt;
 pub mod cli;
 pub mod commands;
+mod join;
 mod logging;
 mod logs;
 pub mod runs;

@@ -3,7 +3,7 @@
 //! with `--hosts H`, each agent is its own process bound to its own loopback
 //! address, so losing a host can be simulated by killing its agent.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 
@@ -26,15 +26,18 @@ pub fn start(plan: &RunPlan, controller: SocketAddr, token: &Token) -> Result<Ag
     if let Some(ray) = &plan.ray {
         return start_on_ray(plan, ray, controller, token);
     }
-    if plan.hosts == 1 {
+    // One host, or hosts that join by themselves: host 0's agent is a task
+    // of this process.
+    if plan.hosts == 1 || plan.rendezvous {
         let cfg = AgentConfig {
-            controller,
+            controller: std::net::SocketAddr::new(plan.host_ip(0), controller.port()),
             token: token.clone(),
-            host: 0,
-            host_ip: IpAddr::V4(plan.host_ip(0)),
+            host: Some(0),
+            host_ip: Some(plan.host_ip(0)),
+            scratch: agent::scratch_root(),
         };
         tokio::spawn(async move {
-            if let Err(e) = agent::run(cfg).await {
+            if let Err(e) = agent::run(&cfg).await {
                 tracing::error!("agent of host 0 failed: {e}");
             }
         });

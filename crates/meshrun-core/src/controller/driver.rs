@@ -55,7 +55,6 @@ pub struct Driver<'a> {
     plan: &'a RunPlan,
     attempt: u32,
     conns: HashMap<Conn, mpsc::UnboundedSender<Message>>,
-    next_conn: Conn,
 }
 
 impl<'a> Driver<'a> {
@@ -76,7 +75,6 @@ impl<'a> Driver<'a> {
             plan,
             attempt,
             conns: HashMap::new(),
-            next_conn: 0,
         }
     }
 
@@ -150,15 +148,15 @@ impl<'a> Driver<'a> {
         Ok(())
     }
 
-    fn register(&mut self, tx: mpsc::UnboundedSender<Message>) -> Conn {
-        self.next_conn += 1;
-        self.conns.insert(self.next_conn, tx);
-        self.next_conn
+    fn register(&mut self, conn: Conn, tx: mpsc::UnboundedSender<Message>) -> Conn {
+        self.conns.insert(conn, tx);
+        conn
     }
 
     fn feed(&mut self, event: Net) -> Result<(), CoreError> {
         let input = match event {
             Net::AgentJoined {
+                conn,
                 host,
                 host_ip,
                 pid,
@@ -173,10 +171,10 @@ impl<'a> Driver<'a> {
                 gpus,
                 free_port,
                 controller,
-                conn: self.register(tx),
+                conn: self.register(conn, tx),
             },
             Net::FromAgent {
-                host,
+                conn,
                 msg:
                     Message::Log {
                         rank,
@@ -187,16 +185,18 @@ impl<'a> Driver<'a> {
             } => {
                 // An agent writes only its own ranks' logs.
                 let pph = self.plan.procs_per_host;
-                if rank / pph == host && rank < self.plan.nprocs {
+                let host = self.machine.host_of(conn);
+                if host == Some(rank / pph) && rank < self.plan.nprocs {
                     if let Some(out) = &mut self.output {
                         out.line(rank, stream, &line, more);
                     }
                 }
                 return Ok(());
             }
-            Net::FromAgent { host, msg } => Input::FromAgent { host, msg },
-            Net::AgentLost { host, error } => Input::AgentLost { host, error },
+            Net::FromAgent { conn, msg } => Input::FromAgent { conn, msg },
+            Net::AgentLost { conn, error } => Input::AgentLost { conn, error },
             Net::WorkerJoined {
+                conn,
                 rank,
                 attempt,
                 pid,
@@ -205,13 +205,13 @@ impl<'a> Driver<'a> {
                 rank,
                 attempt,
                 pid,
-                conn: self.register(tx),
+                conn: self.register(conn, tx),
             },
             Net::FromWorker { rank, msg } => Input::FromWorker { rank, msg },
             Net::WorkerLost { rank, clean } => Input::WorkerLost { rank, clean },
-            Net::StopRequested { now, tx } => Input::StopRequested {
+            Net::StopRequested { conn, now, tx } => Input::StopRequested {
                 now,
-                reply: self.register(tx),
+                reply: self.register(conn, tx),
             },
         };
         self.input(input)
@@ -263,6 +263,13 @@ impl<'a> Driver<'a> {
                         },
                     };
                     self.input(input)?;
+                }
+                Action::WriteStacks { rank, text } => {
+                    let dir = meshrun_record::names::stacks_dir(&self.plan.run_dir, self.attempt);
+                    let path = meshrun_record::names::stack_file(&dir, rank);
+                    std::fs::create_dir_all(&dir)
+                        .and_then(|()| std::fs::write(&path, text))
+                        .map_err(CoreError::io("cannot write", &path))?;
                 }
                 Action::ApplyRetention => match self.checkpoints.retain() {
                     Ok(deleted) if deleted.is_empty() => {}

@@ -7,9 +7,6 @@ use crate::plan::{Entry, Platform, RunPlan};
 use crate::protocol::WorkerLaunch;
 use crate::worker_env::{worker_env, AttemptInfo, Placement};
 
-/// The file a function-mode run's pickled function is written to.
-pub const FUNCTION_FILE: &str = "function.pkl";
-
 /// The worker's command line: the bootstrap module, then what to run.
 pub fn worker_argv(plan: &RunPlan) -> Vec<String> {
     let mut argv = vec![
@@ -28,9 +25,11 @@ pub fn worker_argv(plan: &RunPlan) -> Vec<String> {
             argv.push(name.clone());
             argv.extend(args.iter().cloned());
         }
+        // The agent writes the function it was sent into the run's scratch
+        // folder on its host: the bootstrap finds it there by this name.
         Entry::Function => {
             argv.push("function".into());
-            argv.push(plan.run_dir.join(FUNCTION_FILE).display().to_string());
+            argv.push(meshrun_record::names::FUNCTION.into());
         }
     }
     argv

@@ -48,7 +48,7 @@ pub struct ExecOptions {
     /// into [`StopHandle::stop`] instead.
     pub handle_signals: bool,
     /// The pickled function of `Trainer(...).fit()`.
-    pub payload: Option<Vec<u8>>,
+    pub payload: Option<std::sync::Arc<[u8]>>,
     /// Lets another thread ask the run to stop.
     pub stop: Option<StopHandle>,
     /// The live status line (a bar on a terminal, plain lines otherwise).

@@ -8,16 +8,20 @@ use std::net::SocketAddr;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
+use super::machine::Conn;
 use crate::protocol::auth::{self, HANDSHAKE_TIMEOUT};
 use crate::protocol::frame::FrameSink;
 use crate::protocol::{Connection, Message};
 use crate::token::Token;
 
-/// What the connections tell the supervisor.
+/// What the connections tell the supervisor. Every connection is
+/// numbered here, once, as it is accepted: the machine names it by that
+/// number (an agent's host rank may be assigned later, by the machine).
 #[derive(Debug)]
 pub enum Event {
     AgentJoined {
-        host: u32,
+        conn: Conn,
+        host: Option<u32>,
         host_ip: String,
         pid: u32,
         gpus: Vec<String>,
@@ -26,14 +30,15 @@ pub enum Event {
         tx: mpsc::UnboundedSender<Message>,
     },
     FromAgent {
-        host: u32,
+        conn: Conn,
         msg: Message,
     },
     AgentLost {
-        host: u32,
+        conn: Conn,
         error: String,
     },
     WorkerJoined {
+        conn: Conn,
         rank: u32,
         attempt: u32,
         pid: u32,
@@ -50,6 +55,7 @@ pub enum Event {
     },
     /// `meshrun stop`: the answer goes back on `tx`.
     StopRequested {
+        conn: Conn,
         now: bool,
         tx: mpsc::UnboundedSender<Message>,
     },
@@ -69,6 +75,7 @@ pub fn spawn_accept_loop(
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut connections = tokio::task::JoinSet::new();
+        let mut numbered: Conn = 0;
         loop {
             tokio::select! {
                 accepted = listener.accept() => {
@@ -77,8 +84,10 @@ pub fn spawn_accept_loop(
                     };
                     let token = token.clone();
                     let events = events.clone();
+                    numbered += 1;
+                    let conn = numbered;
                     connections.spawn(async move {
-                        if let Err(reason) = serve(Connection::new(stream), &token, &events).await {
+                        if let Err(reason) = serve(Connection::new(stream), conn, &token, &events).await {
                             tracing::debug!(%peer, "connection dropped: {reason}");
                         }
                     });
@@ -90,14 +99,15 @@ pub fn spawn_accept_loop(
 }
 
 async fn serve(
-    mut conn: Connection,
+    mut connection: Connection,
+    conn: Conn,
     token: &Token,
     events: &mpsc::UnboundedSender<Event>,
 ) -> Result<(), String> {
-    auth::accept(&mut conn, token)
+    auth::accept(&mut connection, token)
         .await
         .map_err(|e| e.to_string())?;
-    let hello = conn
+    let hello = connection
         .recv_timeout(HANDSHAKE_TIMEOUT)
         .await
         .map_err(|e| e.to_string())?;
@@ -110,9 +120,10 @@ async fn serve(
             free_port,
             controller,
         } => {
-            let (sink, mut stream) = conn.split();
+            let (sink, mut stream) = connection.split();
             let tx = spawn_sender(sink);
             let _ = events.send(Event::AgentJoined {
+                conn,
                 host,
                 host_ip,
                 pid,
@@ -124,21 +135,22 @@ async fn serve(
             let error = loop {
                 match stream.recv().await {
                     Ok(msg) => {
-                        let _ = events.send(Event::FromAgent { host, msg });
+                        let _ = events.send(Event::FromAgent { conn, msg });
                     }
                     Err(e) => break e.to_string(),
                 }
             };
-            let _ = events.send(Event::AgentLost { host, error });
+            let _ = events.send(Event::AgentLost { conn, error });
             Ok(())
         }
         Message::WorkerHello { rank, attempt, pid } => {
             // The sender lives as long as the supervisor holds `tx`, so the
             // connection stays open until the worker closes it: the worker
             // never mistakes a goodbye for the controller's death.
-            let (sink, mut stream) = conn.split();
+            let (sink, mut stream) = connection.split();
             let tx = spawn_sender(sink);
             let _ = events.send(Event::WorkerJoined {
+                conn,
                 rank,
                 attempt,
                 pid,
@@ -158,9 +170,9 @@ async fn serve(
             Ok(())
         }
         Message::StopRun { now } => {
-            let (sink, mut stream) = conn.split();
+            let (sink, mut stream) = connection.split();
             let tx = spawn_sender(sink);
-            let _ = events.send(Event::StopRequested { now, tx });
+            let _ = events.send(Event::StopRequested { conn, now, tx });
             // Held open until the requester has read the answer and gone.
             while stream.recv().await.is_ok() {}
             Ok(())

@@ -14,7 +14,6 @@ use tokio::sync::mpsc;
 use super::agents;
 use super::checkpoints::Checkpoints;
 use super::driver::{Driver, Signals};
-use super::launch::FUNCTION_FILE;
 use super::machine::{Machine, Setup};
 use super::progress::Progress;
 use super::server::{bind, spawn_accept_loop};
@@ -42,11 +41,15 @@ struct AttemptEnd {
 pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, CoreError> {
     let mut signals = Signals::install(opts.handle_signals);
     let mut rundir = RunDir::open(&plan.run_dir, &plan.name)?;
-    let token = Token::generate()?;
+    // Hosts that join bring the token with them: the one they were given
+    // in MESHRUN_TOKEN, when the run was started with it.
+    let token = match std::env::var("MESHRUN_TOKEN") {
+        Ok(hex) if plan.rendezvous => Token::from_hex(hex.trim())?,
+        _ => Token::generate()?,
+    };
     rundir.write_token(&token)?;
-    if let Some(payload) = &opts.payload {
-        let path = plan.run_dir.join(FUNCTION_FILE);
-        std::fs::write(&path, payload).map_err(CoreError::io("cannot write", &path))?;
+    if plan.rendezvous {
+        terminal().note(&join_command(&plan));
     }
     let mut record = match previous(&plan, meshrun_record::read::run_record(&plan.run_dir)) {
         Some(previous) => RunRecord {
@@ -90,6 +93,7 @@ pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, Core
             &mut goodput,
             // Restarts resume from the newest checkpoint that verifies.
             plan.resume_from.filter(|_| made == 0),
+            (failed.len() as u32) < plan.failure.max_failures,
         )
         .await?;
         made += 1;
@@ -100,9 +104,10 @@ pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, Core
             failed.push(f.clone());
         }
         if restart {
-            let newest = meshrun_ckpt::commit::committed(&plan.run_dir.join(names::CHECKPOINTS))
-                .last()
-                .map(|(step, _)| *step);
+            let newest =
+                meshrun_ckpt::commit::committed(&plan.storage_dir().join(names::CHECKPOINTS))
+                    .last()
+                    .map(|(step, _)| *step);
             let f = end
                 .failure
                 .as_ref()
@@ -200,6 +205,7 @@ async fn attempt(
     record: &mut RunRecord,
     goodput: &mut Goodput,
     resume_from: Option<u64>,
+    restarts_left: bool,
 ) -> Result<AttemptEnd, CoreError> {
     let attempt = record.attempts.len() as u32 + 1;
     let started_unix = unix_time();
@@ -235,7 +241,7 @@ async fn attempt(
     })?;
 
     let opened = Checkpoints::open(
-        &plan.run_dir,
+        &plan.storage_dir(),
         plan.nprocs,
         plan.retention.clone(),
         attempt,
@@ -262,6 +268,13 @@ async fn attempt(
             return Err(errored(rundir, record, e));
         }
     };
+    let storage_probe = match StorageMarker::write(plan, attempt) {
+        Ok(marker) => marker,
+        Err(e) => {
+            accept.abort();
+            return Err(errored(rundir, record, e));
+        }
+    };
     let setup = Setup {
         attempt,
         run_id: record.run_id.clone(),
@@ -269,6 +282,10 @@ async fn attempt(
         control_addr: addr.to_string(),
         user_xla_flags: std::env::var("XLA_FLAGS").ok(),
         resume_step: checkpoints.resume_step(),
+        join_timeout: plan.join_timeout(),
+        payload: opts.payload.clone(),
+        storage_probe: storage_probe.as_ref().map(StorageMarker::probe),
+        first_joined_host: u32::from(plan.rendezvous),
     };
     let machine = Machine::new(plan.clone(), setup, Instant::now());
     let progress = Progress::new(opts.progress, attempt);
@@ -277,7 +294,11 @@ async fn attempt(
         .run(&mut events, &mut agent_procs, opts.stop.as_ref(), signals)
         .await;
     driver.progress.finish();
-    driver.machine.shutdown();
+    drop(storage_probe);
+    let again = restarts_left
+        && driver.machine.status() == OutcomeStatus::Failed
+        && driver.machine.failure().is_some();
+    driver.machine.shutdown(again);
     let shut = driver.perform();
     agent_procs.finish().await;
     accept.abort();
@@ -332,6 +353,70 @@ fn errored(rundir: &mut RunDir, record: &mut RunRecord, error: CoreError) -> Cor
         error: Some(error.to_string()),
     });
     error
+}
+
+/// What the other hosts must run, printed when the run waits for them.
+fn join_command(plan: &RunPlan) -> String {
+    let addr = std::net::SocketAddr::new(plan.control_host, plan.control_port);
+    let token = if std::env::var_os("MESHRUN_TOKEN").is_some() {
+        "with the same MESHRUN_TOKEN in its environment".to_string()
+    } else {
+        format!(
+            "with --token-file {} (copy that file there: it is readable by its owner only)",
+            plan.run_dir.join(names::TOKEN).display()
+        )
+    };
+    format!(
+        "meshrun: run '{}' waits for {} more host(s) for up to {} s: on each, run\n  \
+         meshrun join {addr}\n{token}",
+        plan.name,
+        plan.hosts - 1,
+        plan.join_timeout().as_secs()
+    )
+}
+
+/// The file every host must read back from the run's storage before
+/// anything starts (only with several hosts); removed when dropped.
+struct StorageMarker {
+    storage: std::path::PathBuf,
+    path: std::path::PathBuf,
+    expect: String,
+}
+
+impl StorageMarker {
+    fn write(plan: &RunPlan, attempt: u32) -> Result<Option<Self>, CoreError> {
+        if plan.hosts < 2 {
+            return Ok(None);
+        }
+        let dir = plan.storage_dir();
+        std::fs::create_dir_all(&dir).map_err(CoreError::io("cannot create", &dir))?;
+        let expect = new_run_id()?;
+        let path = dir.join(format!(".meshrun-storage-check-{attempt}"));
+        std::fs::write(&path, &expect).map_err(CoreError::io("cannot write", &path))?;
+        Ok(Some(Self {
+            storage: plan.storage.clone().unwrap_or_else(|| {
+                plan.run_dir
+                    .parent()
+                    .map_or_else(|| plan.run_dir.clone(), std::path::Path::to_path_buf)
+            }),
+            path,
+            expect,
+        }))
+    }
+
+    fn probe(&self) -> super::machine::StorageProbe {
+        super::machine::StorageProbe {
+            storage: self.storage.clone(),
+            path: self.path.clone(),
+            expect: self.expect.clone(),
+        }
+    }
+}
+
+impl Drop for StorageMarker {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
 }
 
 fn new_run_id() -> Result<String, CoreError> {

@@ -48,7 +48,9 @@ pub enum Message {
 
     // --- agent <-> controller ---
     AgentHello {
-        host: u32,
+        /// This host's rank; `None` when it joined (`meshrun join`) without
+        /// one: the controller assigns the next free rank.
+        host: Option<u32>,
         host_ip: String,
         pid: u32,
         gpus: Vec<String>,
@@ -60,10 +62,48 @@ pub enum Message {
         #[serde(default)]
         controller: Option<String>,
     },
+    /// Controller to a joining agent: the host rank it was given.
+    HostAssigned {
+        host: u32,
+    },
+    /// Controller to a joining agent: it cannot take part, and why (the
+    /// run has all its hosts, its rank is taken or out of range). The
+    /// agent gives up instead of trying again.
+    Refused {
+        reason: String,
+    },
+    /// Controller to agent: read back the marker file at `path`; every
+    /// host must see the run's storage (checkpoints are written there by
+    /// every rank and committed by the controller).
+    CheckStorage {
+        path: String,
+        expect: String,
+    },
+    /// Agent to controller: what it found at the marker's path (`None`
+    /// when it matched).
+    StorageChecked {
+        problem: Option<String>,
+    },
+    /// Controller to agent: a piece of the pickled function of
+    /// `Trainer.fit` (base64), sent before the launch; `last` ends it.
+    /// It travels here because hosts need not share a filesystem.
+    FunctionPart {
+        data: String,
+        last: bool,
+    },
     /// Start these workers (attempt numbers count from 1).
     Launch {
         attempt: u32,
+        /// Names the run's folder in the host's scratch space.
+        #[serde(default)]
+        run_id: String,
         workers: Vec<WorkerLaunch>,
+    },
+    /// Agent to controller: the stacks a worker wrote on SIGUSR1, read
+    /// from the host's scratch space (hosts need not share a filesystem).
+    Stacks {
+        rank: u32,
+        text: String,
     },
     /// Stop every worker: SIGTERM to its process group, SIGKILL after the
     /// grace. With `dump_stacks`, each worker first gets SIGUSR1, on which
@@ -74,8 +114,13 @@ pub enum Message {
         #[serde(default)]
         dump_stacks: bool,
     },
-    /// The run is over; the agent exits.
-    Shutdown,
+    /// The attempt is over. With `again`, another attempt follows: an
+    /// agent that joined by itself (`meshrun join`) joins that one too;
+    /// otherwise the run is over and the agent exits.
+    Shutdown {
+        #[serde(default)]
+        again: bool,
+    },
 
     // --- `meshrun stop` <-> controller ---
     /// Stop the run: at once with `now`, else as on SIGTERM (a checkpoint

@@ -15,7 +15,7 @@ use meshrun_record::{Cause, Event};
 use nix::sys::signal::Signal;
 
 use super::stop::{StopReason, PREEMPT_GRACE};
-use super::{Machine, AGENT_JOIN_TIMEOUT};
+use super::Machine;
 use crate::error::CoreError;
 
 /// A worker that has sent nothing (heartbeats included) for this long is
@@ -26,6 +26,11 @@ pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(10);
 /// A broken worker connection whose process has not been reported as
 /// exited after this long is a failure of its own.
 pub const CONNECTION_LOSS_GRACE: Duration = Duration::from_secs(2);
+
+/// A frozen worker whose agent has been silent this long too is on a host
+/// cut off, not frozen itself (both send a heartbeat every second; which
+/// silence is noticed first is chance).
+const HOST_SILENCE: Duration = Duration::from_secs(8);
 
 /// Waking this much later than asked means the controller was not running.
 pub const STALL_SLACK: Duration = Duration::from_secs(1);
@@ -41,11 +46,14 @@ impl Machine {
             }
         };
         if !self.launched && self.stop.is_none() {
-            consider(Some(self.started + AGENT_JOIN_TIMEOUT));
+            consider(Some(self.started + self.setup.join_timeout));
         }
         consider(self.stop_deadline);
         if self.launched && self.stop.is_none() {
             consider(self.preempt_deadline);
+            for a in self.agents.values() {
+                consider(Some(self.since(a.heard) + HEARTBEAT_TIMEOUT));
+            }
             for r in self.ranks.iter().filter(|r| !r.done) {
                 match r.connection_lost {
                     Some(t) => consider(Some(self.since(t) + CONNECTION_LOSS_GRACE)),
@@ -77,13 +85,26 @@ impl Machine {
             }
         }
         if !self.launched && self.stop.is_none() {
-            if now >= self.started + AGENT_JOIN_TIMEOUT {
-                let host = (0..self.plan.hosts)
-                    .find(|h| !self.agents.contains_key(h))
-                    .unwrap_or(0);
+            if now >= self.started + self.setup.join_timeout {
+                let missing: Vec<u32> = (0..self.plan.hosts)
+                    .filter(|h| !self.agents.contains_key(h))
+                    .collect();
+                if missing.is_empty() {
+                    // Every host joined; some never read the storage marker back.
+                    let host = (0..self.plan.hosts)
+                        .find(|h| self.agents.get(h).is_some_and(|a| !a.storage_ok))
+                        .unwrap_or(0);
+                    let probe = self.setup.storage_probe.as_ref();
+                    return Err(CoreError::StorageNotShared {
+                        host,
+                        ip: self.host_ip(host),
+                        storage: probe.map(|p| p.storage.clone()).unwrap_or_default(),
+                        problem: "its agent never answered the check".into(),
+                    });
+                }
                 return Err(CoreError::AgentTimeout {
-                    host,
-                    secs: AGENT_JOIN_TIMEOUT.as_secs(),
+                    missing,
+                    secs: self.setup.join_timeout.as_secs(),
                 });
             }
             return Ok(());
@@ -116,7 +137,7 @@ impl Machine {
     }
 
     /// `t`, or when the controller was last known to wake, if later.
-    fn since(&self, t: Instant) -> Instant {
+    pub(super) fn since(&self, t: Instant) -> Instant {
         t.max(self.awake_since)
     }
 
@@ -144,13 +165,32 @@ impl Machine {
         if let Some(rank) = lost {
             return self.fail(now, rank, Cause::ConnectionLost);
         }
+        let pph = self.plan.procs_per_host;
+        let first_live_of =
+            |host: u32| (host * pph..(host + 1) * pph).find(|&r| !self.ranks[r as usize].done);
+        let cut_off = self
+            .silent_host(now, HEARTBEAT_TIMEOUT)
+            .and_then(|(host, secs)| Some((first_live_of(host)?, host, secs)));
+        if let Some((rank, host, secs)) = cut_off {
+            let ip = self.host_ip(host);
+            return self.fail(now, rank, Cause::HostUnreachable { host, ip, secs });
+        }
         let frozen = live().find_map(|(rank, r)| {
             let heard = r.heard?;
             (r.connection_lost.is_none() && now >= self.since(heard) + HEARTBEAT_TIMEOUT)
                 .then(|| (rank as u32, (now - heard).as_secs_f64()))
         });
         if let Some((rank, secs)) = frozen {
-            return self.fail(now, rank, Cause::Unresponsive { secs });
+            let host = rank / pph;
+            let cause = match self.silent_host(now, HOST_SILENCE) {
+                Some((silent, _)) if silent == host => Cause::HostUnreachable {
+                    host,
+                    ip: self.host_ip(host),
+                    secs,
+                },
+                _ => Cause::Unresponsive { secs },
+            };
+            return self.fail(now, rank, cause);
         }
         let behind = self
             .finish_deadlines()

@@ -10,6 +10,7 @@
 //! (`tests.rs`), and the driver (`super::driver`) only carries out what it
 //! is told.
 
+mod agents;
 mod deadlines;
 mod messages;
 mod rank;
@@ -18,9 +19,12 @@ mod sim;
 mod stop;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_hosts;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use meshrun_record::{Cause, Event, FailureRecord};
@@ -38,8 +42,13 @@ pub use stop::StopReason;
 /// A connection, as the driver numbers them.
 pub type Conn = u64;
 
-/// Every agent must have connected by then.
+/// Agents the controller starts itself must have connected by then.
 pub const AGENT_JOIN_TIMEOUT: Duration = Duration::from_mins(1);
+
+/// Agents that join by themselves (`meshrun join`) may take this long
+/// unless `--join-timeout` says otherwise: hosts of a cluster start when
+/// their scheduler gets to them.
+pub const DEFAULT_JOIN_TIMEOUT: Duration = Duration::from_mins(5);
 
 /// What the attempt was started with, besides the plan.
 #[derive(Debug, Clone)]
@@ -53,13 +62,34 @@ pub struct Setup {
     pub user_xla_flags: Option<String>,
     /// The checkpoint step this attempt resumes from.
     pub resume_step: Option<u64>,
+    /// How long the agents may take to join.
+    pub join_timeout: Duration,
+    /// The pickled function of `Trainer.fit`, sent to every agent.
+    pub payload: Option<Arc<[u8]>>,
+    /// A marker the controller wrote into the run's storage, which every
+    /// agent must read back before anything is launched.
+    pub storage_probe: Option<StorageProbe>,
+    /// Joined agents get ranks from 1: host 0 is the controller's own.
+    pub first_joined_host: u32,
+}
+
+/// See [`Setup::storage_probe`].
+#[derive(Debug, Clone)]
+pub struct StorageProbe {
+    /// The storage folder, as the user named it (for messages).
+    pub storage: PathBuf,
+    /// The marker file in it.
+    pub path: PathBuf,
+    /// What the marker holds.
+    pub expect: String,
 }
 
 /// What happened, as the driver saw it.
 #[derive(Debug)]
 pub enum Input {
     AgentJoined {
-        host: u32,
+        /// `None`: a joining agent without a rank; the machine assigns one.
+        host: Option<u32>,
         ip: String,
         pid: u32,
         gpus: Vec<String>,
@@ -69,12 +99,12 @@ pub enum Input {
         conn: Conn,
     },
     AgentLost {
-        host: u32,
+        conn: Conn,
         error: String,
     },
-    /// A message of host `host`'s agent about its workers.
+    /// A message of the agent on connection `conn` about its workers.
     FromAgent {
-        host: u32,
+        conn: Conn,
         msg: Message,
     },
     WorkerJoined {
@@ -147,6 +177,8 @@ pub enum Action {
     },
     /// A step was committed: apply the retention policy.
     ApplyRetention,
+    /// Rank `rank`'s stacks, as its agent sent them: into the run folder.
+    WriteStacks { rank: u32, text: String },
 }
 
 struct AgentLink {
@@ -155,6 +187,11 @@ struct AgentLink {
     free_port: u16,
     controller: Option<String>,
     conn: Conn,
+    /// It read back the storage marker (or there was none to read).
+    storage_ok: bool,
+    /// Its last message: agents send a heartbeat every second, so a
+    /// silent agent means a host cut off.
+    heard: Instant,
 }
 
 /// The state of one attempt.
@@ -242,12 +279,20 @@ impl Machine {
         self.ranks.iter().all(|r| r.done && r.drained(now))
     }
 
-    /// Tells every agent to end (after [`Machine::is_finished`]).
-    pub fn shutdown(&mut self) {
+    /// Tells every agent the attempt is over (after
+    /// [`Machine::is_finished`]); `again` when another follows.
+    pub fn shutdown(&mut self, again: bool) {
         let conns: Vec<Conn> = self.agents.values().map(|a| a.conn).collect();
         for conn in conns {
-            self.send(conn, Message::Shutdown);
+            self.send(conn, Message::Shutdown { again });
         }
+    }
+
+    /// The host of the agent on `conn`, once it has one.
+    pub fn host_of(&self, conn: Conn) -> Option<u32> {
+        self.agents
+            .iter()
+            .find_map(|(&host, a)| (a.conn == conn).then_some(host))
     }
 
     pub fn handle(&mut self, now: Instant, input: Input) -> Result<(), CoreError> {
@@ -260,33 +305,11 @@ impl Machine {
                 free_port,
                 controller,
                 conn,
-            } => {
-                if host >= self.plan.hosts || self.agents.contains_key(&host) || self.launched {
-                    tracing::warn!(host, "unexpected agent ignored");
-                    self.push(Action::Close { conn });
+            } => self.agent_joined(now, host, ip, pid, gpus, free_port, controller, conn),
+            Input::AgentLost { conn, error } => {
+                let Some(host) = self.host_of(conn) else {
                     return Ok(());
-                }
-                self.record(Event::AgentJoined {
-                    host,
-                    ip: ip.clone(),
-                    pid,
-                    gpus: gpus.clone(),
-                });
-                self.agents.insert(
-                    host,
-                    AgentLink {
-                        ip,
-                        gpus,
-                        free_port,
-                        controller,
-                        conn,
-                    },
-                );
-                if self.agents.len() == self.plan.hosts as usize && self.stop.is_none() {
-                    self.launch(now);
-                }
-            }
-            Input::AgentLost { host, error } => {
+                };
                 if !self.launched {
                     if self.stop.is_none() {
                         return Err(CoreError::AgentGone {
@@ -307,7 +330,15 @@ impl Machine {
                     self.fail(now, rank, Cause::AgentLost { host, error });
                 }
             }
-            Input::FromAgent { host, msg } => self.on_agent_message(now, host, msg),
+            Input::FromAgent { conn, msg } => {
+                let Some(host) = self.host_of(conn) else {
+                    return Ok(());
+                };
+                if let Some(link) = self.agents.get_mut(&host) {
+                    link.heard = now;
+                }
+                self.on_agent_news(now, host, msg)?;
+            }
             Input::WorkerJoined {
                 rank,
                 attempt,
@@ -387,6 +418,13 @@ impl Machine {
     /// Sends every agent its workers. Ranks are laid out host by host and
     /// the JAX coordinator lives on host 0, at the port its agent found free.
     fn launch(&mut self, now: Instant) {
+        if self.agents.len() < self.plan.hosts as usize
+            || self.agents.values().any(|a| !a.storage_ok)
+            || self.stop.is_some()
+            || self.launched
+        {
+            return;
+        }
         let host0 = &self.agents[&0];
         let coordinator = format!("{}:{}", host0.ip, host0.free_port);
         let setup = &self.setup;
@@ -430,10 +468,14 @@ impl Machine {
             coordinator,
         });
         for (conn, workers) in plans {
+            if let Some(payload) = self.setup.payload.clone() {
+                self.send_function(conn, &payload);
+            }
             self.send(
                 conn,
                 Message::Launch {
                     attempt: self.setup.attempt,
+                    run_id: self.setup.run_id.clone(),
                     workers,
                 },
             );

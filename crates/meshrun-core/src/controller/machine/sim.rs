@@ -40,6 +40,9 @@ pub fn plan(nprocs: u32) -> RunPlan {
         control_host: std::net::Ipv4Addr::LOCALHOST.into(),
         control_port: 0,
         resume_from: None,
+        storage: None,
+        rendezvous: false,
+        join_timeout_s: None,
     }
 }
 
@@ -53,7 +56,6 @@ pub struct Sim {
 
 impl Sim {
     pub fn new(plan: RunPlan) -> Self {
-        let t0 = Instant::now();
         let setup = Setup {
             attempt: 1,
             run_id: "0123456789abcdef".into(),
@@ -61,7 +63,16 @@ impl Sim {
             control_addr: "127.0.0.1:4000".into(),
             user_xla_flags: None,
             resume_step: None,
+            join_timeout: AGENT_JOIN_TIMEOUT,
+            payload: None,
+            storage_probe: None,
+            first_joined_host: 0,
         };
+        Self::with_setup(plan, setup)
+    }
+
+    pub fn with_setup(plan: RunPlan, setup: Setup) -> Self {
+        let t0 = Instant::now();
         Self {
             m: Machine::new(plan, setup, t0),
             t0,
@@ -98,14 +109,19 @@ impl Sim {
 
     /// The one agent (host 0) connects.
     pub fn join_agent(&mut self) {
+        self.join_host(AGENT, Some(0), "127.0.0.1");
+    }
+
+    /// An agent connects on `conn`, asking for rank `host` (or any).
+    pub fn join_host(&mut self, conn: Conn, host: Option<u32>, ip: &str) {
         self.input(Input::AgentJoined {
-            host: 0,
-            ip: "127.0.0.1".into(),
+            host,
+            ip: ip.into(),
             pid: 10,
             gpus: vec![],
             free_port: 5000,
             controller: None,
-            conn: AGENT,
+            conn,
         });
     }
 
@@ -119,7 +135,7 @@ impl Sim {
     }
 
     pub fn agent(&mut self, msg: Message) {
-        self.input(Input::FromAgent { host: 0, msg });
+        self.input(Input::FromAgent { conn: AGENT, msg });
     }
 
     pub fn worker(&mut self, rank: u32, msg: Message) {
@@ -150,8 +166,15 @@ impl Sim {
         );
     }
 
-    /// Every rank sends a heartbeat now.
+    /// Every agent and every rank sends a heartbeat now.
     pub fn heartbeats(&mut self) {
+        let agents: Vec<Conn> = self.m.agents.values().map(|a| a.conn).collect();
+        for conn in agents {
+            self.input(Input::FromAgent {
+                conn,
+                msg: Message::Heartbeat,
+            });
+        }
         for rank in 0..self.m.ranks.len() as u32 {
             if !self.m.ranks[rank as usize].done {
                 self.worker(rank, Message::Heartbeat);

@@ -1,160 +1,24 @@
-//! The agent: one per host. It dials the controller, proves the run token,
-//! starts the workers it is told to start, forwards their output and exits,
-//! and stops them on command. If the controller goes away, the agent kills
-//! its workers and exits: a worker never outlives its run, and nothing a
-//! worker started outlives the worker (see `leftovers`).
+//! Starting a worker and forwarding its output, line by line.
 
-use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsRawFd;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
-use nix::sys::signal::Signal;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
-use tokio::net::TcpSocket;
 use tokio::sync::mpsc;
 
+use super::{DRAIN_GRACE, MAX_LINE_BYTES};
 use crate::cgroup::{self, WorkerCgroup};
-use crate::error::CoreError;
-use crate::gpu::Inventory;
 use crate::leftovers::{Contained, Containment};
-use crate::process::{exit_info, signal_group, signal_process};
-use crate::protocol::{auth, Connection, Message, Stream, WorkerLaunch, STACK_DUMP_WAIT};
-use crate::token::Token;
-
-/// Longer lines are forwarded in pieces of this size.
-const MAX_LINE_BYTES: usize = 64 * 1024;
-
-/// After a worker exits, how long its output may still take to drain
-/// before the exit is reported anyway (a grandchild may hold the pipe).
-const DRAIN_GRACE: Duration = Duration::from_secs(1);
-
-#[derive(Debug, Clone)]
-pub struct AgentConfig {
-    pub controller: SocketAddr,
-    pub token: Token,
-    pub host: u32,
-    /// The address this host is known by; the control connection is made
-    /// from it, as from a separate machine.
-    pub host_ip: IpAddr,
-}
-
-/// Set by [`runtime`]: this process is an agent and nothing else, so it
-/// may become the subreaper of its workers' descendants.
-static OWN_PROCESS: AtomicBool = AtomicBool::new(false);
-
-/// The runtime an agent process (`meshrun agent`) runs on: one thread is
-/// plenty. Only such a process calls it, so it also marks the process as
-/// an agent's own (an agent inside the controller's process never is).
-pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
-    OWN_PROCESS.store(true, Ordering::Relaxed);
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-}
-
-/// Runs an agent until the controller says the run is over or goes away.
-pub async fn run(cfg: AgentConfig) -> Result<(), CoreError> {
-    let net = |what| move |source| CoreError::Net { what, source };
-    let socket = match cfg.host_ip {
-        IpAddr::V4(_) => TcpSocket::new_v4(),
-        IpAddr::V6(_) => TcpSocket::new_v6(),
-    }
-    .map_err(net("cannot open agent socket"))?;
-    socket
-        .bind(SocketAddr::new(cfg.host_ip, 0))
-        .map_err(net("cannot bind the agent to its host address"))?;
-    let stream = socket
-        .connect(cfg.controller)
-        .await
-        .map_err(net("cannot reach the controller"))?;
-    let mut conn = Connection::new(stream);
-    auth::connect(&mut conn, &cfg.token).await?;
-    let gpus = Inventory::discover().map(|inv| inv.ids).unwrap_or_default();
-    let free_port = std::net::TcpListener::bind(SocketAddr::new(cfg.host_ip, 0))
-        .and_then(|l| l.local_addr())
-        .map_err(net("cannot find a free port"))?
-        .port();
-    conn.send(&Message::AgentHello {
-        host: cfg.host,
-        host_ip: cfg.host_ip.to_string(),
-        pid: std::process::id(),
-        gpus,
-        free_port,
-        controller: Some(cfg.controller.to_string()),
-    })
-    .await?;
-
-    let (mut sink, mut from_controller) = conn.split();
-    let (events_tx, mut events) = mpsc::unbounded_channel::<Message>();
-    let containment = Arc::new(Containment::detect(OWN_PROCESS.load(Ordering::Relaxed)));
-    // rank -> every worker that has not been reported as exited.
-    let mut live: HashMap<u32, Contained> = HashMap::new();
-    loop {
-        tokio::select! {
-            msg = from_controller.recv() => match msg {
-                Ok(Message::Launch { workers, .. }) => {
-                    for w in workers {
-                        if let Some(worker) = spawn_worker(&w, &events_tx, &containment) {
-                            live.insert(w.rank, worker);
-                        }
-                    }
-                }
-                Ok(Message::Stop { grace_ms, dump_stacks }) => {
-                    stop(live.values().map(|w| w.pid).collect(), Duration::from_millis(grace_ms), dump_stacks);
-                }
-                Ok(Message::Shutdown) => break,
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!(host = cfg.host, "controller connection lost ({e}); stopping workers");
-                    break;
-                }
-            },
-            Some(event) = events.recv() => {
-                if let Message::WorkerExited { rank, .. } = &event {
-                    live.remove(rank);
-                }
-                if sink.send(&event).await.is_err() {
-                    break;
-                }
-            }
-        }
-    }
-    let live: Vec<Contained> = live.into_values().collect();
-    containment.end_all(&live).await;
-    Ok(())
-}
-
-/// SIGTERM to every group, SIGKILL after the grace: JAX workers catch
-/// SIGTERM (preemption notifier) and may never act on it. With
-/// `dump_stacks`, SIGUSR1 to each worker process first (not its group:
-/// only meshrun's worker code handles it), and a moment to write.
-fn stop(pids: Vec<u32>, grace: Duration, dump_stacks: bool) {
-    tokio::spawn(async move {
-        if dump_stacks {
-            for &pid in &pids {
-                signal_process(pid, Signal::SIGUSR1);
-            }
-            tokio::time::sleep(STACK_DUMP_WAIT).await;
-        }
-        for &pid in &pids {
-            signal_group(pid, Signal::SIGTERM);
-        }
-        tokio::time::sleep(grace).await;
-        for pid in pids {
-            signal_group(pid, Signal::SIGKILL);
-        }
-    });
-}
+use crate::process::exit_info;
+use crate::protocol::{Message, Stream, WorkerLaunch};
 
 /// Starts one worker as the leader of its own process group, in a cgroup
 /// of its own where there are cgroups, and returns it; a worker that
 /// cannot start is reported, not fatal to the agent.
-fn spawn_worker(
+pub(super) fn spawn_worker(
     w: &WorkerLaunch,
+    extra_env: &[(String, String)],
     events: &mpsc::UnboundedSender<Message>,
     containment: &Arc<Containment>,
 ) -> Option<Contained> {
@@ -168,7 +32,7 @@ fn spawn_worker(
     let command = || {
         let mut cmd = tokio::process::Command::new(program);
         cmd.args(args)
-            .envs(w.env.iter().map(|(k, v)| (k, v)))
+            .envs(w.env.iter().chain(extra_env).map(|(k, v)| (k, v)))
             .current_dir(&w.cwd)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

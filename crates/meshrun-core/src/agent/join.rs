@@ -1,0 +1,54 @@
+//! `meshrun join ADDR:PORT`: a host that joins a run by itself (Slurm,
+//! SSH, Kubernetes, bare machines), in the shape of torchrun's
+//! rendezvous. It takes part in every attempt of the run: after an
+//! attempt, or when its connection breaks (the controller restarting, the
+//! network cut), it joins again, retrying with backoff until the join
+//! timeout, and keeps the host rank it was given.
+
+use std::time::{Duration, Instant};
+
+use super::{run, AgentConfig, Ended};
+use crate::error::CoreError;
+
+/// The first retry comes this soon; each next one waits twice as long, up
+/// to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// Joins attempt after attempt until the run is over. `timeout` bounds
+/// each wait for a controller to join.
+pub async fn join(mut cfg: AgentConfig, timeout: Duration) -> Result<(), CoreError> {
+    let mut waiting_since = Instant::now();
+    let mut backoff = FIRST_BACKOFF;
+    loop {
+        match run(&cfg).await {
+            Ok((ended, host)) => {
+                // Later attempts keep the rank this host was given.
+                cfg.host = host.or(cfg.host);
+                match ended {
+                    Ended::Over => return Ok(()),
+                    Ended::Again | Ended::Lost => {
+                        tracing::info!(host = ?cfg.host, ?ended, "joining the next attempt");
+                        waiting_since = Instant::now();
+                        backoff = FIRST_BACKOFF;
+                        continue;
+                    }
+                }
+            }
+            // Refusals are final: trying again cannot change them.
+            Err(e @ (CoreError::JoinRefused(_) | CoreError::HandshakeFailed { .. })) => {
+                return Err(e);
+            }
+            Err(e) if waiting_since.elapsed() >= timeout => {
+                return Err(CoreError::JoinTimeout {
+                    controller: cfg.controller,
+                    secs: timeout.as_secs(),
+                    last: e.to_string(),
+                });
+            }
+            Err(e) => tracing::debug!("cannot join yet: {e}"),
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
