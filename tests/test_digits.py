@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import ROOT, meshrun
+from hostsrun import meshrun_on
 
 # The module trains the digits example on every layout: about a minute.
 pytestmark = pytest.mark.slow
@@ -14,8 +15,9 @@ EXAMPLE = str(ROOT / "examples" / "digits_dp.py")
 LAYOUTS = {
     "1proc_x4dev": ["-n", "1", "--devices-per-proc", "4"],
     "2proc_x2dev": ["-n", "2", "--devices-per-proc", "2"],
-    "2hosts_x1proc_x2dev": ["-n", "2", "--hosts", "2", "--devices-per-proc", "2"],
 }
+# On two hosts that share nothing (network namespaces): host 1 joins.
+TWO_HOSTS = ["-n", "2", "--devices-per-proc", "2"]
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +43,17 @@ def test_per_step_losses_agree_across_layouts(runs_by_layout):
         assert other.keys() == reference.keys(), name
         worst = max(abs(other[s] - reference[s]) for s in reference)
         assert worst < 1e-5, f"{name}: max abs loss difference {worst:g}"
+
+
+def test_two_hosts_that_share_nothing_agree_and_learn(runs_by_layout, nshosts):
+    done = meshrun_on(nshosts(2), [*TWO_HOSTS, "--tee", "none", EXAMPLE], name="2hosts_x1proc_x2dev")
+    assert done.code == 0, done.stderr
+    reference = losses(runs_by_layout["1proc_x4dev"])
+    other = losses(done.metrics())
+    assert other.keys() == reference.keys()
+    worst = max(abs(other[s] - reference[s]) for s in reference)
+    assert worst < 1e-5, f"max abs loss difference {worst:g}"
+    assert done.metrics()[-1]["metrics"]["test_accuracy"] >= 0.95
 
 
 def test_learns_the_digits(runs_by_layout):

@@ -1,7 +1,8 @@
 """docs/errors.md, the catalogue of users' mistakes: every row has a test and
 every such test names a row. The tests themselves sit beside their feature:
 
-- ``meshrun run``: test_launcher.py (usage, runs directory, a failed worker),
+- ``meshrun run`` and ``meshrun join``: test_launcher.py (usage, runs
+  directory, a failed worker), test_hosts_apart.py (storage, joining hosts),
   test_control_plane.py (control port), test_cli_states.py (a name in use),
   test_ray.py (a Ray address that does not answer);
 - ``status`` and ``logs``: test_cli_states.py;

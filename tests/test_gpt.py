@@ -7,6 +7,7 @@ import json
 
 import pytest
 from conftest import ROOT, SCRIPTS, meshrun
+from hostsrun import meshrun_on
 
 # Each test trains the GPT example: minutes on two cores.
 pytestmark = pytest.mark.slow
@@ -17,7 +18,6 @@ LAYOUTS = {
     "1x4_fsdp4": (["-n", "1", "--devices-per-proc", "4"], ["--data", "1", "--fsdp", "4"]),
     "2x2_fsdp2_tensor2": (["-n", "2", "--devices-per-proc", "2"], ["--fsdp", "2", "--tensor", "2"]),
     "4x1_data2_fsdp2": (["-n", "4", "--devices-per-proc", "1"], ["--data", "2", "--fsdp", "2"]),
-    "2hosts_x1x2_data2_tensor2": (["-n", "2", "--hosts", "2", "--devices-per-proc", "2"], ["--data", "2", "--tensor", "2"]),
 }
 
 
@@ -41,17 +41,29 @@ def test_per_step_losses_agree_across_layouts(gpt_runs):
     assert reference[20] < reference[1]
 
 
-def test_mesh_puts_tensor_then_fsdp_within_a_host(tmp_path):
+def test_two_hosts_that_share_nothing_agree(gpt_runs, nshosts, tmp_path):
+    """2 namespace hosts x 1 process x 2 devices, data 2 x tensor 2."""
+    hosts = nshosts(2)
+    done = meshrun_on(hosts, ["-n", "2", "--devices-per-proc", "2", "--tee", "none", EXAMPLE, *SMALL, "--data", "2", "--tensor", "2", "--data-dir", str(tmp_path / "data")], timeout=400)
+    assert done.code == 0, done.stderr + done.log(0)[-3000:]
+    losses = {r["step"]: r["metrics"]["loss"] for r in done.metrics() if "loss" in r["metrics"]}
+    reference = gpt_runs["1x4_fsdp4"]
+    worst = max(abs(losses[s] - reference[s]) for s in reference)
+    assert worst < 1e-4, f"max abs loss difference {worst:g}"
+
+
+def test_mesh_puts_tensor_then_fsdp_within_a_host(nshosts):
+    hosts = nshosts(2)
     # 2 hosts x 2 processes x 1 device: (data=2, fsdp=2) keeps each fsdp group on one host
-    done = meshrun(["-n", "4", "--hosts", "2", str(SCRIPTS / "mesh_layout.py"), "2", "2", "1"], runs_dir=tmp_path / "runs", name="m1")
+    done = meshrun_on(hosts, ["-n", "4", str(SCRIPTS / "mesh_layout.py"), "2", "2", "1"], name="m1")
     assert done.code == 0, done.stderr
-    hosts = json.loads((done.run_dir / "layout.json").read_text())["hosts"]
-    for d, plane in enumerate(hosts):
-        assert {h for row in plane for h in row} == {d}, hosts
+    layout = json.loads((done.storage_dir / "layout.json").read_text())["hosts"]
+    for d, plane in enumerate(layout):
+        assert {h for row in plane for h in row} == {d}, layout
     # 2 hosts x 1 process x 2 devices: (fsdp=2, tensor=2) keeps each tensor group in one process
-    done = meshrun(["-n", "2", "--hosts", "2", "--devices-per-proc", "2", str(SCRIPTS / "mesh_layout.py"), "1", "2", "2"], runs_dir=tmp_path / "runs", name="m2")
+    done = meshrun_on(hosts, ["-n", "2", "--devices-per-proc", "2", str(SCRIPTS / "mesh_layout.py"), "1", "2", "2"], name="m2")
     assert done.code == 0, done.stderr
-    procs = json.loads((done.run_dir / "layout.json").read_text())["processes"]
+    procs = json.loads((done.storage_dir / "layout.json").read_text())["processes"]
     assert procs == [[[0, 0], [1, 1]]]
 
 

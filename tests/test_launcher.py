@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import HELLO, MESHRUN, ROOT, SCRIPTS, alive, assert_none_left, cli, meshrun, start, stop, wait_for
 from errors_page import covers, exits, snapshot
+from hostsrun import meshrun_on
 
 
 def test_unmodified_initialize_joins_the_run(runs):
@@ -35,18 +37,21 @@ def test_unmodified_initialize_joins_the_run(runs):
     assert "connected peer ranks" not in done.stdout + done.stderr
 
 
-def test_env_contract_with_two_hosts(runs):
-    done = meshrun(
-        ["-n", "4", "--hosts", "2", "--devices-per-proc", "3", "--platform", "cpu", str(SCRIPTS / "dump_env.py")],
-        runs_dir=runs,
+def test_env_contract_with_two_hosts(nshosts):
+    """Two hosts that share nothing: host 1 joins over the network."""
+    hosts = nshosts(2)
+    done = meshrun_on(
+        hosts,
+        ["-n", "4", "--devices-per-proc", "3", "--platform", "cpu", str(SCRIPTS / "dump_env.py")],
         env={"XLA_FLAGS": "--xla_cpu_use_thunk_runtime=true --xla_force_host_platform_device_count=9"},
     )
     assert done.code == 0, done.stderr
-    envs = [json.loads((done.run_dir / f"env-{r}.json").read_text()) for r in range(4)]
+    assert [code for code, _ in done.joins] == [0], done.joins
+    envs = [json.loads((done.storage_dir / f"env-{r}.json").read_text()) for r in range(4)]
     coordinators = {e["JAX_COORDINATOR_ADDRESS"] for e in envs}
     assert len(coordinators) == 1
     coordinator = coordinators.pop()
-    assert coordinator.startswith("127.0.0.2:")
+    assert coordinator.startswith(f"{hosts.addr(0)}:")
     # the coordinator listens on host 0's address only, not every interface
     assert {e["JAX_COORDINATOR_BIND_ADDRESS"] for e in envs} == {coordinator}
     for rank, e in enumerate(envs):
@@ -56,28 +61,45 @@ def test_env_contract_with_two_hosts(runs):
         assert e["MESHRUN_LOCAL_WORLD_SIZE"] == "2"
         assert e["MESHRUN_HOST_RANK"] == str(rank // 2)
         assert e["MESHRUN_NUM_HOSTS"] == "2"
-        assert e["MESHRUN_HOST_IP"] == f"127.0.0.{2 + rank // 2}"
+        assert e["MESHRUN_HOST_IP"] == hosts.addr(rank // 2)
         assert e["MESHRUN_ATTEMPT"] == "1"
-        assert e["MESHRUN_RUN_DIR"] == str(done.run_dir)
+        # the run folder is the controller's (host 0's /tmp); workers write
+        # to the storage
+        assert e["MESHRUN_RUN_DIR"] == "/tmp/runs/t"
+        assert e["MESHRUN_STORAGE_DIR"] == str(done.storage_dir)
         assert e["JAX_PLATFORMS"] == "cpu"
         # the user's flags are kept, the device count is meshrun's
         assert e["XLA_FLAGS"] == "--xla_cpu_use_thunk_runtime=true --xla_force_host_platform_device_count=3"
-        assert e["JAX_COMPILATION_CACHE_DIR"] == str(Path(os.environ["MESHRUN_SCRATCH"]) / "compile-cache")
-        assert e["MESHRUN_STORAGE_DIR"] == str(done.run_dir)
+        # each host's cache is its own, in its scratch folder
+        assert e["JAX_COMPILATION_CACHE_DIR"] == f"{hosts.scratch_path}/compile-cache"
+        assert e["MESHRUN_SCRATCH"].startswith(f"{hosts.scratch_path}/runs/")
         assert e["token_length"] == 64
         assert "CUDA_VISIBLE_DEVICES" not in e
     agents = [e for e in done.events() if e["event"] == "agent_joined"]
-    assert sorted(a["ip"] for a in agents) == ["127.0.0.2", "127.0.0.3"]
+    assert sorted((a["host"], a["ip"]) for a in agents) == [(0, hosts.addr(0)), (1, hosts.addr(1))]
     run = json.loads((done.run_dir / "run.json").read_text())
     assert run["state"] == "succeeded"
-    assert run["attempts"][-1]["control"]["loopback_only"] is True
+    assert run["attempts"][-1]["control"]["loopback_only"] is False
     assert run["plan"]["hosts"] == 2
 
 
-def test_collectives_across_two_hosts(runs):
-    done = meshrun(["-n", "2", "--hosts", "2", "--devices-per-proc", "2", str(SCRIPTS / "plain_init.py")], runs_dir=runs)
+def test_env_contract_with_two_local_hosts(runs):
+    """--hosts on one machine: agent processes on loopback addresses."""
+    done = meshrun(["-n", "4", "--hosts", "2", "--platform", "cpu", str(SCRIPTS / "dump_env.py")], runs_dir=runs)
     assert done.code == 0, done.stderr
-    rec = json.loads((done.run_dir / "plain-1.json").read_text())
+    envs = [json.loads((done.run_dir / f"env-{r}.json").read_text()) for r in range(4)]
+    assert [e["MESHRUN_HOST_IP"] for e in envs] == ["127.0.0.2", "127.0.0.2", "127.0.0.3", "127.0.0.3"]
+    assert all(e["JAX_COMPILATION_CACHE_DIR"] == str(Path(os.environ["MESHRUN_SCRATCH"]) / "compile-cache") for e in envs)
+    assert all(e["MESHRUN_STORAGE_DIR"] == str(done.run_dir) for e in envs)
+    run = json.loads((done.run_dir / "run.json").read_text())
+    assert run["attempts"][-1]["control"]["loopback_only"] is True
+
+
+def test_collectives_across_two_hosts(nshosts):
+    hosts = nshosts(2)
+    done = meshrun_on(hosts, ["-n", "2", "--devices-per-proc", "2", str(SCRIPTS / "plain_init.py")])
+    assert done.code == 0, done.stderr
+    rec = json.loads((done.storage_dir / "plain-1.json").read_text())
     assert rec["gathered"] == [0, 1] and rec["device_count"] == 4
 
 
@@ -267,8 +289,61 @@ USAGE = {
     "run-control-host-not-an-ip": ["--control-host", "nothost", HELLO],
     # 192.0.2.0/24 is reserved for documentation: never this machine's.
     "run-control-host-elsewhere": ["--control-host", "192.0.2.1", HELLO],
+    "run-listen-one-host": ["--listen", "127.0.0.1:29400", HELLO],
+    "run-listen-unspecified": ["-n", "2", "--hosts", "2", "--listen", "0.0.0.0:29400", HELLO],
+    "run-listen-elsewhere": ["-n", "2", "--hosts", "2", "--listen", "192.0.2.1:29400", HELLO],
+    "run-listen-with-ray": ["-n", "2", "--hosts", "2", "--listen", "127.0.0.1:29400", "--ray", "auto", HELLO],
+    "run-join-timeout-zero": ["--join-timeout", "0", HELLO],
 }
 covers(*USAGE)
+
+
+@covers("run-storage-not-a-folder")
+def test_a_storage_that_is_a_file_is_refused(finished_run, tmp_path):
+    before = snapshot(finished_run)
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    proc = cli("run", "--runs-dir", finished_run, "--storage", afile, HELLO)
+    exits("run-storage-not-a-folder", proc)
+    assert snapshot(finished_run) == before and afile.read_text() == "x"
+
+
+@covers("run-listen-port-taken")
+def test_a_listen_port_in_use_is_refused(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = cli("run", "--runs-dir", tmp_path / "runs", "-n", "2", "--hosts", "2", "--listen", f"127.0.0.1:{port}", HELLO)
+        exits("run-listen-port-taken", proc)
+        assert f"--listen 127.0.0.1:{port}: the port is in use" in proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+JOIN_USAGE = {
+    "join-no-token": ([], {}),
+    "join-token-file-missing": (["--token-file", "missing"], {}),
+    "join-slurm-node-id-bad": ([], {"MESHRUN_TOKEN": "ab" * 32, "SLURM_NODEID": "x"}),
+}
+covers(*JOIN_USAGE)
+
+
+@pytest.mark.parametrize("row", sorted(JOIN_USAGE))
+def test_usage_errors_of_join(row, tmp_path):
+    args, env = JOIN_USAGE[row]
+    clean = {k: v for k, v in os.environ.items() if k not in ("MESHRUN_TOKEN", "SLURM_NODEID")}
+    proc = subprocess.run([str(MESHRUN), "join", "127.0.0.1:9", *args], capture_output=True, text=True, timeout=30, cwd=tmp_path, env={**clean, **env})
+    exits(row, proc)
+
+
+@covers("join-nobody-listens")
+def test_join_gives_up_when_nobody_listens(tmp_path):
+    token = tmp_path / "token"
+    token.write_text("ab" * 32)
+    t0 = time.monotonic()
+    proc = cli("join", "127.0.0.1:9", "--token-file", token, "--join-timeout", "1")
+    exits("join-nobody-listens", proc)
+    assert time.monotonic() - t0 < 10
 
 
 @pytest.mark.parametrize("row", sorted(USAGE))

@@ -1,0 +1,188 @@
+"""Hosts that share nothing (own address, own /tmp, own scratch; see
+nshosts.py): the storage every host must see, hosts that join by
+themselves (`meshrun join`), and function mode with nothing left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import MESHRUN, ROOT, SCRIPTS, meshrun, read_jsonl, wait_for
+from errors_page import covers, exits
+from hostsrun import listen_addr, meshrun_on, run_args, start_joins
+
+SLEEPER = str(SCRIPTS / "plain_sleeper.py")
+HELLO = str(SCRIPTS / "hello.py")
+
+
+def token_env() -> dict:
+    return {"MESHRUN_TOKEN": secrets.token_hex(32)}
+
+
+@covers("run-storage-not-shared")
+def test_a_storage_path_a_host_cannot_see_is_refused_before_any_worker_starts(nshosts):
+    hosts = nshosts(2, without_shared=[1])
+    t0 = time.monotonic()
+    done = meshrun_on(hosts, ["-n", "2", "--join-timeout", "30", HELLO])
+    exits("run-storage-not-shared", done)
+    assert time.monotonic() - t0 < 20, "refused within seconds"
+    assert f"host 1 ({hosts.addr(1)}) cannot see the run's storage '{hosts.shared}'" in done.stderr, done.stderr
+    assert "shared filesystem" in done.stderr and "object storage" in done.stderr
+    assert not [e for e in done.events() if e["event"] == "worker_started"]
+    # The marker is gone; nothing of the run is left in the storage but its folder.
+    assert not list(done.storage_dir.glob(".meshrun-storage-check-*"))
+
+
+def _hosts_by_ip(run_dir) -> dict[str, int]:
+    return {e["ip"]: e["host"] for e in read_jsonl(run_dir / "events.jsonl") if e["event"] == "agent_joined"}
+
+
+def test_hosts_get_ranks_in_join_order_or_the_one_they_name(nshosts):
+    hosts = nshosts(4)
+    env = token_env()
+    controller = hosts.popen(0, run_args(hosts, ["-n", "4", "--join-timeout", "60", HELLO], "order"), env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    join = lambda h, *extra, env=env: hosts.popen(h, [str(MESHRUN), "join", listen_addr(hosts), *extra], env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # noqa: E731
+    run_dir = hosts.tmp(0) / "runs" / "order"
+    joined = lambda n: len(_hosts_by_ip(run_dir)) >= n  # noqa: E731
+    # Host 3 asks for rank 1 under Slurm; host 2 names rank 3; host 1 takes
+    # what is left (rank 2) though it joined last.
+    first = join(3, env={**env, "SLURM_NODEID": "1"})
+    wait_for(lambda: joined(2), 30, "the Slurm host")
+    second = join(2, "--host-rank", "3")
+    wait_for(lambda: joined(3), 30, "the host naming its rank")
+    third = join(1)
+    out, err = controller.communicate(timeout=120)
+    assert controller.returncode == 0, err
+    for p in (first, second, third):
+        assert p.wait(timeout=30) == 0, p.stdout.read()
+    assert _hosts_by_ip(run_dir) == {hosts.addr(0): 0, hosts.addr(3): 1, hosts.addr(2): 3, hosts.addr(1): 2}
+    # Ranks follow the hosts: rank 2 (host 1's worker) said hello from host 1.
+    log = (run_dir / "logs" / "rank-2.log").read_text()
+    assert "hello from rank 2" in log
+
+
+@covers("join-wrong-token", "join-host-rank-out-of-range", "join-run-is-full")
+def test_a_wrong_token_a_rank_out_of_range_and_a_third_host_are_refused(nshosts):
+    hosts = nshosts(4)
+    env = token_env()
+    controller = hosts.popen(0, run_args(hosts, ["-n", "2", "--join-timeout", "60", SLEEPER], "refusals", count=2), env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        join = lambda h, *extra, env=env: hosts.run(h, [str(MESHRUN), "join", listen_addr(hosts), "--join-timeout", "20", *extra], env=env, cwd=ROOT, check=False, timeout=60)  # noqa: E731
+        wrong = join(1, env=token_env())
+        exits("join-wrong-token", wrong)
+        assert f"the controller at {listen_addr(hosts)} did not accept this host's run token" in wrong.stderr, wrong.stderr
+        exits("join-host-rank-out-of-range", join(2, "--host-rank", "2"))
+        member = hosts.popen(1, [str(MESHRUN), "join", listen_addr(hosts)], env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        ready = hosts.shared / "refusals" / "ready-1"
+        wait_for(ready.exists, 60, "the run to start on its two hosts")
+        exits("join-run-is-full", join(3))
+        refused = [e for e in read_jsonl(hosts.tmp(0) / "runs" / "refusals" / "events.jsonl") if e["event"] == "agent_refused"]
+        assert [e["ip"] for e in refused] == [hosts.addr(2), hosts.addr(3)]
+    finally:
+        controller.send_signal(2)
+        controller.communicate(timeout=30)
+    assert member.wait(timeout=30) == 0
+
+
+@covers("run-hosts-never-join")
+def test_a_host_that_never_joins_ends_the_run_naming_it(nshosts):
+    hosts = nshosts(3)
+    # The run alone: nobody joins.
+    proc = hosts.run(0, run_args(hosts, ["-n", "3", "--join-timeout", "3", HELLO], "alone"), env=token_env(), cwd=ROOT, check=False, timeout=60)
+    exits("run-hosts-never-join", proc)
+    assert "meshrun join " + listen_addr(hosts) in proc.stderr, "the join command is printed"
+
+
+def test_function_mode_on_two_hosts_writes_nothing_outside_scratch_and_storage(nshosts):
+    hosts = nshosts(2)
+    env = token_env()
+    fit = hosts.popen(0, [sys.executable, str(SCRIPTS / "fit_on_hosts.py"), listen_addr(hosts), str(hosts.shared)], env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    (joiner,) = start_joins(hosts, env)
+    out, err = fit.communicate(timeout=240)
+    assert fit.returncode == 0, err
+    assert joiner.wait(timeout=30) == 0, joiner.stdout.read()
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["error"] is None, result
+    assert result["metrics"]["sum"] == 3 and result["metrics"]["devices"] == 2
+    # The run folder is in the storage (RunConfig.storage_path); each host
+    # kept only its compilation cache in its scratch folder, and nothing in
+    # its /tmp.
+    assert (hosts.shared / "fit" / "run.json").exists()
+    for h in range(2):
+        assert list(hosts.tmp(h).iterdir()) == [], f"host {h} wrote to its /tmp"
+        assert sorted(p.name for p in hosts.scratch(h).iterdir()) == ["compile-cache", "runs"]
+        assert list((hosts.scratch(h) / "runs").iterdir()) == [], f"host {h} kept the run's scratch"
+
+
+EXAMPLE = str(ROOT / "examples" / "gpt.py")
+TINY = ["--batch-size", "8", "--seq-len", "32", "--d-model", "32", "--layers", "2", "--heads", "4", "--eval-every", "100000", "--eval-batches", "1"]
+
+
+@pytest.mark.slow
+def test_a_host_cut_off_mid_training_rejoins_and_the_run_ends_bit_identical(nshosts, tmp_path):
+    """The GPT on 2 hosts x 1 process x 2 devices (fsdp 2 x tensor 2),
+    checkpoints in the storage both hosts see; host 1's link is cut for
+    10 s right after the first commit. The attempt fails naming host 1 and
+    its address, the restart waits for host 1 to rejoin and resumes from the
+    newest checkpoint, and the final parameters equal those of an
+    uninterrupted run on one host. `make partition` runs it at full length."""
+    steps = int(os.environ.get("MESHRUN_PARTITION_STEPS", "14"))
+    model = [*TINY] if steps < 100 else []
+    train = [EXAMPLE, *model, "--fsdp", "2", "--tensor", "2", "--steps", str(steps), "--data-dir", str(tmp_path / "data")]
+    launch = ["-n", "2", "--devices-per-proc", "2", "--tee", "none", "--checkpoint-every", "2"]
+    ref = meshrun([*launch, *train, "--params-digest", str(tmp_path / "ref.sha")], runs_dir=tmp_path / "runs", name="ref", timeout=900)
+    assert ref.code == 0, ref.stderr
+
+    hosts = nshosts(2)
+    env = token_env()
+    args = run_args(hosts, [*launch, "--max-failures", "2", "--join-timeout", "120", *train, "--params-digest", str(hosts.shared / "cut.sha")], "cut")
+    controller = hosts.popen(0, args, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    (joiner,) = start_joins(hosts, env, timeout=120)
+    run_dir = hosts.tmp(0) / "runs" / "cut"
+    events = lambda kind: [e for e in read_jsonl(run_dir / "events.jsonl") if e["event"] == kind]  # noqa: E731
+    wait_for(lambda: controller.poll() is not None or events("checkpoint_committed"), 300, "the first commit")
+    assert controller.poll() is None, controller.communicate()[1]
+    hosts.cut(1)
+    cut_at = time.time()
+    time.sleep(10)
+    hosts.restore(1)
+    out, err = controller.communicate(timeout=900)
+    assert controller.returncode == 0, err
+    assert joiner.wait(timeout=60) == 0, joiner.stdout.read()
+
+    failed = events("worker_failed")
+    assert len(failed) == 1, failed
+    cause = failed[0]["cause"]
+    assert cause["kind"] == "host_unreachable" and cause["host"] == 1 and cause["ip"] == hosts.addr(1), cause
+    assert 9 <= failed[0]["time"] - cut_at <= 16, "failed within the heartbeat window"
+    assert f"host 1 ({hosts.addr(1)}), unreachable for" in err
+    restarted = events("restarting")
+    assert len(restarted) == 1 and restarted[0]["from_step"] is not None
+    rejoined = [e for e in events("agent_joined") if e["host"] == 1]
+    assert len(rejoined) == 2 and rejoined[1]["ip"] == hosts.addr(1)
+    assert (hosts.shared / "cut.sha").read_text() == (tmp_path / "ref.sha").read_text()
+
+
+def test_a_host_that_never_comes_back_ends_the_run_saying_so(nshosts):
+    """Host 1 cut off for good: the attempt fails, the restart waits the
+    join timeout for it, and the run ends with status 1 naming it."""
+    hosts = nshosts(2)
+    env = token_env()
+    args = run_args(hosts, ["-n", "2", "--tee", "none", "--max-failures", "1", "--join-timeout", "5", SLEEPER], "gone")
+    controller = hosts.popen(0, args, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    (joiner,) = start_joins(hosts, env, timeout=5)
+    wait_for((hosts.shared / "gone" / "ready-1").exists, 60, "both hosts to run")
+    hosts.cut(1)
+    try:
+        out, err = controller.communicate(timeout=60)
+    finally:
+        hosts.restore(1)
+    assert controller.returncode == 1, err
+    assert f"host 1 ({hosts.addr(1)}), unreachable for" in err, err
+    assert "host 1 did not join within 5 s" in err, err
+    joiner.wait(timeout=60)
