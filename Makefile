@@ -10,7 +10,7 @@ DEPS_STAMP := $(VENV)/.deps-installed
 BUILD_STAMP := $(VENV)/.meshrun-built
 RUST_SOURCES := $(shell find crates -name '*.rs' -o -name 'Cargo.toml') Cargo.toml $(wildcard Cargo.lock) pyproject.toml
 
-.PHONY: help install demo test test-fast test-rust test-python lint bench-startup bench-step-parity bench-data bench-ckpt bench-recovery bench-vs-ray soak fuzz load clean
+.PHONY: help install demo test test-fast test-rust test-python lint bench-startup bench-step-parity bench-data bench-ckpt bench-recovery bench-vs-ray bench-hosts soak partition fuzz load clean
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -73,6 +73,12 @@ bench-recovery: install  ## SIGKILL of one GPT worker to the first step after th
 
 bench-vs-ray: install  ## meshrun (local and on Ray) against Ray Train's JaxTrainer on one Ray cluster, and the cost of a report call.
 	$(PY) bench/vs_ray.py --rounds 3 --json bench/out/vs_ray.json
+
+bench-hosts: install  ## Demo GPT step time on 2 hosts that share nothing (network namespaces, needs root) against 2 loopback hosts.
+	$(PY) bench/hosts.py --rounds 3 --json bench/out/hosts.json
+
+partition: install  ## The GPT on 2 namespace hosts, host 1 cut off for 10 s after its first checkpoint, at full length: bit-identical to one host (the suite runs a short one).
+	MESHRUN_PARTITION_STEPS=150 $(VENV)/bin/pytest tests/test_hosts_apart.py -k mid_training -s
 
 soak: install  ## The GPT killed with SIGKILL at 10 random moments must end bit-identical to an uninterrupted run (the suite runs 3).
 	MESHRUN_SOAK_KILLS=10 MESHRUN_SOAK_STEPS=200 $(VENV)/bin/pytest tests/test_recovery.py -k soak -s

@@ -61,3 +61,14 @@ def test_vs_ray_bench_short(tmp_path):
     assert steps["meshrun local"]["process_count"] == steps["meshrun on Ray"]["process_count"] == 2
     assert steps["JaxTrainer"]["process_count"] == 1, "JaxTrainer on CPU was expected to leave jax.distributed alone"
     assert result["report_call_us"]["float"] > 0
+
+
+def test_hosts_bench_short(tmp_path):
+    from nshosts import nshosts_unavailable
+
+    reason = nshosts_unavailable()
+    if reason is not None:
+        pytest.skip(f"no network namespaces: {reason}")
+    result, text = run_bench(tmp_path, "hosts.py", "--rounds", "1", "--steps", "7")
+    assert result["loopback_median_step_s"] > 0 and result["namespaces_median_step_s"] > 0
+    assert "ratio (namespaces / loopback)" in text

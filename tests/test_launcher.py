@@ -321,9 +321,10 @@ def test_a_listen_port_in_use_is_refused(tmp_path):
 
 
 JOIN_USAGE = {
-    "join-no-token": ([], {}),
-    "join-token-file-missing": (["--token-file", "missing"], {}),
-    "join-slurm-node-id-bad": ([], {"MESHRUN_TOKEN": "ab" * 32, "SLURM_NODEID": "x"}),
+    "join-no-token": (["127.0.0.1:9"], {}),
+    "join-token-file-missing": (["127.0.0.1:9", "--token-file", "missing"], {}),
+    "join-slurm-node-id-bad": (["127.0.0.1:9"], {"MESHRUN_TOKEN": "ab" * 32, "SLURM_NODEID": "x"}),
+    "join-address-bad": (["head-node"], {"MESHRUN_TOKEN": "ab" * 32}),
 }
 covers(*JOIN_USAGE)
 
@@ -332,7 +333,7 @@ covers(*JOIN_USAGE)
 def test_usage_errors_of_join(row, tmp_path):
     args, env = JOIN_USAGE[row]
     clean = {k: v for k, v in os.environ.items() if k not in ("MESHRUN_TOKEN", "SLURM_NODEID")}
-    proc = subprocess.run([str(MESHRUN), "join", "127.0.0.1:9", *args], capture_output=True, text=True, timeout=30, cwd=tmp_path, env={**clean, **env})
+    proc = subprocess.run([str(MESHRUN), "join", *args], capture_output=True, text=True, timeout=30, cwd=tmp_path, env={**clean, **env})
     exits(row, proc)
 
 

@@ -1,43 +1,219 @@
 """The Ray backend against real Ray clusters that the tests start and shut
-down themselves, every node on loopback: the same program gives the same
-losses as the local backend, agents land on distinct nodes, a dead actor
-or worker restarts the attempt, and a wrong address is a clear error."""
+down themselves: the same program gives the same losses as the local
+backend, agents land on distinct nodes, a dead actor or worker restarts the
+attempt, and a wrong address is a clear error.
+
+The two-node cluster's nodes share nothing: the head runs here (beside the
+controller, as on a login node), the other node in a namespace host (see
+nshosts.py) with its own address, /tmp (so its own Ray session folder) and
+scratch folder. The run folder stays here; checkpoints and what scripts
+write for the tests go to the run's storage in the hosts' shared folder."""
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
+import shutil
 import signal
+import socket
 import subprocess
+import sys
+import tempfile
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from conftest import HELLO, MESHRUN, ROOT, SCRIPTS, alive, assert_none_left, cli, meshrun, read_jsonl, start, stop, wait_for
 from errors_page import covers, exits
+from nshosts import NsHosts, nshosts_unavailable
 
 DIGITS = str(ROOT / "examples" / "digits_dp.py")
+RAY = Path(sys.executable).parent / "ray"
 
-# The tests on a cluster are marked slow: starting one takes about 10 s, and
+# The tests on a cluster are marked slow: starting one takes about 15 s, and
 # their runs as long again; the checks of arguments need none.
+
+# Every process of the test cluster carries this variable (with the
+# cluster's id), so teardown finds the ones that left the session of the
+# `ray start` that made them.
+MARK = "MESHRUN_TEST_RAY_CLUSTER"
+# A node's own processes start slowly on a busy machine.
+START_TIMEOUT_S = 120
+STOP_TIMEOUT_S = 30
+# The node settings of both `ray start`s. Token authentication off: Ray
+# turns it on when it finds a token in the home folder, which drivers that
+# were not given it (the controller's placement process, the workers' Ray
+# Data clients) could not present. No draining on SIGTERM: the node goes
+# at once.
+RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+NODE_ARGS = ["--num-cpus", "2", "--block", "--disable-usage-stats", "--include-log-monitor", "false"]
+
+# Run in a process of its own: a driver's ray.init in the test process
+# would keep later clusters in this process from starting actors.
+NODES_UP = """
+import json, sys, time, ray
+ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False, configure_logging=False)
+deadline = time.monotonic() + float(sys.argv[2])
+while True:
+    nodes = [n for n in ray.nodes() if n["Alive"]]
+    if len(nodes) >= 2 or time.monotonic() > deadline:
+        break
+    time.sleep(0.2)
+print(json.dumps({n["NodeManagerAddress"]: n["Resources"].get("CPU") for n in nodes}))
+"""
+
+
+@dataclass
+class TwoNodes:
+    #: The head's GCS address, HOST:PORT.
+    address: str
+    #: The head's address (this machine's on the hosts' bridge), where the
+    #: controller listens too.
+    head_ip: str
+    #: The other node's address (namespace host 0).
+    node_ip: str
+    hosts: NsHosts
+
+
+def free_port(ip: str) -> int:
+    with socket.socket() as s:
+        s.bind((ip, 0))
+        return s.getsockname()[1]
+
+
+def tail(path: Path, n: int = 3000) -> str:
+    return path.read_text(errors="replace")[-n:] if path.exists() else ""
+
+
+def marked_pids(mark: str, sessions: set[int]) -> list[int]:
+    """Processes of the test cluster: in a session of its `ray start`s, or
+    carrying its mark. Zombies are not counted."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        pid = int(entry.name)
+        try:
+            sid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[3])
+            environ = (entry / "environ").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        if (sid in sessions or mark.encode() in environ.split(b"\0")) and alive(pid):
+            found.append(pid)
+    return found
+
+
+def stop_nodes(procs: list[subprocess.Popen], mark: str) -> None:
+    """SIGTERM to each `ray start --block`'s group (it stops its node's
+    processes), SIGKILL to what is left of the groups after STOP_TIMEOUT_S,
+    then to any process of the cluster still alive, by pid."""
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=10)
+    sessions = {p.pid for p in procs}
+    deadline = time.monotonic() + 5
+    while (left := marked_pids(mark, sessions)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    wait_for(lambda: not marked_pids(mark, sessions), 10, f"the test cluster's processes {left} to end")
 
 
 @pytest.fixture(scope="module")
-def two_nodes():
-    """A head and one more node, 2 CPUs each, on 127.0.0.1."""
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+def two_nodes(tmp_path_factory):
+    """A Ray head here and a second node in a namespace host, 2 CPUs each:
+    two `ray start --block` processes, each leading its own session."""
+    reason = nshosts_unavailable()
+    if reason is not None:
+        pytest.skip(f"no network namespaces: {reason}")
+    mark = f"{MARK}={secrets.token_hex(4)}"
+    env = {**RAY_ENV, MARK: mark.split("=", 1)[1]}
+    # Unix socket paths in the session folder must stay under 108 bytes.
+    temp = Path(tempfile.mkdtemp(prefix="mr-ray-", dir="/tmp"))
+    # The head node's agents keep their scratch (compilation cache) here.
+    scratch = tmp_path_factory.mktemp("head-scratch")
+    hosts = NsHosts(1)
+    procs: list[subprocess.Popen] = []
     try:
-        cluster.add_node(num_cpus=2)
-        cluster.wait_for_nodes()
-        yield cluster.address
+        head_ip, node_ip = hosts.controller_addr, hosts.addr(0)
+        port = free_port(head_ip)
+        address = f"{head_ip}:{port}"
+        head_log, node_log = temp / "head.out", temp / "node.out"
+        with head_log.open("w") as out:
+            # Fixed default ports (client server, dashboard, its agent) are
+            # replaced by free ones: another Ray on this machine may hold them.
+            head = [
+                str(RAY), "start", "--head", "--node-ip-address", head_ip, "--port", str(port), "--temp-dir", str(temp),
+                "--include-dashboard", "false", "--dashboard-port", str(free_port("127.0.0.1")),
+                "--ray-client-server-port", str(free_port(head_ip)), "--dashboard-agent-listen-port", str(free_port(head_ip)), *NODE_ARGS,
+            ]  # fmt: skip
+            procs.append(subprocess.Popen(head, env={**os.environ, **env, "MESHRUN_SCRATCH": str(scratch)}, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+
+        def gcs_answers() -> bool:
+            assert procs[0].poll() is None, f"the Ray head exited with {procs[0].returncode}:\n{tail(head_log)}"
+            try:
+                socket.create_connection((head_ip, port), timeout=1).close()
+                return True
+            except OSError:
+                return False
+
+        wait_for(gcs_answers, START_TIMEOUT_S, f"the Ray head at {address}")
+        with node_log.open("w") as out:
+            procs.append(hosts.popen(0, [str(RAY), "start", "--address", address, "--node-ip-address", node_ip, *NODE_ARGS], env=env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT))
+        up = subprocess.run([sys.executable, "-c", NODES_UP, address, str(START_TIMEOUT_S)], capture_output=True, text=True, timeout=START_TIMEOUT_S + 60, env={**os.environ, **RAY_ENV}, cwd=ROOT)
+        nodes = json.loads(up.stdout.strip().splitlines()[-1]) if up.returncode == 0 and up.stdout.strip() else None
+        assert nodes == {head_ip: 2.0, node_ip: 2.0}, f"cluster: {nodes}\n{up.stderr[-2000:]}\nhead:\n{tail(head_log)}\nnode:\n{tail(node_log)}"
+        yield TwoNodes(address, head_ip, node_ip, hosts)
     finally:
-        cluster.shutdown()
+        try:
+            stop_nodes(procs, mark)
+        finally:
+            hosts.close()
+            shutil.rmtree(temp, ignore_errors=True)
 
 
-def on_ray(address: str, *args: str) -> list[str]:
-    return ["--ray", address, "--control-host", "127.0.0.1", *args]
+@pytest.fixture
+def storage(two_nodes, tmp_path) -> Path:
+    """This test's run storage (--storage), in the folder both nodes see."""
+    path = two_nodes.hosts.shared / tmp_path.name
+    path.mkdir()
+    return path
+
+
+def on_ray(nodes: TwoNodes | str, *args: str) -> list[str]:
+    """The two-node cluster: the controller listens on the head's address,
+    the one both nodes reach. A one-node cluster's address: on loopback."""
+    if isinstance(nodes, TwoNodes):
+        return ["--ray", nodes.address, "--control-host", nodes.head_ip, *args]
+    return ["--ray", nodes, "--control-host", "127.0.0.1", *args]
+
+
+def placed(run_dir: Path) -> dict[int, dict]:
+    """Host rank -> its record in ray-placement.json."""
+    return {h["host"]: h for h in json.loads((run_dir / "ray-placement.json").read_text())["hosts"]}
+
+
+def assert_spread(nodes: TwoNodes, run_dir: Path) -> None:
+    """One host on each node, each known by the node's own address."""
+    hosts = placed(run_dir).values()
+    assert len({h["node_id"] for h in hosts}) == 2, "STRICT_SPREAD put both agents on one node"
+    assert sorted(h["ip"] for h in hosts) == sorted([nodes.head_ip, nodes.node_ip])
 
 
 def losses(records):
@@ -45,18 +221,16 @@ def losses(records):
 
 
 @pytest.mark.slow
-def test_digits_gives_the_same_losses_on_ray_as_locally(two_nodes, tmp_path):
+def test_digits_gives_the_same_losses_on_ray_as_locally(two_nodes, storage, tmp_path):
     runs = tmp_path / "runs"
     local = meshrun(["-n", "2", "--hosts", "2", "--devices-per-proc", "2", "--tee", "none", DIGITS], runs_dir=runs, name="local")
     assert local.code == 0, local.stderr
-    ray = meshrun(on_ray(two_nodes, "-n", "2", "--hosts", "2", "--ray-strategy", "STRICT_SPREAD", "--devices-per-proc", "2", "--tee", "none", DIGITS), runs_dir=runs, name="ray")
+    ray = meshrun(on_ray(two_nodes, "-n", "2", "--hosts", "2", "--ray-strategy", "STRICT_SPREAD", "--storage", str(storage), "--devices-per-proc", "2", "--tee", "none", DIGITS), runs_dir=runs, name="ray")
     assert ray.code == 0, ray.stderr
     want, got = losses(local.metrics()), losses(ray.metrics())
     assert len(want) == 400 and got.keys() == want.keys()
     assert max(abs(got[s] - want[s]) for s in want) < 1e-5
-    placement = json.loads((ray.run_dir / "ray-placement.json").read_text())
-    assert len({h["node_id"] for h in placement["hosts"]}) == 2, "STRICT_SPREAD put both agents on one node"
-    assert all(h["ip"] == "127.0.0.1" for h in placement["hosts"])
+    assert_spread(two_nodes, ray.run_dir)
 
 
 GPT = str(ROOT / "examples" / "gpt.py")
@@ -73,17 +247,20 @@ def final_losses(records):
 
 
 @pytest.mark.slow
-def test_gpt_on_ray_with_a_killed_worker_resumes_to_the_local_result(two_nodes, tmp_path):
+def test_gpt_on_ray_with_a_killed_worker_resumes_to_the_local_result(two_nodes, storage, tmp_path):
     """The sharded GPT (data 2 x tensor 2 over two hosts) on Ray, with one
     worker SIGKILLed mid-run, restarts from its checkpoint and ends with the
-    losses and the parameters, bit for bit, of the uninterrupted local run."""
+    losses and the parameters, bit for bit, of the uninterrupted local run.
+    Each node builds the corpus in its own /tmp; rank 0, on either node,
+    writes the digest to the storage."""
     runs, data = tmp_path / "runs", ["--data-dir", str(tmp_path / "data")]
     launch = ["-n", "2", "--hosts", "2", "--devices-per-proc", "2", "--checkpoint-every", "2", "--tee", "none"]
     local = meshrun([*launch, GPT, *GPT_TINY, *data, "--params-digest", str(tmp_path / "local.sha")], runs_dir=runs, name="local", timeout=400)
     assert local.code == 0, local.stderr + local.log(0)[-2000:]
 
     run_dir = runs / "ray"
-    proc = start(on_ray(two_nodes, "--ray-strategy", "STRICT_SPREAD", "--max-failures", "1", *launch, GPT, *GPT_TINY, *data, "--params-digest", str(tmp_path / "ray.sha")), runs_dir=runs, name="ray")
+    digest = storage / "ray.sha"
+    proc = start(on_ray(two_nodes, "--ray-strategy", "STRICT_SPREAD", "--storage", str(storage), "--max-failures", "1", *launch, GPT, *GPT_TINY, *data, "--params-digest", str(digest)), runs_dir=runs, name="ray")
     try:
         wait_for(lambda: proc.poll() is not None or any((r["step"] or 0) >= 5 for r in read_jsonl(run_dir / "metrics.jsonl")), 180, "the GPT to train on Ray")
         assert proc.poll() is None, proc.communicate()[1]
@@ -98,34 +275,40 @@ def test_gpt_on_ray_with_a_killed_worker_resumes_to_the_local_result(two_nodes, 
     want, got = final_losses(local.metrics()), final_losses(read_jsonl(run_dir / "metrics.jsonl"))
     assert sorted(got) == list(range(1, 17)) and got.keys() == want.keys()
     assert max(abs(got[s] - want[s]) for s in want) < 1e-5
-    assert (tmp_path / "ray.sha").read_text() == (tmp_path / "local.sha").read_text(), "parameters differ from the local run"
-    placement = json.loads((run_dir / "ray-placement.json").read_text())
-    assert len({h["node_id"] for h in placement["hosts"]}) == 2
+    assert digest.read_text() == (tmp_path / "local.sha").read_text(), "parameters differ from the local run"
+    assert any(e["event"] == "checkpoint_committed" for e in read_jsonl(run_dir / "events.jsonl"))
+    assert any(p.name.startswith("step-") for p in (storage / "ray" / "checkpoints").iterdir()), "no checkpoint in the storage"
+    assert_spread(two_nodes, run_dir)
     assert_none_left(run_dir)
 
 
 @pytest.mark.slow
-def test_env_contract_on_ray(two_nodes, tmp_path):
-    done = meshrun(on_ray(two_nodes, "-n", "4", "--hosts", "2", "--platform", "cpu", "--tee", "none", str(SCRIPTS / "dump_env.py")), runs_dir=tmp_path / "runs")
+def test_env_contract_on_ray(two_nodes, storage, tmp_path):
+    """PACK cannot fit two hosts of 2 CPUs on one 2-CPU node: one host per
+    node, each worker told its own node's address and the controller's."""
+    done = meshrun(on_ray(two_nodes, "-n", "4", "--hosts", "2", "--storage", str(storage), "--platform", "cpu", "--tee", "none", str(SCRIPTS / "dump_env.py")), runs_dir=tmp_path / "runs")
     assert done.code == 0, done.stderr
-    envs = [json.loads((done.run_dir / f"env-{r}.json").read_text()) for r in range(4)]
+    envs = [json.loads((storage / "t" / f"env-{r}.json").read_text()) for r in range(4)]
     assert {e["MESHRUN_HOST_RANK"] for e in envs} == {"0", "1"}
-    assert all(e["MESHRUN_HOST_IP"] == "127.0.0.1" for e in envs)
-    assert all(e["MESHRUN_CONTROL_ADDR"].startswith("127.0.0.1:") for e in envs)
+    hosts = placed(done.run_dir)
+    assert sorted(h["ip"] for h in hosts.values()) == sorted([two_nodes.head_ip, two_nodes.node_ip])
+    assert all(e["MESHRUN_HOST_IP"] == hosts[int(e["MESHRUN_HOST_RANK"])]["ip"] for e in envs)
+    assert all(e["MESHRUN_CONTROL_ADDR"].startswith(f"{two_nodes.head_ip}:") for e in envs)
+    assert {e["JAX_COORDINATOR_ADDRESS"].rsplit(":", 1)[0] for e in envs} == {hosts[0]["ip"]}
     assert len({e["JAX_COORDINATOR_ADDRESS"] for e in envs}) == 1
     assert all(e["CUDA_VISIBLE_DEVICES"] == "" for e in envs if "CUDA_VISIBLE_DEVICES" in e)
     record = json.loads((done.run_dir / "run.json").read_text())
-    assert record["plan"]["ray"] == {"address": two_nodes, "strategy": "PACK"}
+    assert record["plan"]["ray"] == {"address": two_nodes.address, "strategy": "PACK"}
     assert_none_left(done.run_dir)
 
 
 @pytest.mark.slow
-def test_a_killed_agent_actor_restarts_the_attempt(two_nodes, tmp_path):
+def test_a_killed_agent_actor_restarts_the_attempt(two_nodes, storage, tmp_path):
     runs = tmp_path / "runs"
     run_dir = runs / "actor"
-    proc = start(on_ray(two_nodes, "-n", "2", "--hosts", "2", "--max-failures", "1", "--platform", "cpu", "--tee", "none", str(SCRIPTS / "plain_sleeper.py")), runs_dir=runs, name="actor")
+    proc = start(on_ray(two_nodes, "-n", "2", "--hosts", "2", "--storage", str(storage), "--max-failures", "1", "--platform", "cpu", "--tee", "none", str(SCRIPTS / "plain_sleeper.py")), runs_dir=runs, name="actor")
     try:
-        wait_for(lambda: proc.poll() is not None or all((run_dir / f"ready-{r}").exists() for r in (0, 1)), 90, "workers on Ray")
+        wait_for(lambda: proc.poll() is not None or all((storage / "actor" / f"ready-{r}").exists() for r in (0, 1)), 90, "workers on Ray")
         assert proc.poll() is None, proc.communicate()[1]
         first = json.loads((run_dir / "ray-placement.json").read_text())
         os.kill(first["hosts"][1]["actor_pid"], signal.SIGKILL)
@@ -182,19 +365,20 @@ def psum_fn():
 
 
 @pytest.mark.slow
-def test_trainer_on_ray(two_nodes, tmp_path):
+def test_trainer_on_ray(two_nodes, storage):
+    """The Trainer's storage_path holds the run folders and the checkpoints
+    alike, so it is the folder both nodes see."""
     import meshrun
 
     result = meshrun.Trainer(
         psum_fn,
-        scaling_config=meshrun.ScalingConfig(num_workers=2, num_hosts=2, backend="ray", ray_address=two_nodes, ray_strategy="STRICT_SPREAD", control_host="127.0.0.1"),
-        run_config=meshrun.RunConfig(name="fit", storage_path=str(tmp_path / "runs"), tee="none"),
+        scaling_config=meshrun.ScalingConfig(num_workers=2, num_hosts=2, backend="ray", ray_address=two_nodes.address, ray_strategy="STRICT_SPREAD", control_host=two_nodes.head_ip),
+        run_config=meshrun.RunConfig(name="fit", storage_path=str(storage), tee="none"),
     ).fit()
     assert result.status == "succeeded", result.error
     assert result.metrics["sum"] == 3
-    placement = json.loads((tmp_path / "runs" / "fit" / "ray-placement.json").read_text())
-    assert len({h["node_id"] for h in placement["hosts"]}) == 2
-    assert_none_left(tmp_path / "runs" / "fit")
+    assert_spread(two_nodes, storage / "fit")
+    assert_none_left(storage / "fit")
 
 
 def test_ray_backend_without_an_address_is_a_config_error(tmp_path):
@@ -212,7 +396,7 @@ def driver_on(two_nodes):
     import ray
 
     saved = dict(os.environ)
-    ray.init(address=two_nodes, logging_level="ERROR", log_to_driver=False)
+    ray.init(address=two_nodes.address, logging_level="ERROR", log_to_driver=False)
     try:
         yield two_nodes
     finally:
@@ -234,7 +418,9 @@ def read_shard_fn(config):
         types.add(type(batch["x"]).__name__)
         assert np.array_equal(batch["x"], batch["id"] * 2)
         ids.extend(int(i) for i in batch["id"])
-    with open(os.path.join(ctx.run_dir, f"ids-{ctx.rank}.json"), "w") as f:
+    # The storage: the folder every host reaches (the run folder is the
+    # controller's only).
+    with open(os.path.join(ctx.storage_dir, f"ids-{ctx.rank}.json"), "w") as f:
         json.dump({"ids": ids, "types": sorted(types)}, f)
     # The shards feed one jax.distributed program: a sum across processes.
     total = multihost_utils.process_allgather(jnp.array([sum(ids)], dtype=jnp.int32)).sum()
@@ -242,7 +428,7 @@ def read_shard_fn(config):
 
 
 @pytest.mark.slow
-def test_ray_data_shards_reach_every_worker_once(driver_on, tmp_path):
+def test_ray_data_shards_reach_every_worker_once(driver_on, storage):
     import ray
 
     import meshrun
@@ -253,11 +439,12 @@ def test_ray_data_shards_reach_every_worker_once(driver_on, tmp_path):
         read_shard_fn,
         train_loop_config={"batch": 64},
         datasets={"train": ds},
-        scaling_config=meshrun.ScalingConfig(num_workers=2, num_hosts=2, backend="ray", ray_address=driver_on, ray_strategy="STRICT_SPREAD", control_host="127.0.0.1"),
-        run_config=meshrun.RunConfig(name="data", storage_path=str(tmp_path / "runs"), tee="none"),
+        scaling_config=meshrun.ScalingConfig(num_workers=2, num_hosts=2, backend="ray", ray_address=driver_on.address, ray_strategy="STRICT_SPREAD", control_host=driver_on.head_ip),
+        run_config=meshrun.RunConfig(name="data", storage_path=str(storage), tee="none"),
     ).fit()
     assert result.status == "succeeded", result.error
-    run_dir = tmp_path / "runs" / "data"
+    run_dir = storage / "data"
+    assert_spread(driver_on, run_dir)
     parts = [json.loads((run_dir / f"ids-{r}.json").read_text()) for r in (0, 1)]
     assert all(p["types"] == ["ndarray"] for p in parts)
     assert len(parts[0]["ids"]) == len(parts[1]["ids"]) == rows // 2, "equal splits keep SPMD steps in lock step"
@@ -318,3 +505,23 @@ def test_workers_get_the_gpus_ray_assigned_to_their_bundle(one_node_with_gpus, t
     by_host = {h: sorted(e["CUDA_VISIBLE_DEVICES"] for e in envs if e["MESHRUN_HOST_RANK"] == str(h)) for h in (0, 1)}
     assert by_host[0] != by_host[1] and sorted(by_host[0] + by_host[1]) == ["0", "1", "2", "3"]
     assert ["0", "1"] in by_host.values() and ["2", "3"] in by_host.values()
+
+
+@pytest.mark.slow
+def test_zz_probe_without_storage(two_nodes, tmp_path):
+    done = meshrun(on_ray(two_nodes, "-n", "2", "--hosts", "2", "--ray-strategy", "STRICT_SPREAD", "--platform", "cpu", "--tee", "none", HELLO), runs_dir=tmp_path / "runs", timeout=120)
+    print("\nPROBE no storage:", done.code, done.stderr[-1500:])
+
+
+@pytest.mark.slow
+def test_zz_probe_cwd_only_here(two_nodes, storage, tmp_path):
+    proc = subprocess.run([str(MESHRUN), "run", "--runs-dir", str(tmp_path / "runs"), "--name", "t", *on_ray(two_nodes, "-n", "2", "--hosts", "2", "--ray-strategy", "STRICT_SPREAD", "--storage", str(storage), "--platform", "cpu", "--tee", "none", HELLO)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    print("\nPROBE cwd:", proc.returncode, proc.stderr[-2500:])
+    print(placed(tmp_path / "runs" / "t") if (tmp_path / "runs" / "t" / "ray-placement.json").exists() else "no placement")
+
+
+@pytest.mark.slow
+def test_zz_probe_default_control_host(two_nodes, storage, tmp_path):
+    done = meshrun(["--ray", two_nodes.address, "-n", "2", "--hosts", "2", "--ray-strategy", "STRICT_SPREAD", "--storage", str(storage), "--platform", "cpu", "--tee", "none", HELLO], runs_dir=tmp_path / "runs", timeout=120)
+    print("\nPROBE default control host:", done.code, done.stderr[-1500:])
+    print([e for e in done.events() if e["event"] == "agent_joined"])

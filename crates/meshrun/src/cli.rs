@@ -289,9 +289,10 @@ pub struct RunArgs {
 
 #[derive(Debug, Args)]
 pub struct JoinArgs {
-    /// Where the run listens (its --listen).
+    /// Where the run listens (its --listen); a host name is resolved, and
+    /// resolved again until it resolves (a pod's name may come late).
     #[arg(value_name = "ADDR:PORT")]
-    pub controller: SocketAddr,
+    pub controller: String,
     /// A file holding the run's token (the run prints its path); else
     /// `MESHRUN_TOKEN`.
     #[arg(long, value_name = "PATH")]

@@ -1,8 +1,9 @@
 //! `meshrun join ADDR:PORT`: this host joins a run that listens for its
 //! hosts (`meshrun run --listen`).
 
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use meshrun_core::agent::{self, join::join as join_run, AgentConfig};
 use meshrun_core::token::Token;
@@ -30,14 +31,43 @@ enum JoinUsage {
     BadSlurmNodeId(String),
     #[error("--join-timeout must be a positive number of seconds, got {0}")]
     BadTimeout(f64),
+    #[error("'{0}' is not ADDRESS:PORT (like 10.0.0.1:29400 or head-node:29400)")]
+    BadAddress(String),
+}
+
+/// `addr` resolved, retried every second for up to `timeout`: a host's
+/// name may not resolve yet when it starts (a pod's DNS record).
+fn resolve(addr: &str, timeout: Duration) -> Result<SocketAddr, String> {
+    let start = Instant::now();
+    loop {
+        match addr.to_socket_addrs().map(|mut all| all.next()) {
+            Ok(Some(found)) => return Ok(found),
+            Ok(None) => return Err(format!("'{addr}' resolves to no address")),
+            Err(e) if start.elapsed() >= timeout => {
+                return Err(format!(
+                    "cannot resolve '{addr}' within {} s: {e}",
+                    timeout.as_secs()
+                ))
+            }
+            Err(_) => std::thread::sleep(Duration::from_secs(1)),
+        }
+    }
 }
 
 pub fn join(args: &JoinArgs) -> i32 {
-    let cfg = match config(args) {
+    let mut cfg = match config(args) {
         Ok(cfg) => cfg,
         Err(e) => {
             error(e);
             return exit::USAGE;
+        }
+    };
+    let timeout = Duration::from_secs_f64(args.join_timeout);
+    cfg.controller = match resolve(&args.controller, timeout) {
+        Ok(addr) => addr,
+        Err(e) => {
+            error(e);
+            return exit::FAILURE;
         }
     };
     let runtime = match agent::runtime() {
@@ -47,7 +77,6 @@ pub fn join(args: &JoinArgs) -> i32 {
             return exit::FAILURE;
         }
     };
-    let timeout = Duration::from_secs_f64(args.join_timeout);
     match runtime.block_on(join_run(cfg, timeout)) {
         Ok(()) => exit::SUCCESS,
         Err(e) => {
@@ -60,6 +89,13 @@ pub fn join(args: &JoinArgs) -> i32 {
 fn config(args: &JoinArgs) -> Result<AgentConfig, JoinUsage> {
     if !(args.join_timeout.is_finite() && args.join_timeout > 0.0) {
         return Err(JoinUsage::BadTimeout(args.join_timeout));
+    }
+    // The form is checked here; the name is resolved later.
+    let Some((host, port)) = args.controller.rsplit_once(':') else {
+        return Err(JoinUsage::BadAddress(args.controller.clone()));
+    };
+    if host.is_empty() || port.parse::<u16>().is_err() {
+        return Err(JoinUsage::BadAddress(args.controller.clone()));
     }
     let token = match (&args.token_file, std::env::var("MESHRUN_TOKEN")) {
         (Some(path), _) => read_token(path)?,
@@ -80,7 +116,8 @@ fn config(args: &JoinArgs) -> Result<AgentConfig, JoinUsage> {
         (None, Err(_)) => None,
     };
     Ok(AgentConfig {
-        controller: args.controller,
+        // Set once resolved.
+        controller: SocketAddr::from(([0, 0, 0, 0], 0)),
         token,
         host,
         host_ip: None,
