@@ -12,7 +12,7 @@ import sys
 import time
 
 import pytest
-from conftest import MESHRUN, ROOT, SCRIPTS, meshrun, read_jsonl, wait_for
+from conftest import MESHRUN, ROOT, SCRIPTS, cli, meshrun, read_jsonl, wait_for
 from errors_page import covers, exits
 from hostsrun import listen_addr, meshrun_on, run_args, start_joins
 
@@ -166,6 +166,10 @@ def test_a_host_cut_off_mid_training_rejoins_and_the_run_ends_bit_identical(nsho
     rejoined = [e for e in events("agent_joined") if e["host"] == 1]
     assert len(rejoined) == 2 and rejoined[1]["ip"] == hosts.addr(1)
     assert (hosts.shared / "cut.sha").read_text() == (tmp_path / "ref.sha").read_text()
+    # The run's checkpoints are in the storage, and the CLI finds them there.
+    listed = cli("ckpt", "ls", "cut", "--runs-dir", run_dir.parent)
+    assert listed.returncode == 0 and str(hosts.shared / "cut" / "checkpoints" / "step-") in listed.stdout, listed.stdout
+    assert not (run_dir / "checkpoints").exists() or not list((run_dir / "checkpoints").iterdir())
 
 
 def test_a_host_that_never_comes_back_ends_the_run_saying_so(nshosts):

@@ -3,10 +3,10 @@ down themselves: the same program gives the same losses as the local
 backend, agents land on distinct nodes, a dead actor or worker restarts the
 attempt, and a wrong address is a clear error.
 
-The two-node cluster's nodes share nothing: the head runs here (beside the
-controller, as on a login node), the other node in a namespace host (see
-nshosts.py) with its own address, /tmp (so its own Ray session folder) and
-scratch folder. The run folder stays here; checkpoints and what scripts
+The two-node cluster's nodes share nothing: the head runs on this machine,
+beside the controller, the other node in a namespace host (see nshosts.py)
+with its own address, /tmp (so its own Ray session folder) and scratch
+folder. The run folder stays here; checkpoints and what scripts
 write for the tests go to the run's storage in the hosts' shared folder."""
 
 from __future__ import annotations
@@ -31,8 +31,9 @@ from nshosts import NsHosts, nshosts_unavailable
 
 DIGITS = str(ROOT / "examples" / "digits_dp.py")
 RAY = Path(sys.executable).parent / "ray"
+PR_SET_PDEATHSIG = 1
 
-# The tests on a cluster are marked slow: starting one takes about 15 s, and
+# The tests on a cluster are marked slow: starting one takes 15-30 s, and
 # their runs as long again; the checks of arguments need none.
 
 # Every process of the test cluster carries this variable (with the
@@ -81,6 +82,23 @@ def free_port(ip: str) -> int:
     with socket.socket() as s:
         s.bind((ip, 0))
         return s.getsockname()[1]
+
+
+# Runs argv with SIGTERM (which stops a `ray start --block` and its node)
+# as its parent-death signal, so the nodes go even if the test process is
+# SIGKILLed. It survives exec; nsenter, unshare and sh exec in turn, so in
+# a host too the parent is the test process.
+WITH_PARENT = """
+import ctypes, os, signal, sys
+ctypes.CDLL(None, use_errno=True).prctl(%d, signal.SIGTERM, 0, 0, 0)
+if os.getppid() != int(sys.argv[1]):
+    sys.exit("the test process is gone")
+os.execv(sys.argv[2], sys.argv[2:])
+""" % PR_SET_PDEATHSIG
+
+
+def with_parent(argv: list[str]) -> list[str]:
+    return [sys.executable, "-c", WITH_PARENT, str(os.getpid()), *argv]
 
 
 def tail(path: Path, n: int = 3000) -> str:
@@ -142,15 +160,16 @@ def two_nodes(tmp_path_factory):
     reason = nshosts_unavailable()
     if reason is not None:
         pytest.skip(f"no network namespaces: {reason}")
-    mark = f"{MARK}={secrets.token_hex(4)}"
-    env = {**RAY_ENV, MARK: mark.split("=", 1)[1]}
-    # Unix socket paths in the session folder must stay under 108 bytes.
-    temp = Path(tempfile.mkdtemp(prefix="mr-ray-", dir="/tmp"))
+    cluster_id = secrets.token_hex(4)
+    env = {**RAY_ENV, MARK: cluster_id}
     # The head node's agents keep their scratch (compilation cache) here.
     scratch = tmp_path_factory.mktemp("head-scratch")
     hosts = NsHosts(1)
     procs: list[subprocess.Popen] = []
+    temp = None
     try:
+        # Unix socket paths in the session folder must stay under 108 bytes.
+        temp = Path(tempfile.mkdtemp(prefix="mr-ray-", dir="/tmp"))
         head_ip, node_ip = hosts.controller_addr, hosts.addr(0)
         port = free_port(head_ip)
         address = f"{head_ip}:{port}"
@@ -163,7 +182,7 @@ def two_nodes(tmp_path_factory):
                 "--include-dashboard", "false", "--dashboard-port", str(free_port("127.0.0.1")),
                 "--ray-client-server-port", str(free_port(head_ip)), "--dashboard-agent-listen-port", str(free_port(head_ip)), *NODE_ARGS,
             ]  # fmt: skip
-            procs.append(subprocess.Popen(head, env={**os.environ, **env, "MESHRUN_SCRATCH": str(scratch)}, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+            procs.append(subprocess.Popen(with_parent(head), env={**os.environ, **env, "MESHRUN_SCRATCH": str(scratch)}, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
 
         def gcs_answers() -> bool:
             assert procs[0].poll() is None, f"the Ray head exited with {procs[0].returncode}:\n{tail(head_log)}"
@@ -175,17 +194,18 @@ def two_nodes(tmp_path_factory):
 
         wait_for(gcs_answers, START_TIMEOUT_S, f"the Ray head at {address}")
         with node_log.open("w") as out:
-            procs.append(hosts.popen(0, [str(RAY), "start", "--address", address, "--node-ip-address", node_ip, *NODE_ARGS], env=env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT))
+            procs.append(hosts.popen(0, with_parent([str(RAY), "start", "--address", address, "--node-ip-address", node_ip, *NODE_ARGS]), env=env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT))
         up = subprocess.run([sys.executable, "-c", NODES_UP, address, str(START_TIMEOUT_S)], capture_output=True, text=True, timeout=START_TIMEOUT_S + 60, env={**os.environ, **RAY_ENV}, cwd=ROOT)
         nodes = json.loads(up.stdout.strip().splitlines()[-1]) if up.returncode == 0 and up.stdout.strip() else None
         assert nodes == {head_ip: 2.0, node_ip: 2.0}, f"cluster: {nodes}\n{up.stderr[-2000:]}\nhead:\n{tail(head_log)}\nnode:\n{tail(node_log)}"
         yield TwoNodes(address, head_ip, node_ip, hosts)
     finally:
         try:
-            stop_nodes(procs, mark)
+            stop_nodes(procs, f"{MARK}={cluster_id}")
         finally:
             hosts.close()
-            shutil.rmtree(temp, ignore_errors=True)
+            if temp is not None:
+                shutil.rmtree(temp, ignore_errors=True)
 
 
 @pytest.fixture
@@ -505,23 +525,3 @@ def test_workers_get_the_gpus_ray_assigned_to_their_bundle(one_node_with_gpus, t
     by_host = {h: sorted(e["CUDA_VISIBLE_DEVICES"] for e in envs if e["MESHRUN_HOST_RANK"] == str(h)) for h in (0, 1)}
     assert by_host[0] != by_host[1] and sorted(by_host[0] + by_host[1]) == ["0", "1", "2", "3"]
     assert ["0", "1"] in by_host.values() and ["2", "3"] in by_host.values()
-
-
-@pytest.mark.slow
-def test_zz_probe_without_storage(two_nodes, tmp_path):
-    done = meshrun(on_ray(two_nodes, "-n", "2", "--hosts", "2", "--ray-strategy", "STRICT_SPREAD", "--platform", "cpu", "--tee", "none", HELLO), runs_dir=tmp_path / "runs", timeout=120)
-    print("\nPROBE no storage:", done.code, done.stderr[-1500:])
-
-
-@pytest.mark.slow
-def test_zz_probe_cwd_only_here(two_nodes, storage, tmp_path):
-    proc = subprocess.run([str(MESHRUN), "run", "--runs-dir", str(tmp_path / "runs"), "--name", "t", *on_ray(two_nodes, "-n", "2", "--hosts", "2", "--ray-strategy", "STRICT_SPREAD", "--storage", str(storage), "--platform", "cpu", "--tee", "none", HELLO)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    print("\nPROBE cwd:", proc.returncode, proc.stderr[-2500:])
-    print(placed(tmp_path / "runs" / "t") if (tmp_path / "runs" / "t" / "ray-placement.json").exists() else "no placement")
-
-
-@pytest.mark.slow
-def test_zz_probe_default_control_host(two_nodes, storage, tmp_path):
-    done = meshrun(["--ray", two_nodes.address, "-n", "2", "--hosts", "2", "--ray-strategy", "STRICT_SPREAD", "--storage", str(storage), "--platform", "cpu", "--tee", "none", HELLO], runs_dir=tmp_path / "runs", timeout=120)
-    print("\nPROBE default control host:", done.code, done.stderr[-1500:])
-    print([e for e in done.events() if e["event"] == "agent_joined"])

@@ -129,6 +129,16 @@ impl RunRecord {
         self.plan_value(key)?.as_str()
     }
 
+    /// The folder of run `run_dir` in its storage, where `checkpoints/`
+    /// is: `STORAGE/NAME` when the run was given a storage, else the run
+    /// folder itself.
+    pub fn storage_dir(&self, run_dir: &std::path::Path) -> std::path::PathBuf {
+        match self.plan_str("storage") {
+            Some(root) => std::path::Path::new(root).join(&self.name),
+            None => run_dir.to_path_buf(),
+        }
+    }
+
     fn plan_value(&self, key: &str) -> Option<&serde_json::Value> {
         if key.starts_with('/') {
             self.plan.pointer(key)

@@ -87,7 +87,12 @@ fn run_folder(run: &str, runs_dir: &Path) -> Result<PathBuf, CkptCliError> {
 
 fn ls(run: &str, runs_dir: &Path) -> Result<(), CkptCliError> {
     let dir = run_folder(run, runs_dir)?;
-    let checkpoints = dir.join(meshrun_record::names::CHECKPOINTS);
+    // A run given --storage keeps its checkpoints there.
+    let storage = match meshrun_record::read::run_record(&dir) {
+        Ok(Some(record)) => record.storage_dir(&dir),
+        _ => dir,
+    };
+    let checkpoints = storage.join(meshrun_record::names::CHECKPOINTS);
     let mut rows = Vec::new();
     for (step, path) in committed(&checkpoints) {
         let reader = Reader::open(&path)?;

@@ -403,7 +403,11 @@ pub fn render_status(run: &RunView) -> String {
 }
 
 fn checkpoints_line(run: &RunView, out: &mut String) {
-    let committed = meshrun_ckpt::commit::committed(&run.dir.join(names::CHECKPOINTS));
+    let storage = run
+        .record
+        .as_ref()
+        .map_or_else(|| run.dir.clone(), |r| r.storage_dir(&run.dir));
+    let committed = meshrun_ckpt::commit::committed(&storage.join(names::CHECKPOINTS));
     let _ = writeln!(
         out,
         "\ncheckpoints  {}",
