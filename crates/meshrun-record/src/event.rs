@@ -31,6 +31,12 @@ pub enum Event {
         pid: u32,
         gpus: Vec<String>,
     },
+    /// A host that joined by itself went away before the launch; it may
+    /// join again.
+    AgentLeft {
+        host: u32,
+        error: String,
+    },
     /// An agent that offered to join was turned away.
     AgentRefused {
         ip: String,
@@ -174,6 +180,7 @@ impl Event {
             Event::RunEnded { attempt, .. } => *attempt,
             Event::AgentJoined { .. }
             | Event::AgentRefused { .. }
+            | Event::AgentLeft { .. }
             | Event::CheckpointsDeleted { .. }
             | Event::RetentionFailed { .. }
             | Event::CheckpointDiscarded { .. }

@@ -310,6 +310,15 @@ impl Machine {
                 let Some(host) = self.host_of(conn) else {
                     return Ok(());
                 };
+                if !self.launched && self.plan.rendezvous && host != 0 {
+                    // A host that joined by itself may join again (its
+                    // network blinked, its `meshrun join` was restarted):
+                    // its rank is free until then.
+                    tracing::warn!(host, "a joined host left before the launch ({error})");
+                    self.agents.remove(&host);
+                    self.record(Event::AgentLeft { host, error });
+                    return Ok(());
+                }
                 if !self.launched {
                     if self.stop.is_none() {
                         return Err(CoreError::AgentGone {

@@ -306,3 +306,23 @@ fn a_frozen_worker_on_a_host_still_heard_from_is_unresponsive_not_cut_off() {
         f.cause
     );
 }
+
+#[test]
+fn a_joined_host_that_leaves_before_the_launch_may_join_again() {
+    let mut sim = Sim::with_setup(joined_plan(3), setup(false, None));
+    sim.join_host(H0, Some(0), "10.0.0.10");
+    sim.join_host(H1, None, "10.0.0.11");
+    sim.input(Input::AgentLost {
+        conn: H1,
+        error: "connection reset".into(),
+    });
+    assert_eq!(sim.m.host_of(H1), None, "its rank is free again");
+    assert!(sim
+        .events()
+        .iter()
+        .any(|e| matches!(e, Event::AgentLeft { host: 1, .. })));
+    sim.join_host(H1 + 10, None, "10.0.0.11");
+    sim.join_host(H2, None, "10.0.0.12");
+    assert_eq!(sim.m.host_of(H1 + 10), Some(1));
+    assert!(sim.m.launched());
+}
