@@ -190,3 +190,17 @@ def test_a_host_that_never_comes_back_ends_the_run_saying_so(nshosts):
     assert f"host 1 ({hosts.addr(1)}), unreachable for" in err, err
     assert "host 1 did not join within 5 s" in err, err
     joiner.wait(timeout=60)
+
+
+def test_a_working_folder_missing_on_a_host_is_named(nshosts):
+    """Workers start in the controller's working folder on every host; a
+    host without it says so instead of blaming the program."""
+    hosts = nshosts(2)
+    hosts.run(0, ["mkdir", "/tmp/work"])
+    env = token_env()
+    controller = hosts.popen(0, run_args(hosts, ["-n", "2", "--join-timeout", "30", HELLO], "nowork"), env=env, cwd="/tmp/work", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    (joiner,) = start_joins(hosts, env, timeout=30)
+    _, err = controller.communicate(timeout=120)
+    joiner.wait(timeout=30)
+    assert controller.returncode == 1, err
+    assert "rank 1 could not start: the run's working folder '/tmp/work' is not on this host" in err, err

@@ -29,6 +29,19 @@ pub(super) fn spawn_worker(
         });
         return None;
     };
+    // Hosts share no filesystem unless someone set it up: name what is
+    // missing here, rather than the program, which the OS blames.
+    if !std::path::Path::new(&w.cwd).is_dir() {
+        let _ = events.send(Message::SpawnFailed {
+            rank: w.rank,
+            error: format!(
+                "the run's working folder '{}' is not on this host: every host needs the \
+                 program and its folder at the same path as the controller's machine",
+                w.cwd
+            ),
+        });
+        return None;
+    }
     let command = || {
         let mut cmd = tokio::process::Command::new(program);
         cmd.args(args)
