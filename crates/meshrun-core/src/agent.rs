@@ -22,7 +22,7 @@ use crate::error::CoreError;
 use crate::gpu::Inventory;
 use crate::leftovers::{Contained, Containment};
 use crate::process::{exit_info, signal_group, signal_process};
-use crate::protocol::{auth, Connection, Message, Stream, WorkerLaunch, STACK_DUMP_WAIT};
+use crate::protocol::{auth, Message, Stream, WorkerLaunch, STACK_DUMP_WAIT};
 use crate::token::Token;
 
 /// Longer lines are forwarded in pieces of this size.
@@ -71,8 +71,7 @@ pub async fn run(cfg: AgentConfig) -> Result<(), CoreError> {
         .connect(cfg.controller)
         .await
         .map_err(net("cannot reach the controller"))?;
-    let mut conn = Connection::new(stream);
-    auth::connect(&mut conn, &cfg.token).await?;
+    let mut conn = auth::connect(stream, &cfg.token).await?;
     let gpus = Inventory::discover().map(|inv| inv.ids).unwrap_or_default();
     let free_port = std::net::TcpListener::bind(SocketAddr::new(cfg.host_ip, 0))
         .and_then(|l| l.local_addr())
