@@ -1,8 +1,11 @@
-"""The control plane lets no one in: while a real run goes on, clients that
-stay silent, skip the handshake, prove a wrong token, send garbage, an
-oversized length or another protocol version are each cut off, and the run
-finishes with every report. A client with the right token (read from the
-owner-only token file) is let in, so the harness itself is shown to work.
+"""The control plane lets no one in and shows nothing: while a real run goes
+on, clients that stay silent, skip the handshake, hold a wrong token, send
+garbage, an oversized length or speak another protocol version are each
+cut off, and the run finishes with every report. A client with the right
+token (read from the owner-only token file) completes the Noise handshake,
+so the harness itself is shown to speak the protocol; a frame it alters
+after the handshake, and a recording of its connection replayed on a new
+one, are rejected, closed and recorded as `frame_rejected` events.
 A --control-port that another program holds is refused before anything
 starts; a free one is kept by every attempt."""
 
@@ -15,26 +18,85 @@ import os
 import socket
 import stat
 import struct
+import time
 
 import pytest
 from conftest import HELLO, SCRIPTS, assert_none_left, cli, meshrun, read_jsonl, start, stop, wait_for
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from errors_page import covers, exits
 
-VERSION = 1
+VERSION = 2
+PATTERN = b"Noise_NNpsk0_25519_ChaChaPoly_BLAKE2s"
+PROLOGUE = b"meshrun control protocol, version"
 
 
-def frame(message: dict, version: int = VERSION) -> bytes:
-    body = bytes([version]) + json.dumps(message).encode()
-    return struct.pack(">I", len(body)) + body
+# The client's side of the Noise NNpsk0 handshake (noiseprotocol.org,
+# revision 34), as meshrun's Rust client does it with the `snow` crate.
+
+def _blake2s(data: bytes) -> bytes:
+    return hashlib.blake2s(data).digest()
 
 
-def read_frame(sock: socket.socket) -> dict | None:
-    """The next message, or None when the server closed the connection."""
-    head = _read_exact(sock, 4)
-    if head is None:
-        return None
-    body = _read_exact(sock, struct.unpack(">I", head)[0])
-    return None if body is None else json.loads(body[1:])
+def _hkdf(chaining_key: bytes, material: bytes, outputs: int) -> list[bytes]:
+    temp = hmac.new(chaining_key, material, hashlib.blake2s).digest()
+    out, last = [], b""
+    for i in range(1, outputs + 1):
+        last = hmac.new(temp, last + bytes([i]), hashlib.blake2s).digest()
+        out.append(last)
+    return out
+
+
+def _nonce(n: int) -> bytes:
+    return b"\0" * 4 + n.to_bytes(8, "little")
+
+
+class NoiseClient:
+    """One connection's handshake and transport keys."""
+
+    def __init__(self, token: bytes, version: int = VERSION):
+        self.h = _blake2s(PATTERN)
+        self.ck = self.h
+        self._mix_hash(PROLOGUE + bytes([version]))
+        self.token = token
+        self.e = X25519PrivateKey.generate()
+
+    def _mix_hash(self, data: bytes) -> None:
+        self.h = _blake2s(self.h + data)
+
+    def _mix_key(self, material: bytes) -> None:
+        self.ck, self.k = _hkdf(self.ck, material, 2)
+
+    def first_message(self) -> bytes:
+        """psk, e, and the tag of an empty payload, behind its length."""
+        self.ck, temp_h, self.k = _hkdf(self.ck, self.token, 3)
+        self._mix_hash(temp_h)
+        e_pub = self.e.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+        self._mix_hash(e_pub)
+        self._mix_key(e_pub)
+        tag = ChaCha20Poly1305(self.k).encrypt(_nonce(0), b"", self.h)
+        self._mix_hash(tag)
+        message = e_pub + tag
+        return struct.pack(">H", len(message)) + message
+
+    def read_answer(self, message: bytes) -> None:
+        """e, ee and the server's tag; raises when the server does not hold the token."""
+        re, tag = message[:32], message[32:]
+        self._mix_hash(re)
+        self._mix_key(re)
+        self._mix_key(self.e.exchange(X25519PublicKey.from_public_bytes(re)))
+        ChaCha20Poly1305(self.k).decrypt(_nonce(0), tag, self.h)
+        self._mix_hash(tag)
+        self.send_key, self.receive_key = _hkdf(self.ck, b"", 2)
+        self.sent = 0
+
+    def seal(self, message: dict) -> bytes:
+        """One frame of a small message: a single piece that is its last."""
+        body = bytes([VERSION]) + json.dumps(message).encode() + b"\0"
+        piece = ChaCha20Poly1305(self.send_key).encrypt(_nonce(self.sent), body, b"")
+        self.sent += 1
+        return struct.pack(">H", len(piece)) + piece
 
 
 def _read_exact(sock: socket.socket, n: int) -> bytes | None:
@@ -52,25 +114,36 @@ def _read_exact(sock: socket.socket, n: int) -> bytes | None:
 
 def closed_by_server(sock: socket.socket, within: float) -> bool:
     """True when the server ends the connection within ``within`` seconds
-    without sending anything more."""
-    sock.settimeout(within)
+    (whatever it sent before)."""
+    deadline = time.monotonic() + within
     try:
-        return read_frame(sock) is None
+        while (left := deadline - time.monotonic()) > 0:
+            sock.settimeout(left)
+            if not sock.recv(4096):
+                return True
+        return False
     except TimeoutError:
         return False
+    except ConnectionResetError:
+        return True
     finally:
         sock.close()
 
 
-def challenge(address: tuple[str, int]) -> tuple[socket.socket, str]:
+def handshake(address: tuple[str, int], token: bytes) -> tuple[socket.socket, NoiseClient, bytes]:
+    """A connection that has passed the handshake, its keys and the bytes it sent."""
     sock = socket.create_connection(address, timeout=5)
-    first = read_frame(sock)
-    assert first is not None and first["type"] == "challenge", first
-    return sock, first["nonce"]
+    noise = NoiseClient(token)
+    first = noise.first_message()
+    sock.sendall(first)
+    head = _read_exact(sock, 2)
+    assert head is not None and struct.unpack(">H", head)[0] == 48, head
+    noise.read_answer(_read_exact(sock, 48))
+    return sock, noise, first
 
 
-def mac(key: bytes, label: bytes, nonce: str) -> str:
-    return hmac.new(key, label + nonce.encode(), hashlib.sha256).hexdigest()
+def connect(address: tuple[str, int]) -> socket.socket:
+    return socket.create_connection(address, timeout=5)
 
 
 @pytest.mark.slow
@@ -90,41 +163,58 @@ def test_intruders_are_refused_while_a_run_goes_on(tmp_path):
         assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
         token = bytes.fromhex(token_file.read_text())
 
-        # The right token is let in: the harness speaks the protocol.
-        sock, nonce = challenge(address)
-        sock.sendall(frame({"type": "auth", "mac": mac(token, b"client", nonce), "nonce": "ab" * 32}))
-        welcome = read_frame(sock)
-        assert welcome is not None and welcome["type"] == "welcome"
-        assert hmac.compare_digest(welcome["mac"], mac(token, b"server", "ab" * 32))
-        sock.close()
+        # The right token is let in: the server's answer opens with our
+        # keys. A heartbeat, sealed right, is not a hello: the server closes
+        # the connection, without a rejection.
+        sock, noise, first = handshake(address, token)
+        heartbeat = noise.seal({"type": "heartbeat"})
+        sock.sendall(heartbeat)
+        assert closed_by_server(sock, 3)
+
+        rejected_from = []
+        # A frame altered after the handshake.
+        sock, noise, _ = handshake(address, token)
+        rejected_from.append("%s:%d" % sock.getsockname())
+        altered = bytearray(noise.seal({"type": "heartbeat"}))
+        altered[10] ^= 0x01
+        sock.sendall(bytes(altered))
+        altered_closed = closed_by_server(sock, 3)
+        # The first connection, recorded and replayed on a new one: the
+        # server answers the handshake, then rejects the frame.
+        sock = connect(address)
+        rejected_from.append("%s:%d" % sock.getsockname())
+        sock.sendall(first + heartbeat)
+        replay_closed = closed_by_server(sock, 3)
+        assert altered_closed and replay_closed, (altered_closed, replay_closed)
 
         refused = {}
         # A wrong token.
-        sock, nonce = challenge(address)
-        sock.sendall(frame({"type": "auth", "mac": mac(os.urandom(32), b"client", nonce), "nonce": "cd" * 32}))
+        sock = connect(address)
+        sock.sendall(NoiseClient(os.urandom(32)).first_message())
         refused["wrong token"] = closed_by_server(sock, 3)
-        # No handshake: straight to a report.
-        sock, _ = challenge(address)
-        sock.sendall(frame({"type": "report", "step": 999, "metrics": {"loss": -1.0}}))
+        # No handshake: straight to a report, as the old protocol framed it.
+        sock = connect(address)
+        body = bytes([1]) + json.dumps({"type": "report", "step": 999, "metrics": {"loss": -1.0}}).encode()
+        sock.sendall(struct.pack(">I", len(body)) + body)
         refused["no handshake"] = closed_by_server(sock, 3)
         # Garbage bytes.
-        sock, _ = challenge(address)
+        sock = connect(address)
         sock.sendall(os.urandom(4096))
         refused["garbage"] = closed_by_server(sock, 3)
-        # A length far over the 1 MiB limit: refused before anything is read.
-        sock, _ = challenge(address)
-        sock.sendall(struct.pack(">I", 0x7FFFFFF0) + b"x" * 1024)
+        # A length over any handshake message: refused before anything is read.
+        sock = connect(address)
+        sock.sendall(struct.pack(">H", 0xFFFF) + b"x" * 1024)
         refused["oversized"] = closed_by_server(sock, 3)
-        # A frame of another protocol version.
-        sock, nonce = challenge(address)
-        sock.sendall(frame({"type": "auth", "mac": mac(token, b"client", nonce), "nonce": "ef" * 32}, version=99))
+        # The right token, another protocol version.
+        sock = connect(address)
+        sock.sendall(NoiseClient(token, version=99).first_message())
         refused["other version"] = closed_by_server(sock, 3)
-        # A truncated frame, then silence: dropped at the handshake timeout.
-        sock, _ = challenge(address)
-        sock.sendall(struct.pack(">I", 100) + b"{")
+        # A truncated message, then silence: dropped at the handshake timeout.
+        sock = connect(address)
+        sock.sendall(struct.pack(">H", 48) + b"{")
         refused["truncated"] = closed_by_server(sock, 8)
         # Silence.
-        sock, _ = challenge(address)
+        sock = connect(address)
         refused["silent"] = closed_by_server(sock, 8)
         assert all(refused.values()), refused
         assert proc.poll() is None, "an intruder stopped the run"
@@ -135,7 +225,11 @@ def test_intruders_are_refused_while_a_run_goes_on(tmp_path):
     steps = [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")]
     assert steps == list(range(1, 161)), "reports were lost or an intruder's report was recorded"
     assert all((run_dir / f"sent-{r}").read_text() == "160" for r in (0, 1))
-    assert not [e for e in read_jsonl(run_dir / "events.jsonl") if e["event"] == "worker_failed"]
+    events = read_jsonl(run_dir / "events.jsonl")
+    assert not [e for e in events if e["event"] == "worker_failed"]
+    rejections = [e for e in events if e["event"] == "frame_rejected"]
+    assert sorted(e["peer"] for e in rejections) == sorted(rejected_from), rejections
+    assert all(e["attempt"] == 1 and "does not authenticate" in e["reason"] for e in rejections), rejections
     assert token.hex() not in (err + "".join(p.read_text() for p in (run_dir / "logs").iterdir()))
     assert_none_left(run_dir)
 

@@ -1,11 +1,12 @@
-//! The run's secret. Every connection proves it knows the token before any
-//! other frame is read; the token itself never crosses the network.
+//! The run's secret. It is the pre-shared key of every control connection
+//! (see `protocol::auth`): only a peer that holds it completes the
+//! handshake, and the token itself never crosses the network.
 
 use std::fmt;
 
 /// 32 random bytes, carried as 64 hex characters in `MESHRUN_TOKEN`.
 #[derive(Clone, PartialEq, Eq)]
-pub struct Token(Vec<u8>);
+pub struct Token([u8; 32]);
 
 #[derive(Debug, thiserror::Error)]
 pub enum TokenError {
@@ -19,7 +20,7 @@ pub enum TokenError {
 
 impl Token {
     pub fn generate() -> Result<Self, TokenError> {
-        let mut bytes = vec![0u8; 32];
+        let mut bytes = [0u8; 32];
         getrandom::fill(&mut bytes).map_err(TokenError::Random)?;
         Ok(Self(bytes))
     }
@@ -29,14 +30,17 @@ impl Token {
         if text.len() != 64 {
             return Err(TokenError::BadLength(text.len()));
         }
-        Ok(Self(hex::decode(text)?))
+        let mut bytes = [0u8; 32];
+        hex::decode_to_slice(text, &mut bytes)?;
+        Ok(Self(bytes))
     }
 
     pub fn to_hex(&self) -> String {
-        hex::encode(&self.0)
+        hex::encode(self.0)
     }
 
-    pub fn as_bytes(&self) -> &[u8] {
+    /// The token as the 32-byte pre-shared key of the Noise handshake.
+    pub fn as_key(&self) -> &[u8; 32] {
         &self.0
     }
 }

@@ -5,7 +5,6 @@
 //! reader that takes the controller's requests (a checkpoint, when the run
 //! is being preempted) and notices when the controller is gone.
 
-use std::io::{BufWriter, Write};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError, SyncSender, TryRecvError};
@@ -15,8 +14,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::error::CoreError;
-use crate::protocol::frame::{encode, put_body, put_frame, read_frame, MAX_FRAME_BYTES};
-use crate::protocol::{auth, Message, ProtocolError};
+use crate::protocol::frame::{encode, MAX_FRAME_BYTES};
+use crate::protocol::{auth, BlockingWriter, Message, ProtocolError};
 use crate::token::Token;
 
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
@@ -99,20 +98,16 @@ impl WorkerClient {
         stream
             .set_read_timeout(Some(auth::HANDSHAKE_TIMEOUT))
             .map_err(net("socket"))?;
-        auth::connect_blocking(&mut stream, token)?;
+        let keys = auth::connect_blocking(&mut stream, token)?;
         stream.set_read_timeout(None).map_err(net("socket"))?;
 
-        let mut reader = stream.try_clone().map_err(net("socket"))?;
-        let mut out = BufWriter::new(stream);
-        put_frame(
-            &mut out,
-            &Message::WorkerHello {
-                rank,
-                attempt,
-                pid: std::process::id(),
-            },
-        )?;
-        out.flush().map_err(ProtocolError::from)?;
+        let reader = stream.try_clone().map_err(net("socket"))?;
+        let (mut reader, mut out) = keys.into_blocking(reader, stream);
+        out.send(&Message::WorkerHello {
+            rank,
+            attempt,
+            pid: std::process::id(),
+        })?;
 
         let (tx, rx) = mpsc::channel();
         let closing = Arc::new(AtomicBool::new(false));
@@ -130,7 +125,7 @@ impl WorkerClient {
             .spawn(move || {
                 // Any end of the stream that we did not ask for means the
                 // controller is gone.
-                while let Ok(msg) = read_frame(&mut reader) {
+                while let Ok(msg) = reader.recv() {
                     match msg {
                         Message::CheckpointNow => requested.store(true, Ordering::SeqCst),
                         Message::Resume { step } => {
@@ -290,7 +285,7 @@ impl WorkerClient {
     }
 }
 
-fn write_loop(mut out: BufWriter<TcpStream>, rx: &mpsc::Receiver<Outgoing>) {
+fn write_loop(mut out: BlockingWriter<TcpStream>, rx: &mpsc::Receiver<Outgoing>) {
     loop {
         // Drain what is queued without flushing, then flush once and wait.
         let next = match rx.try_recv() {
@@ -308,7 +303,7 @@ fn write_loop(mut out: BufWriter<TcpStream>, rx: &mpsc::Receiver<Outgoing>) {
             }
         };
         match next {
-            Outgoing::Msg(msg) => match put_frame(&mut out, &msg) {
+            Outgoing::Msg(msg) => match out.put(&msg) {
                 // Only reports can grow large, and they are checked when
                 // queued; any other oversized message is a bug, not a
                 // reason to drop the connection.
@@ -316,7 +311,7 @@ fn write_loop(mut out: BufWriter<TcpStream>, rx: &mpsc::Receiver<Outgoing>) {
                 Err(_) => return,
             },
             Outgoing::Body(body) => {
-                if put_body(&mut out, &body).is_err() {
+                if out.put_body(&body).is_err() {
                     return;
                 }
             }
@@ -325,7 +320,7 @@ fn write_loop(mut out: BufWriter<TcpStream>, rx: &mpsc::Receiver<Outgoing>) {
                 let _ = ack.send(());
             }
             Outgoing::Close(ack) => {
-                let _ = put_frame(&mut out, &Message::Bye);
+                let _ = out.put(&Message::Bye);
                 let _ = out.flush();
                 let _ = out.get_ref().shutdown(Shutdown::Write);
                 let _ = ack.send(());

@@ -25,6 +25,26 @@ fn env_or(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
+/// CPU seconds of this process (the controller and its in-process agent)
+/// and of its children that have ended (the fake workers), from
+/// `/proc/self/stat`: utime, stime, cutime, cstime, in `USER_HZ` ticks
+/// (100 a second on Linux).
+fn cpu_seconds() -> (f64, f64) {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // The command name may hold spaces; the fields after it do not.
+    let fields: Vec<f64> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| {
+            rest.split_whitespace()
+                .filter_map(|f| f.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    // After the state letter (not a number): ppid is fields[0], utime fields[10].
+    let tick = |i: usize| fields.get(i).copied().unwrap_or(0.0) / 100.0;
+    (tick(10) + tick(11), tick(12) + tick(13))
+}
+
 /// This process's resident memory in KiB (the controller runs in it).
 fn rss_kib() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
@@ -91,6 +111,7 @@ fn controller_keeps_up_with_64_workers_at_1000_records_a_second() {
         })
     };
     let t0 = Instant::now();
+    let (own_before, children_before) = cpu_seconds();
     let outcome = execute(
         plan,
         ExecOptions {
@@ -100,6 +121,7 @@ fn controller_keeps_up_with_64_workers_at_1000_records_a_second() {
     )
     .expect("the run ends");
     let wall = t0.elapsed().as_secs_f64();
+    let (own_after, children_after) = cpu_seconds();
     done.store(true, Ordering::Relaxed);
     let samples = memory.join().unwrap();
     assert_eq!(
@@ -148,11 +170,15 @@ fn controller_keeps_up_with_64_workers_at_1000_records_a_second() {
     eprintln!(
         "load: {workers} workers x {RATE} records/s for {seconds} s: {total_received} of {total_sent} records received, \
          {} lost; {:.0} records/s accepted while sending ({sending:.2} s); run {wall:.2} s; controller resident memory \
-         {:.1} MiB a quarter into the sending, peak {:.1} MiB",
+         {:.1} MiB a quarter into the sending, peak {:.1} MiB; controller CPU {:.2} s ({:.0}% of one core over the run), \
+         workers' CPU {:.2} s in all",
         total_sent.saturating_sub(total_received),
         total_received as f64 / sending,
         early as f64 / 1024.0,
         peak as f64 / 1024.0,
+        own_after - own_before,
+        (own_after - own_before) / wall * 100.0,
+        children_after - children_before,
     );
     assert!(
         sent.iter().all(|&n| n == per_rank),

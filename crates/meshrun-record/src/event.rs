@@ -144,6 +144,14 @@ pub enum Event {
         max_failures: u32,
         from_step: Option<u64>,
     },
+    /// A control frame that failed authentication after its connection's
+    /// handshake (altered or replayed on the network, or forged); that
+    /// connection was closed. `peer` is the address it came from.
+    FrameRejected {
+        attempt: u32,
+        peer: String,
+        reason: String,
+    },
     RunEnded {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         attempt: Option<u32>,
@@ -175,7 +183,8 @@ impl Event {
             | Event::CheckpointSkipped { attempt, .. }
             | Event::CheckpointSetAside { attempt, .. }
             | Event::Resuming { attempt, .. }
-            | Event::AttemptEnded { attempt, .. } => Some(*attempt),
+            | Event::AttemptEnded { attempt, .. }
+            | Event::FrameRejected { attempt, .. } => Some(*attempt),
             Event::WorkerFailed(f) => Some(f.attempt),
             Event::RunEnded { attempt, .. } => *attempt,
             Event::AgentJoined { .. }

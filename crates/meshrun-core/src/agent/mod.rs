@@ -106,8 +106,7 @@ async fn connect(cfg: &AgentConfig) -> Result<(Connection, IpAddr), CoreError> {
         .local_addr()
         .map_err(net("cannot read the agent's address"))?
         .ip();
-    let mut conn = Connection::new(stream);
-    auth::connect(&mut conn, &cfg.token)
+    let conn = auth::connect(stream, &cfg.token)
         .await
         .map_err(|e| CoreError::HandshakeFailed {
             controller: cfg.controller,

@@ -17,6 +17,10 @@ use crate::token::Token;
 /// Agents started for a run; processes are stopped when the run ends.
 pub struct Agents {
     pub children: Vec<(u32, tokio::process::Child)>,
+    /// Host 0's agent when it is a task of this process: waited for at the
+    /// end, so it ends its workers and tidies its scratch folder before
+    /// the runtime goes.
+    task: Option<tokio::task::JoinHandle<()>>,
     /// With Ray: what the placing process said on stderr, for the error
     /// when it gives up.
     ray_said: Option<Arc<Mutex<Vec<String>>>>,
@@ -36,13 +40,14 @@ pub fn start(plan: &RunPlan, controller: SocketAddr, token: &Token) -> Result<Ag
             host_ip: Some(plan.host_ip(0)),
             scratch: agent::scratch_root(),
         };
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             if let Err(e) = agent::run(&cfg).await {
                 tracing::error!("agent of host 0 failed: {e}");
             }
         });
         return Ok(Agents {
             children: vec![],
+            task: Some(task),
             ray_said: None,
         });
     }
@@ -89,6 +94,7 @@ pub fn start(plan: &RunPlan, controller: SocketAddr, token: &Token) -> Result<Ag
     }
     Ok(Agents {
         children,
+        task: None,
         ray_said: None,
     })
 }
@@ -142,6 +148,7 @@ fn start_on_ray(
     }
     Ok(Agents {
         children: vec![(0, child)],
+        task: None,
         ray_said: Some(said),
     })
 }
@@ -149,6 +156,14 @@ fn start_on_ray(
 impl Agents {
     /// Waits briefly for agents told to shut down, then kills stragglers.
     pub async fn finish(mut self) {
+        if let Some(task) = self.task.take() {
+            if tokio::time::timeout(std::time::Duration::from_secs(3), task)
+                .await
+                .is_err()
+            {
+                tracing::warn!("host 0's agent did not end in 3 s");
+            }
+        }
         for (_, child) in &mut self.children {
             if tokio::time::timeout(std::time::Duration::from_secs(3), child.wait())
                 .await

@@ -213,6 +213,16 @@ impl<'a> Driver<'a> {
                 now,
                 reply: self.register(conn, tx),
             },
+            // Recorded as it is: the connection is already closed, and what
+            // that means for a worker or an agent comes as its loss next.
+            Net::FrameRejected { peer, reason } => {
+                tracing::warn!(%peer, "rejected a control frame: {reason}");
+                return self.rundir.event(Event::FrameRejected {
+                    attempt: self.attempt,
+                    peer: peer.to_string(),
+                    reason,
+                });
+            }
         };
         self.input(input)
     }

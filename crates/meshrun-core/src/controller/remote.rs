@@ -11,7 +11,7 @@ use serde_json::Value;
 use tokio::net::TcpStream;
 
 use crate::error::CoreError;
-use crate::protocol::{auth, Connection, Message};
+use crate::protocol::{auth, Message};
 use crate::rundir::lock_is_held;
 use crate::token::Token;
 
@@ -77,10 +77,9 @@ async fn ask(
         .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))
         .and_then(|r| r)
         .map_err(net("cannot reach the run's controller"))?;
-    let mut conn = Connection::new(stream);
     // The controller closes a connection that fails the handshake without
     // saying why: whatever ends it here is a refusal of the token.
-    auth::connect(&mut conn, token)
+    let mut conn = auth::connect(stream, token)
         .await
         .map_err(|e| CoreError::TokenRefused {
             path: token_path.to_path_buf(),

@@ -1,17 +1,19 @@
 //! The controller's listener. Each connection is authenticated first; a
 //! peer that fails the handshake, sends an oversized, truncated or
 //! malformed frame, or says something out of turn is dropped, and only
-//! that connection: the run goes on.
+//! that connection: the run goes on. A frame that fails authentication
+//! after the handshake (altered or replayed on the way) is also reported,
+//! so the run records it.
 
 use std::net::SocketAddr;
 
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 
 use super::machine::Conn;
 use crate::protocol::auth::{self, HANDSHAKE_TIMEOUT};
-use crate::protocol::frame::FrameSink;
-use crate::protocol::{Connection, Message};
+use crate::protocol::{FrameSink, Message, ProtocolError};
 use crate::token::Token;
 
 /// What the connections tell the supervisor. Every connection is
@@ -59,6 +61,12 @@ pub enum Event {
         now: bool,
         tx: mpsc::UnboundedSender<Message>,
     },
+    /// A frame from `peer` did not authenticate after the handshake; its
+    /// connection is closed (and, for a worker or an agent, lost next).
+    FrameRejected {
+        peer: SocketAddr,
+        reason: String,
+    },
 }
 
 /// Accepts connections until the returned task is aborted at the end of
@@ -87,7 +95,7 @@ pub fn spawn_accept_loop(
                     numbered += 1;
                     let conn = numbered;
                     connections.spawn(async move {
-                        if let Err(reason) = serve(Connection::new(stream), conn, &token, &events).await {
+                        if let Err(reason) = serve(stream, peer, conn, &token, &events).await {
                             tracing::debug!(%peer, "connection dropped: {reason}");
                         }
                     });
@@ -99,18 +107,33 @@ pub fn spawn_accept_loop(
 }
 
 async fn serve(
-    mut connection: Connection,
+    stream: TcpStream,
+    peer: SocketAddr,
     conn: Conn,
     token: &Token,
     events: &mpsc::UnboundedSender<Event>,
 ) -> Result<(), String> {
-    auth::accept(&mut connection, token)
+    let mut connection = auth::accept(stream, token)
         .await
         .map_err(|e| e.to_string())?;
+    let rejected = |e: &ProtocolError| {
+        if let ProtocolError::Rejected(reason) = e {
+            let _ = events.send(Event::FrameRejected {
+                peer,
+                reason: (*reason).to_string(),
+            });
+            true
+        } else {
+            false
+        }
+    };
     let hello = connection
         .recv_timeout(HANDSHAKE_TIMEOUT)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| {
+            rejected(&e);
+            e.to_string()
+        })?;
     match hello {
         Message::AgentHello {
             host,
@@ -121,7 +144,7 @@ async fn serve(
             controller,
         } => {
             let (sink, mut stream) = connection.split();
-            let tx = spawn_sender(sink);
+            let (tx, sender) = spawn_sender(sink);
             let _ = events.send(Event::AgentJoined {
                 conn,
                 host,
@@ -137,7 +160,12 @@ async fn serve(
                     Ok(msg) => {
                         let _ = events.send(Event::FromAgent { conn, msg });
                     }
-                    Err(e) => break e.to_string(),
+                    Err(e) => {
+                        if rejected(&e) {
+                            sender.abort();
+                        }
+                        break e.to_string();
+                    }
                 }
             };
             let _ = events.send(Event::AgentLost { conn, error });
@@ -148,7 +176,7 @@ async fn serve(
             // connection stays open until the worker closes it: the worker
             // never mistakes a goodbye for the controller's death.
             let (sink, mut stream) = connection.split();
-            let tx = spawn_sender(sink);
+            let (tx, sender) = spawn_sender(sink);
             let _ = events.send(Event::WorkerJoined {
                 conn,
                 rank,
@@ -162,7 +190,14 @@ async fn serve(
                     Ok(msg) => {
                         let _ = events.send(Event::FromWorker { rank, msg });
                     }
-                    Err(_) => break false,
+                    Err(e) => {
+                        // Closed at once: the supervisor would otherwise
+                        // hold the sending half open.
+                        if rejected(&e) {
+                            sender.abort();
+                        }
+                        break false;
+                    }
                 }
             };
             let _ = events.send(Event::WorkerLost { rank, clean });
@@ -171,10 +206,17 @@ async fn serve(
         }
         Message::StopRun { now } => {
             let (sink, mut stream) = connection.split();
-            let tx = spawn_sender(sink);
+            let (tx, sender) = spawn_sender(sink);
             let _ = events.send(Event::StopRequested { conn, now, tx });
             // Held open until the requester has read the answer and gone.
-            while stream.recv().await.is_ok() {}
+            let end = loop {
+                if let Err(e) = stream.recv().await {
+                    break e;
+                }
+            };
+            if rejected(&end) {
+                sender.abort();
+            }
             Ok(())
         }
         _ => Err("first message after authentication was not a hello".into()),
@@ -182,17 +224,18 @@ async fn serve(
 }
 
 /// A task that writes what the supervisor sends to `sink`, until the
-/// supervisor drops the returned sender or the peer goes away.
-fn spawn_sender(mut sink: FrameSink) -> mpsc::UnboundedSender<Message> {
+/// supervisor drops the returned sender or the peer goes away; aborting
+/// the task closes the connection's sending half.
+fn spawn_sender(mut sink: FrameSink) -> (mpsc::UnboundedSender<Message>, JoinHandle<()>) {
     let (tx, mut rx) = mpsc::unbounded_channel::<Message>();
-    tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         while let Some(msg) = rx.recv().await {
             if sink.send(&msg).await.is_err() {
                 break;
             }
         }
     });
-    tx
+    (tx, task)
 }
 
 /// Binds the control listener on `host` (loopback for the local backend;

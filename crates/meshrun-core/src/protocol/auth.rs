@@ -1,142 +1,212 @@
-//! Mutual HMAC-SHA256 challenge/response over a fresh connection.
+//! The handshake that opens every control connection: Noise
+//! `NNpsk0_25519_ChaChaPoly_BLAKE2s`, with the run token as the pre-shared
+//! key and the protocol version in the prologue.
 //!
-//! The server sends a random nonce; the client answers with
-//! `HMAC(token, "client" | server_nonce)` and a nonce of its own; the server
-//! answers with `HMAC(token, "server" | client_nonce)`. Neither side sends
-//! anything else, nor reads anything else, until this succeeds, and a
-//! failure closes the connection. The token never crosses the wire.
+//! The client sends an ephemeral key and a tag that only a holder of the
+//! token can make; the server answers with its own ephemeral key and a tag
+//! of its own. Both then hold transport keys drawn from the two ephemeral
+//! keys and the token, which seal every frame after (see
+//! [`super::channel`]). Each message is 48 bytes behind a 2-byte length;
+//! nothing else is read before the handshake succeeds, a failure closes the
+//! connection, and the token never crosses the wire. A peer with another
+//! token (or another protocol version) fails at the first message it sends
+//! or reads. Replaying a recorded first message gets an answer, but the
+//! keys it leads to need the recorded client's ephemeral secret, so the
+//! first frame that follows is rejected.
 
 use std::io::{Read, Write};
 use std::time::Duration;
 
-use hmac::{Hmac, Mac};
-use sha2::Sha256;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
 
-use super::frame::{read_frame, write_frame, Connection, ProtocolError};
-use super::message::Message;
+use super::channel::{piece_len, Connection, Keys};
+use super::frame::{ProtocolError, PROTOCOL_VERSION};
 use crate::token::Token;
 
 /// A peer that does not finish the handshake in this time is dropped.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
-fn nonce() -> String {
-    let mut bytes = [0u8; 32];
-    getrandom::fill(&mut bytes).expect("the OS provides random bytes");
-    hex::encode(bytes)
-}
+const PATTERN: &str = "Noise_NNpsk0_25519_ChaChaPoly_BLAKE2s";
 
-fn mac(token: &Token, label: &[u8], nonce: &str) -> String {
-    let mut m = Hmac::<Sha256>::new_from_slice(token.as_bytes()).expect("any key length");
-    m.update(label);
-    m.update(nonce.as_bytes());
-    hex::encode(m.finalize().into_bytes())
-}
+/// Either handshake message: an X25519 ephemeral key and the tag of an
+/// empty payload.
+const MESSAGE_BYTES: usize = 32 + 16;
 
-/// Constant-time check of a MAC given in hex.
-fn verify(token: &Token, label: &[u8], nonce: &str, given_hex: &str) -> bool {
-    let Ok(given) = hex::decode(given_hex) else {
-        return false;
-    };
-    let mut m = Hmac::<Sha256>::new_from_slice(token.as_bytes()).expect("any key length");
-    m.update(label);
-    m.update(nonce.as_bytes());
-    m.verify_slice(&given).is_ok()
-}
+/// Bound into the handshake hash: a peer speaking another version of the
+/// protocol cannot finish it.
+const PROLOGUE: &[u8] = b"meshrun control protocol, version";
 
-/// Server side (controller). Returns once the peer has proved the token.
-pub async fn accept(conn: &mut Connection, token: &Token) -> Result<(), ProtocolError> {
-    let server_nonce = nonce();
-    conn.send(&Message::Challenge {
-        nonce: server_nonce.clone(),
-    })
-    .await?;
-    let Message::Auth { mac: given, nonce } = conn.recv_timeout(HANDSHAKE_TIMEOUT).await? else {
-        return Err(ProtocolError::Auth("first frame was not an authentication"));
-    };
-    if !verify(token, b"client", &server_nonce, &given) {
-        return Err(ProtocolError::Auth("wrong run token"));
+fn handshake(token: &Token, initiator: bool) -> snow::HandshakeState {
+    let params = PATTERN.parse().expect("a valid Noise pattern");
+    let prologue = [PROLOGUE, &[PROTOCOL_VERSION]].concat();
+    let builder = snow::Builder::new(params)
+        .prologue(&prologue)
+        .and_then(|b| b.psk(0, token.as_key()))
+        .expect("a prologue and a 32-byte key for NNpsk0");
+    if initiator {
+        builder.build_initiator()
+    } else {
+        builder.build_responder()
     }
-    conn.send(&Message::Welcome {
-        mac: mac(token, b"server", &nonce),
-    })
-    .await
+    .expect("the default resolver has X25519, ChaChaPoly and BLAKE2s")
 }
 
-/// Client side, async (agent).
-pub async fn connect(conn: &mut Connection, token: &Token) -> Result<(), ProtocolError> {
-    let Message::Challenge {
-        nonce: server_nonce,
-    } = conn.recv_timeout(HANDSHAKE_TIMEOUT).await?
-    else {
-        return Err(ProtocolError::Unexpected {
-            expected: "challenge",
-        });
-    };
-    let client_nonce = nonce();
-    conn.send(&Message::Auth {
-        mac: mac(token, b"client", &server_nonce),
-        nonce: client_nonce.clone(),
-    })
-    .await?;
-    check_welcome(
-        &conn.recv_timeout(HANDSHAKE_TIMEOUT).await?,
-        token,
-        &client_nonce,
+/// The next handshake message written by `hs`, with its length in front.
+fn write_next(hs: &mut snow::HandshakeState) -> [u8; 2 + MESSAGE_BYTES] {
+    let mut out = [0u8; 2 + MESSAGE_BYTES];
+    out[..2].copy_from_slice(&(MESSAGE_BYTES as u16).to_be_bytes());
+    let n = hs
+        .write_message(&[], &mut out[2..])
+        .expect("a handshake message of an empty payload");
+    debug_assert_eq!(n, MESSAGE_BYTES);
+    out
+}
+
+/// Checks a length read off the wire before reading what it announces.
+fn expect_message(head: [u8; 2]) -> Result<(), ProtocolError> {
+    if piece_len(head) == MESSAGE_BYTES {
+        Ok(())
+    } else {
+        Err(ProtocolError::Auth(
+            "the peer does not speak meshrun's handshake (another program, or another meshrun version)",
+        ))
+    }
+}
+
+async fn read_message(
+    stream: &mut (impl AsyncRead + Unpin),
+) -> Result<[u8; MESSAGE_BYTES], ProtocolError> {
+    let mut head = [0u8; 2];
+    stream.read_exact(&mut head).await.map_err(closed)?;
+    expect_message(head)?;
+    let mut msg = [0u8; MESSAGE_BYTES];
+    stream.read_exact(&mut msg).await.map_err(closed)?;
+    Ok(msg)
+}
+
+fn closed(e: std::io::Error) -> ProtocolError {
+    if e.kind() == std::io::ErrorKind::UnexpectedEof {
+        ProtocolError::Closed
+    } else {
+        e.into()
+    }
+}
+
+fn finish(hs: snow::HandshakeState) -> Keys {
+    Keys::new(
+        hs.into_stateless_transport_mode()
+            .expect("both handshake messages are done"),
     )
 }
 
-/// Client side, blocking (worker). The stream should have a read timeout.
+/// Server side (controller): returns the connection once the peer has
+/// proved the token.
+pub async fn accept(stream: TcpStream, token: &Token) -> Result<Connection, ProtocolError> {
+    let _ = stream.set_nodelay(true);
+    let mut stream = stream;
+    let keys = tokio::time::timeout(HANDSHAKE_TIMEOUT, respond(&mut stream, token))
+        .await
+        .map_err(|_| ProtocolError::Timeout(HANDSHAKE_TIMEOUT))??;
+    Ok(Connection::new(stream, keys))
+}
+
+async fn respond(
+    stream: &mut (impl AsyncRead + AsyncWrite + Unpin),
+    token: &Token,
+) -> Result<Keys, ProtocolError> {
+    let mut hs = handshake(token, false);
+    let first = read_message(stream).await?;
+    hs.read_message(&first, &mut [])
+        .map_err(|_| ProtocolError::Auth("wrong run token"))?;
+    stream.write_all(&write_next(&mut hs)).await?;
+    Ok(finish(hs))
+}
+
+/// Client side, async (agent, `meshrun stop`).
+pub async fn connect(stream: TcpStream, token: &Token) -> Result<Connection, ProtocolError> {
+    let _ = stream.set_nodelay(true);
+    let mut stream = stream;
+    let keys = tokio::time::timeout(HANDSHAKE_TIMEOUT, initiate(&mut stream, token))
+        .await
+        .map_err(|_| ProtocolError::Timeout(HANDSHAKE_TIMEOUT))??;
+    Ok(Connection::new(stream, keys))
+}
+
+async fn initiate(
+    stream: &mut (impl AsyncRead + AsyncWrite + Unpin),
+    token: &Token,
+) -> Result<Keys, ProtocolError> {
+    let mut hs = handshake(token, true);
+    stream.write_all(&write_next(&mut hs)).await?;
+    let answer = read_message(stream).await?;
+    hs.read_message(&answer, &mut [])
+        .map_err(|_| server_refused())?;
+    Ok(finish(hs))
+}
+
+/// Client side, blocking (worker). The stream should have a read timeout
+/// ([`HANDSHAKE_TIMEOUT`]); the keys make the channel with
+/// [`Keys::into_blocking`].
 pub fn connect_blocking(
     stream: &mut (impl Read + Write),
     token: &Token,
-) -> Result<(), ProtocolError> {
-    let Message::Challenge {
-        nonce: server_nonce,
-    } = read_frame(stream)?
-    else {
-        return Err(ProtocolError::Unexpected {
-            expected: "challenge",
-        });
-    };
-    let client_nonce = nonce();
-    write_frame(
-        stream,
-        &Message::Auth {
-            mac: mac(token, b"client", &server_nonce),
-            nonce: client_nonce.clone(),
-        },
-    )?;
-    check_welcome(&read_frame(stream)?, token, &client_nonce)
+) -> Result<Keys, ProtocolError> {
+    let mut hs = handshake(token, true);
+    stream.write_all(&write_next(&mut hs))?;
+    stream.flush()?;
+    let mut head = [0u8; 2];
+    stream.read_exact(&mut head).map_err(closed)?;
+    expect_message(head)?;
+    let mut answer = [0u8; MESSAGE_BYTES];
+    stream.read_exact(&mut answer).map_err(closed)?;
+    hs.read_message(&answer, &mut [])
+        .map_err(|_| server_refused())?;
+    Ok(finish(hs))
 }
 
-fn check_welcome(msg: &Message, token: &Token, client_nonce: &str) -> Result<(), ProtocolError> {
-    match msg {
-        Message::Welcome { mac } if verify(token, b"server", client_nonce, mac) => Ok(()),
-        Message::Welcome { .. } => Err(ProtocolError::Auth("server does not know the run token")),
-        _ => Err(ProtocolError::Unexpected {
-            expected: "welcome",
-        }),
-    }
+/// Both ends of a handshake done in memory, client's keys first: for the
+/// fuzz target and tests, which need a channel without a socket.
+#[doc(hidden)]
+pub fn handshake_in_memory(token: &Token) -> (Keys, Keys) {
+    let mut client = handshake(token, true);
+    let mut server = handshake(token, false);
+    let first = write_next(&mut client);
+    server
+        .read_message(&first[2..], &mut [])
+        .expect("the same token");
+    let answer = write_next(&mut server);
+    client
+        .read_message(&answer[2..], &mut [])
+        .expect("the same token");
+    (finish(client), finish(server))
+}
+
+/// The server answered, but not with the token: it is not this run's
+/// controller (a server with another token closes without answering).
+fn server_refused() -> ProtocolError {
+    ProtocolError::Auth("the server does not know the run token")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::net::{TcpListener, TcpStream};
+    use tokio::net::TcpListener;
 
     async fn pair(
         server_token: Token,
         client_token: Token,
-    ) -> (Result<(), ProtocolError>, Result<(), ProtocolError>) {
+    ) -> (
+        Result<Connection, ProtocolError>,
+        Result<Connection, ProtocolError>,
+    ) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let server = tokio::spawn(async move {
             let (s, _) = listener.accept().await.unwrap();
-            let mut conn = Connection::new(s);
-            accept(&mut conn, &server_token).await
+            accept(s, &server_token).await
         });
-        let mut conn = Connection::new(TcpStream::connect(addr).await.unwrap());
-        let client = connect(&mut conn, &client_token).await;
+        let client = connect(TcpStream::connect(addr).await.unwrap(), &client_token).await;
         (server.await.unwrap(), client)
     }
 
@@ -144,7 +214,7 @@ mod tests {
     async fn same_token_passes_both_ways() {
         let t = Token::generate().unwrap();
         let (s, c) = pair(t.clone(), t).await;
-        assert!(s.is_ok() && c.is_ok(), "{s:?} {c:?}");
+        assert!(s.is_ok() && c.is_ok(), "{:?} {:?}", s.err(), c.err());
     }
 
     #[tokio::test]
@@ -152,8 +222,76 @@ mod tests {
         let (s, c) = pair(Token::generate().unwrap(), Token::generate().unwrap()).await;
         assert!(
             matches!(s, Err(ProtocolError::Auth("wrong run token"))),
-            "{s:?}"
+            "{:?}",
+            s.err()
         );
-        assert!(c.is_err());
+        // The server closes without answering.
+        assert!(
+            matches!(c, Err(ProtocolError::Closed | ProtocolError::Io(_))),
+            "{:?}",
+            c.err()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_server_without_the_token_is_found_out_by_the_client() {
+        // A server that answers whatever it is sent, with another token.
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let impostor = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut hs = handshake(&Token::generate().unwrap(), false);
+            let first = read_message(&mut s).await.unwrap();
+            // It cannot open the client's first message, but answers anyway
+            // with a well-formed message of its own.
+            let _ = hs.read_message(&first, &mut []);
+            let mut other = handshake(&Token::generate().unwrap(), true);
+            s.write_all(&write_next(&mut other)).await.unwrap();
+            s
+        });
+        let c = connect(
+            TcpStream::connect(addr).await.unwrap(),
+            &Token::generate().unwrap(),
+        )
+        .await;
+        assert!(
+            matches!(
+                c,
+                Err(ProtocolError::Auth(
+                    "the server does not know the run token"
+                ))
+            ),
+            "{:?}",
+            c.err()
+        );
+        drop(impostor.await);
+    }
+
+    #[tokio::test]
+    async fn a_silent_client_is_dropped_at_the_timeout() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let _silent = TcpStream::connect(addr).await.unwrap();
+        let (s, _) = listener.accept().await.unwrap();
+        let started = std::time::Instant::now();
+        let r = accept(s, &Token::generate().unwrap()).await;
+        assert!(started.elapsed() >= HANDSHAKE_TIMEOUT);
+        assert!(
+            matches!(r, Err(ProtocolError::Timeout(HANDSHAKE_TIMEOUT))),
+            "{:?}",
+            r.err()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_first_message_of_another_length_is_refused_before_it_is_read() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        // The old protocol's first bytes: a 4-byte length.
+        client.write_all(&[0, 0, 0, 120]).await.unwrap();
+        let (s, _) = listener.accept().await.unwrap();
+        let r = accept(s, &Token::generate().unwrap()).await;
+        assert!(matches!(r, Err(ProtocolError::Auth(_))), "{:?}", r.err());
     }
 }

@@ -31,21 +31,6 @@ pub struct WorkerLaunch {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Message {
-    // --- handshake (see `auth`) ---
-    /// Server to client: prove you know the token.
-    Challenge {
-        nonce: String,
-    },
-    /// Client to server: the proof, and the client's own challenge.
-    Auth {
-        mac: String,
-        nonce: String,
-    },
-    /// Server to client: the server's proof; the connection is open.
-    Welcome {
-        mac: String,
-    },
-
     // --- agent <-> controller ---
     AgentHello {
         /// This host's rank; `None` when it joined (`meshrun join`) without

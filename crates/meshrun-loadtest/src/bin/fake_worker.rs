@@ -3,13 +3,15 @@
 //! `-m meshrun._bootstrap ...`, are ignored); it reports
 //! `MESHRUN_LOAD_RATE` records a second for `MESHRUN_LOAD_SECONDS`, writes
 //! how many it sent to `sent-<rank>` in the run directory, and says goodbye.
+//! `MESHRUN_LOAD_CONNECT` and `MESHRUN_LOAD_METRICS` let a test put a proxy
+//! on its way and add metrics of its own.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use meshrun_core::token::Token;
 use meshrun_core::worker_client::{OnControllerLoss, Report, WorkerClient};
-use meshrun_loadtest::{RATE_ENV, SECONDS_ENV};
+use meshrun_loadtest::{CONNECT_ENV, METRICS_ENV, RATE_ENV, SECONDS_ENV};
 
 fn var(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set"))
@@ -21,14 +23,12 @@ fn main() {
     let token = Token::from_hex(&var("MESHRUN_TOKEN")).expect("a run token");
     let rate: f64 = var(RATE_ENV).parse().expect("records per second");
     let seconds: f64 = var(SECONDS_ENV).parse().expect("seconds");
-    let client = WorkerClient::connect(
-        &var("MESHRUN_CONTROL_ADDR"),
-        &token,
-        rank,
-        attempt,
-        OnControllerLoss::Ignore,
-    )
-    .expect("the controller accepts the worker");
+    let extra: serde_json::Map<String, serde_json::Value> = std::env::var(METRICS_ENV)
+        .map(|text| serde_json::from_str(&text).expect("a JSON object of metrics"))
+        .unwrap_or_default();
+    let addr = std::env::var(CONNECT_ENV).unwrap_or_else(|_| var("MESHRUN_CONTROL_ADDR"));
+    let client = WorkerClient::connect(&addr, &token, rank, attempt, OnControllerLoss::Ignore)
+        .expect("the controller accepts the worker");
     let total = (rate * seconds) as u64;
     let start = Instant::now();
     for i in 0..total {
@@ -39,12 +39,18 @@ fn main() {
                 std::thread::sleep(wait);
             }
         }
-        client.report(Report {
-            step: Some(i),
-            metrics: serde_json::json!({ "step": i, "loss": 1.0 / (i + 1) as f64, "rank": rank }),
-            ..Report::default()
-        })
-        .expect("a small report fits in a frame");
+        let mut metrics =
+            serde_json::json!({ "step": i, "loss": 1.0 / (i + 1) as f64, "rank": rank });
+        if let Some(m) = metrics.as_object_mut() {
+            m.extend(extra.clone());
+        }
+        client
+            .report(Report {
+                step: Some(i),
+                metrics,
+                ..Report::default()
+            })
+            .expect("a small report fits in a frame");
     }
     client.flush(Duration::from_mins(2));
     let sent = Path::new(&var("MESHRUN_RUN_DIR")).join(format!("sent-{rank}"));
