@@ -10,3 +10,48 @@ pub const SECONDS_ENV: &str = "MESHRUN_LOAD_SECONDS";
 pub const CONNECT_ENV: &str = "MESHRUN_LOAD_CONNECT";
 /// A JSON object of metrics added to every record.
 pub const METRICS_ENV: &str = "MESHRUN_LOAD_METRICS";
+
+use std::path::{Path, PathBuf};
+
+use meshrun_core::plan::FailurePolicy;
+use meshrun_core::{Entry, PlatformChoice, RunSpec, Tee};
+
+/// A run of `nprocs` fake workers (the binary at `fake_worker`, standing
+/// in for Python) with `env`, on one host, its folder under `runs_dir`.
+pub fn spec(
+    name: &str,
+    nprocs: u32,
+    runs_dir: &Path,
+    fake_worker: &str,
+    env: Vec<(String, String)>,
+) -> RunSpec {
+    RunSpec {
+        nprocs,
+        hosts: 1,
+        devices_per_proc: None,
+        gpus_per_proc: None,
+        platform: PlatformChoice::Cpu,
+        name: Some(name.into()),
+        runs_dir: runs_dir.to_path_buf(),
+        tee: Tee::None,
+        // The fake worker ignores its script; the plan needs one that exists.
+        entry: Some(Entry::Script {
+            path: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"),
+            args: vec![],
+        }),
+        python: fake_worker.into(),
+        agent_command: vec![],
+        env,
+        retention: None,
+        checkpoint_every: None,
+        tensorboard: false,
+        failure: FailurePolicy::default(),
+        ray: None,
+        control_host: None,
+        control_port: None,
+        resume_from: None,
+        storage: None,
+        listen: None,
+        join_timeout_s: None,
+    }
+}

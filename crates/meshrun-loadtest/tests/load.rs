@@ -5,16 +5,13 @@
 //! `MESHRUN_LOAD_WORKERS` (default 64) make it longer or wider; `make load`
 //! runs a minute and prints the figures.
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use meshrun_core::controller::progress::ProgressMode;
-use meshrun_core::{
-    execute, Entry, ExecOptions, FailurePolicy, OutcomeStatus, PlatformChoice, RunSpec, Tee,
-};
-use meshrun_loadtest::{RATE_ENV, SECONDS_ENV};
+use meshrun_core::{execute, ExecOptions, OutcomeStatus};
+use meshrun_loadtest::{spec, RATE_ENV, SECONDS_ENV};
 
 const RATE: u64 = 1000;
 
@@ -60,38 +57,16 @@ fn controller_keeps_up_with_64_workers_at_1000_records_a_second() {
     let seconds = env_or("MESHRUN_LOAD_SECONDS", 5);
     let workers = env_or("MESHRUN_LOAD_WORKERS", 64) as u32;
     let tmp = tempfile::tempdir().unwrap();
-    let plan = RunSpec {
-        nprocs: workers,
-        hosts: 1,
-        devices_per_proc: None,
-        gpus_per_proc: None,
-        platform: PlatformChoice::Cpu,
-        name: Some("load".into()),
-        runs_dir: tmp.path().join("runs"),
-        tee: Tee::None,
-        // The fake worker ignores its script; the plan needs one that exists.
-        entry: Some(Entry::Script {
-            path: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"),
-            args: vec![],
-        }),
-        python: env!("CARGO_BIN_EXE_fake-worker").into(),
-        agent_command: vec![],
-        env: vec![
+    let plan = spec(
+        "load",
+        workers,
+        &tmp.path().join("runs"),
+        env!("CARGO_BIN_EXE_fake-worker"),
+        vec![
             (RATE_ENV.into(), RATE.to_string()),
             (SECONDS_ENV.into(), seconds.to_string()),
         ],
-        retention: None,
-        checkpoint_every: None,
-        tensorboard: false,
-        failure: FailurePolicy::default(),
-        ray: None,
-        control_host: None,
-        control_port: None,
-        resume_from: None,
-        storage: None,
-        listen: None,
-        join_timeout_s: None,
-    }
+    )
     .validate()
     .expect("a valid plan");
     let run_dir = plan.run_dir.clone();

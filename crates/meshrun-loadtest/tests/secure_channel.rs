@@ -6,15 +6,13 @@
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use meshrun_core::controller::progress::ProgressMode;
-use meshrun_core::{
-    execute, Entry, ExecOptions, FailurePolicy, Outcome, PlatformChoice, RunPlan, RunSpec, Tee,
-};
-use meshrun_loadtest::{CONNECT_ENV, METRICS_ENV, RATE_ENV, SECONDS_ENV};
+use meshrun_core::{execute, ExecOptions, Outcome, RunPlan, RunSpec};
+use meshrun_loadtest::{spec, CONNECT_ENV, METRICS_ENV, RATE_ENV, SECONDS_ENV};
 
 /// The handshake's first message on the wire: a 2-byte length and 48 bytes.
 const HANDSHAKE_BYTES: usize = 50;
@@ -125,42 +123,21 @@ fn free_port() -> u16 {
 
 /// One fake worker reporting 100 records a second for a second through
 /// the proxy at `via`, to a controller on `port`.
-fn plan(runs: PathBuf, port: u16, via: SocketAddr, metrics: &str) -> RunPlan {
+fn plan(runs: &Path, port: u16, via: SocketAddr, metrics: &str) -> RunPlan {
     RunSpec {
-        nprocs: 1,
-        hosts: 1,
-        devices_per_proc: None,
-        gpus_per_proc: None,
-        platform: PlatformChoice::Cpu,
-        name: Some("secure".into()),
-        runs_dir: runs,
-        tee: Tee::None,
-        entry: Some(Entry::Script {
-            path: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"),
-            args: vec![],
-        }),
-        python: env!("CARGO_BIN_EXE_fake-worker").into(),
-        agent_command: vec![],
-        env: vec![
-            (RATE_ENV.into(), "100".into()),
-            (SECONDS_ENV.into(), "1".into()),
-            (CONNECT_ENV.into(), via.to_string()),
-            (METRICS_ENV.into(), metrics.into()),
-        ],
-        retention: None,
-        checkpoint_every: None,
-        tensorboard: false,
-        failure: FailurePolicy {
-            max_failures: 0,
-            ..FailurePolicy::default()
-        },
-        ray: None,
-        control_host: None,
         control_port: Some(port),
-        resume_from: None,
-        storage: None,
-        listen: None,
-        join_timeout_s: None,
+        ..spec(
+            "secure",
+            1,
+            runs,
+            env!("CARGO_BIN_EXE_fake-worker"),
+            vec![
+                (RATE_ENV.into(), "100".into()),
+                (SECONDS_ENV.into(), "1".into()),
+                (CONNECT_ENV.into(), via.to_string()),
+                (METRICS_ENV.into(), metrics.into()),
+            ],
+        )
     }
     .validate()
     .expect("a valid plan")
@@ -195,7 +172,7 @@ fn the_network_sees_no_metric_in_the_clear() {
     let port = free_port();
     let (via, seen) = proxy(SocketAddr::from(([127, 0, 0, 1], port)), None);
     let plan = plan(
-        tmp.path().join("runs"),
+        &tmp.path().join("runs"),
         port,
         via,
         r#"{"secret_metric_name": 12345.678}"#,
@@ -243,7 +220,7 @@ fn a_flipped_byte_closes_the_connection_and_is_recorded() {
     let port = free_port();
     // Piece 0 is the worker's hello; piece 2 is a burst of reports.
     let (via, seen) = proxy(SocketAddr::from(([127, 0, 0, 1], port)), Some(2));
-    let plan = plan(tmp.path().join("runs"), port, via, "{}");
+    let plan = plan(&tmp.path().join("runs"), port, via, "{}");
     let run_dir = plan.run_dir.clone();
     // The worker goes on and exits 0, so the run itself may pass; what is
     // checked is that the altered frame was caught and the connection cut.
