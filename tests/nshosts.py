@@ -53,6 +53,23 @@ from pathlib import Path
 
 # Outside /tmp, because /tmp is replaced inside every host.
 BASE_PARENT = Path("/var/tmp")
+
+
+def _installed_under_tmp() -> list[Path]:
+    """The checkout and the Python environment, where they lie under /tmp
+    (a fresh clone in a temporary folder): every host has the program and
+    its environment at the same path, as on a cluster, so these stay
+    visible inside the hosts' private /tmp."""
+    tmp = Path("/tmp").resolve()
+    found: list[Path] = []
+    for path in (Path(__file__).resolve().parent.parent, Path(sys.prefix).resolve()):
+        if path.is_relative_to(tmp) and not any(path.is_relative_to(k) for k in found):
+            found.append(path)
+    return found
+
+
+#: See ``_installed_under_tmp``; as paths relative to /tmp.
+KEPT_UNDER_TMP = [p.relative_to(Path("/tmp").resolve()) for p in _installed_under_tmp()]
 # Second octet of 10.R.0.0/24, drawn at random so concurrent harnesses
 # (which also check the routing table) do not collide.
 SUBNET_RANGE = range(200, 251)
@@ -171,6 +188,13 @@ class NsHosts:
         """Outside path of host h's /tmp."""
         return self._host_dir(h) / "tmp"
 
+    def written_to_tmp(self, h: int) -> list[Path]:
+        """What host h has in its /tmp, less the mount points of the
+        program kept visible there (``KEPT_UNDER_TMP``)."""
+        kept = {self.tmp(h) / k for k in KEPT_UNDER_TMP}
+        parents = {p for k in kept for p in k.parents}
+        return [p for p in self.tmp(h).rglob("*") if p not in kept and p not in parents and not any(p.is_relative_to(k) for k in kept)]
+
     def scratch(self, h: int) -> Path:
         """Outside path of host h's scratch folder (``scratch_path`` inside)."""
         return self._host_dir(h) / "scratch"
@@ -197,8 +221,15 @@ class NsHosts:
         The working directory is entered after the binds, so a ``cwd`` under
         /tmp or the scratch path means the host's own."""
         self._check_open()
-        binds = [
-            f"mount --bind {shlex.quote(str(self.tmp(h)))} /tmp",
+        binds = []
+        # The program stays where it is: held at a staging point while /tmp
+        # is replaced, then put back at its own path.
+        for i, kept in enumerate(KEPT_UNDER_TMP):
+            binds.append(f"mount --bind {shlex.quote(str(Path('/tmp') / kept))} {shlex.quote(str(self.base / 'kept' / str(i)))}")
+        binds.append(f"mount --bind {shlex.quote(str(self.tmp(h)))} /tmp")
+        for i, kept in enumerate(KEPT_UNDER_TMP):
+            binds.append(f"mount --bind {shlex.quote(str(self.base / 'kept' / str(i)))} {shlex.quote(str(Path('/tmp') / kept))}")
+        binds += [
             f"mount --bind {shlex.quote(str(self.scratch(h)))} {shlex.quote(str(self.scratch_path))}",
             f"mount --bind {shlex.quote(str(self._host_dir(h) / 'hosts'))} /etc/hosts",
         ]
@@ -337,6 +368,10 @@ class NsHosts:
             self.tmp(h).chmod(0o1777)
             self.scratch(h).mkdir()
             (d / "no-shared").mkdir()
+            for kept in KEPT_UNDER_TMP:
+                (self.tmp(h) / kept).mkdir(parents=True)
+        for i in range(len(KEPT_UNDER_TMP)):
+            (self.base / "kept" / str(i)).mkdir(parents=True)
 
     def _make_network(self) -> None:
         # Choosing the subnet and claiming it (the root address) happen

@@ -114,7 +114,7 @@ def test_function_mode_on_two_hosts_writes_nothing_outside_scratch_and_storage(n
     # its /tmp.
     assert (hosts.shared / "fit" / "run.json").exists()
     for h in range(2):
-        assert list(hosts.tmp(h).iterdir()) == [], f"host {h} wrote to its /tmp"
+        assert hosts.written_to_tmp(h) == [], f"host {h} wrote to its /tmp"
         assert sorted(p.name for p in hosts.scratch(h).iterdir()) == ["compile-cache", "runs"]
         assert list((hosts.scratch(h) / "runs").iterdir()) == [], f"host {h} kept the run's scratch"
 
