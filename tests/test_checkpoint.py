@@ -151,6 +151,11 @@ def test_sigkill_at_random_points_of_saves_never_loses_the_newest_commit(runs):
         try:
             wait_for(lambda: proc.poll() is not None or all(len(read_jsonl(run_dir / f"verified-{r}.jsonl")) > i for r in (0, 1)), 90, f"round {i} (seed {seed}) to restore")
             assert proc.poll() is None, f"seed {seed}, round {i}: the run ended before it was killed: {proc.communicate()[1]}"
+            # Saves follow each other from the first commit of the attempt
+            # on (a loaded machine may take seconds to get there): a moment
+            # after it is inside a save or a commit.
+            committed = lambda: [e for e in read_jsonl(run_dir / "events.jsonl") if e["event"] == "checkpoint_committed" and e["attempt"] == i + 1]  # noqa: E731
+            wait_for(lambda: proc.poll() is not None or committed(), 90, f"round {i} (seed {seed}) to commit")
             time.sleep(rng.uniform(0.05, 1.0))
             if i % 3 == 2:
                 victim = proc.pid

@@ -37,6 +37,9 @@ def test_a_reader_that_does_not_read_neither_stops_the_run_nor_delays_the_logs(r
         wait_for(lambda: numbered() > 0, 90, "rank 0's first line")
         time.sleep(5)
         assert numbered() > 10_000
+        # Still nobody reads until the rank is done printing: the terminal's
+        # queue must overflow, and the run must not wait for it.
+        wait_for(lambda: "printed" in log.read_text(), 90, "rank 0 to finish printing")
         out, err = proc.communicate(timeout=90)
     finally:
         stop(proc)
