@@ -78,10 +78,10 @@ bench-hosts: install  ## Demo GPT step time on 2 hosts that share nothing (netwo
 	$(PY) bench/hosts.py --rounds 3 --json bench/out/hosts.json
 
 partition: install  ## The GPT on 2 namespace hosts, host 1 cut off for 10 s after its first checkpoint, at full length: bit-identical to one host (the suite runs a short one).
-	MESHRUN_PARTITION_STEPS=150 $(VENV)/bin/pytest tests/test_hosts_apart.py -k mid_training -s
+	MESHRUN_PARTITION_STEPS=150 $(VENV)/bin/pytest tests/test_hosts_apart.py -k mid_training -s --timeout 3600
 
 soak: install  ## The GPT killed with SIGKILL at 10 random moments must end bit-identical to an uninterrupted run (the suite runs 3).
-	MESHRUN_SOAK_KILLS=10 MESHRUN_SOAK_STEPS=200 $(VENV)/bin/pytest tests/test_recovery.py -k soak -s
+	MESHRUN_SOAK_KILLS=10 MESHRUN_SOAK_STEPS=200 $(VENV)/bin/pytest tests/test_recovery.py -k soak -s --timeout 3600
 
 load:  ## 64 fake workers x 1,000 records/s for 60 s through the controller: records lost (0) and its peak memory.
 	MESHRUN_LOAD_SECONDS=60 cargo test --release -q -p meshrun-loadtest -- --nocapture
