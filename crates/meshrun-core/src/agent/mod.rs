@@ -151,7 +151,9 @@ async fn session(
     // rank -> every worker that has not been reported as exited.
     let mut live: HashMap<u32, Contained> = HashMap::new();
     let mut host = cfg.host;
-    let mut function: Vec<u8> = Vec::new();
+    // The function as its parts come; a part that does not decode fails
+    // the launch with the reason rather than start workers on half a file.
+    let mut function: Result<Vec<u8>, String> = Ok(Vec::new());
     let mut run: Option<RunScratch> = None;
     let mut heartbeat = tokio::time::interval(HEARTBEAT_EVERY);
     let ended = loop {
@@ -164,13 +166,16 @@ async fn session(
                     let _ = events_tx.send(Message::StorageChecked { problem });
                 }
                 Ok(Message::FunctionPart { data, last: _ }) => {
-                    if let Err(e) = scratch::append_base64(&mut function, &data) {
-                        tracing::warn!("function part dropped: {e}");
+                    if let Ok(bytes) = &mut function {
+                        if let Err(e) = scratch::append_base64(bytes, &data) {
+                            function = Err(format!("the function sent by the controller did not decode: {e}"));
+                        }
                     }
                 }
                 Ok(Message::Launch { run_id, workers, attempt }) => {
                     let scratch = RunScratch::new(&cfg.scratch, &run_id, attempt);
-                    let prepared = scratch.prepare(std::mem::take(&mut function));
+                    let prepared = std::mem::replace(&mut function, Ok(Vec::new()))
+                        .and_then(|bytes| scratch.prepare(bytes));
                     for w in workers {
                         let extra = match &prepared {
                             Ok(()) => scratch.worker_env(&w.env),
