@@ -189,6 +189,29 @@ def nshosts():
         hosts.close()
 
 
+# A real S3 server (SeaweedFS) on loopback: see s3server.py.
+
+@pytest.fixture(scope="session")
+def s3server(tmp_path_factory):
+    """One SeaweedFS S3 server for the session's tests; each takes a bucket
+    of its own (``s3_bucket``). Tests that kill a server make their own
+    with ``S3Server``."""
+    from s3server import S3Server
+
+    server = S3Server(tmp_path_factory.mktemp("s3server")).start()
+    yield server
+    server.close()
+
+
+_buckets = iter(range(1, 10_000))
+
+
+@pytest.fixture
+def s3_bucket(s3server) -> str:
+    """A fresh bucket on the session's S3 server: its URL (s3://NAME)."""
+    return s3server.bucket(f"meshrun-test-{next(_buckets)}")
+
+
 @pytest.fixture(autouse=True)
 def _own_scratch(tmp_path_factory, monkeypatch):
     """Every test's hosts get a scratch folder of their own (the compilation

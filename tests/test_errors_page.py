@@ -7,7 +7,7 @@ every such test names a row. The tests themselves sit beside their feature:
   test_ray.py (a Ray address that does not answer);
 - ``status`` and ``logs``: test_cli_states.py;
 - checkpoints and ``ckpt``: test_checkpoint.py; resuming from a given step:
-  test_ckpt_fallback.py;
+  test_ckpt_fallback.py; object storage: test_s3.py;
 - Python configuration, ``report`` and ``save``: test_trainer.py;
 - meshes and sharding rules: test_sharding.py;
 - data: test_data.py.

@@ -319,7 +319,8 @@ def test_a_folder_name_spelt_in_python_is_found():
 
 
 def test_the_engine_gives_the_paths(tmp_path):
-    assert _native.checkpoints_dir(tmp_path) == tmp_path / "checkpoints"
+    assert _native.checkpoints_dir(str(tmp_path)) == str(tmp_path / "checkpoints")
+    assert _native.checkpoints_dir("s3://bucket/team/run") == "s3://bucket/team/run/checkpoints"
     assert _native.stacks_file(tmp_path, 2, 3).parent.parent.parent == tmp_path
     assert _native.stacks_file(tmp_path, 2, 3) != _native.stacks_file(tmp_path, 3, 2)
 

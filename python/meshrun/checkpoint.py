@@ -5,9 +5,11 @@
 shard of every ``jax.Array``; numpy arrays and scalars on rank 0) to host
 memory and returns; a background thread hands the bytes to Rust, which
 writes this rank's file into the step's uncommitted folder under
-``checkpoints/``, with a CRC per 1 MiB chunk, and syncs it; then tells the
+``checkpoints/``, with a CRC per 1 MiB chunk, and syncs it (or, with a
+storage URL, uploads it from those same host buffers); then tells the
 controller. When every rank has written, the controller writes
-``manifest.json`` and renames the folder to ``step-<step>``: the commit.
+``manifest.json`` and renames the folder to ``step-<step>`` (in an object
+store: puts the manifest only if none exists): the commit.
 A save asked for while the previous one is still writing waits for it
 first; :func:`wait` waits for the last one.
 
@@ -22,7 +24,6 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,7 +40,8 @@ _writer_error: BaseException | None = None
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """A committed checkpoint: its folder and step."""
+    """A committed checkpoint: its folder (a path, or a URL such as
+    ``s3://bucket/prefix/NAME/checkpoints/step-40``) and step."""
 
     path: str
     step: int
@@ -58,11 +60,12 @@ class Checkpoint:
         return (self.manifest().get("extra") or {}).get("user", {})
 
 
-def _root() -> Path:
+def _root() -> str:
+    """The run's checkpoints folder: a path, or an object-store URL."""
     ctx = get_context()
     if ctx.storage_dir is None:
         raise ConfigError("checkpoints need a run: start the program with `meshrun run` or Trainer.fit()")
-    return _native.checkpoints_dir(ctx.storage_dir)
+    return _native.checkpoints_dir(str(ctx.storage_dir))
 
 
 def _leaf_paths(tree: Any) -> list[tuple[str, Any]]:

@@ -57,5 +57,6 @@ else:
             ok[k] = True
     np.testing.assert_array_equal(restored["bytes"], exp["bytes"])
     assert restored["nested"]["step"] == 41 and restored["nested"]["mask"].tolist() == [True, False, True]
-    with open(os.path.join(ctx.storage_dir, f"restored-{ctx.rank}.json"), "w") as f:
+    # The run folder: with a storage URL, the storage is not a local path.
+    with open(os.path.join(ctx.run_dir, f"restored-{ctx.rank}.json"), "w") as f:
         json.dump({"step": ckpt.step, "ok": ok, "metrics": ckpt.manifest()["extra"]["metrics"]}, f)

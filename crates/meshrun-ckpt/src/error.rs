@@ -48,6 +48,19 @@ pub enum CkptError {
         leaf: String,
         region: Vec<(usize, usize)>,
     },
+    #[error("{what} '{url}': {}", storage_reason(source))]
+    Storage {
+        what: &'static str,
+        url: String,
+        source: Box<object_store::Error>,
+    },
+    #[error(
+        "'{url}' is not a storage URL meshrun can use: {reason}; accepted: {}",
+        crate::store::SCHEMES
+    )]
+    BadUrl { url: String, reason: String },
+    #[error("checkpoint step {step} is already committed at '{url}'; it was not replaced")]
+    AlreadyCommitted { step: u64, url: String },
     #[error("shard of leaf '{leaf}' has {got} bytes, expected {expected} for region {region:?}")]
     ShardSize {
         leaf: String,
@@ -55,6 +68,21 @@ pub enum CkptError {
         expected: usize,
         region: Vec<(usize, usize)>,
     },
+}
+
+/// What went wrong with a storage request, in the user's terms first.
+fn storage_reason(e: &object_store::Error) -> String {
+    use object_store::Error as E;
+    let hint = match e {
+        E::NotFound { .. } => "not found (does the bucket exist?)",
+        E::PermissionDenied { .. } | E::Unauthenticated { .. } => {
+            "access denied: check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or AWS_PROFILE)"
+        }
+        _ => {
+            "the storage did not answer as expected (is AWS_ENDPOINT_URL right, and the server up?)"
+        }
+    };
+    format!("{hint}; {e}")
 }
 
 impl CkptError {

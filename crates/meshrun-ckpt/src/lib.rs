@@ -19,5 +19,6 @@ pub mod read;
 pub mod resume;
 pub mod retention;
 pub mod shard;
+pub mod store;
 
 pub use error::CkptError;

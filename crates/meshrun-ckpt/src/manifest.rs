@@ -2,11 +2,10 @@
 //! of the saved tree with its global shape and dtype, and every stored shard
 //! with the file, tensor and region it holds.
 
-use std::path::Path;
-
 use serde::{Deserialize, Serialize};
 
 use crate::error::CkptError;
+use crate::store::Location;
 
 pub const MANIFEST: &str = "manifest.json";
 pub const FORMAT_VERSION: u32 = 1;
@@ -44,14 +43,22 @@ pub struct Manifest {
 }
 
 impl Manifest {
-    pub fn read(dir: &Path) -> Result<Self, CkptError> {
-        let path = dir.join(MANIFEST);
-        if !path.exists() {
-            return Err(CkptError::NotCommitted(dir.to_path_buf()));
-        }
-        let text = std::fs::read_to_string(&path).map_err(CkptError::io("cannot read", &path))?;
-        serde_json::from_str(&text).map_err(|e| CkptError::Manifest {
-            path,
+    pub fn read(dir: &Location) -> Result<Self, CkptError> {
+        let text = match dir {
+            Location::Local(dir) => {
+                let path = dir.join(MANIFEST);
+                if !path.exists() {
+                    return Err(CkptError::NotCommitted(dir.clone()));
+                }
+                std::fs::read(&path).map_err(CkptError::io("cannot read", &path))?
+            }
+            Location::Remote(r) => match r.client.get(&r.object(MANIFEST))? {
+                Some(bytes) => bytes.to_vec(),
+                None => return Err(CkptError::NotCommitted(dir.as_path())),
+            },
+        };
+        serde_json::from_slice(&text).map_err(|e| CkptError::Manifest {
+            path: dir.join(MANIFEST).as_path(),
             message: e.to_string(),
         })
     }

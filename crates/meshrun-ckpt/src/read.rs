@@ -1,48 +1,108 @@
 //! Reading regions of leaves from a committed checkpoint, whatever the
-//! layout it was saved with. Shard files are memory-mapped; only the bytes
-//! of the requested region are copied, and only the CRC chunks those bytes
-//! fall in are read and checked.
+//! layout it was saved with. Local shard files are memory-mapped; files in
+//! an object store are read by byte ranges, many in flight. Either way
+//! only the CRC chunks the requested region falls in are read, and each
+//! is checked before its bytes are used.
 
-use std::collections::{HashMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::Arc;
 
+use bytes::Bytes;
 use memmap2::Mmap;
+use object_store::path::Path as Key;
+use safetensors::tensor::Metadata;
 use safetensors::SafeTensors;
 
 use crate::boxes::{elements, intersect, runs};
 use crate::error::CkptError;
 use crate::manifest::Manifest;
 use crate::shard::CHUNK;
+use crate::store::{Client, Location};
+
+/// Chunks fetched in one request from an object store.
+const CHUNKS_PER_REQUEST: usize = 8;
+
+enum Backing {
+    Mapped(Mmap),
+    Remote { client: Arc<Client>, key: Key },
+}
 
 struct ShardFile {
+    /// The file's path, or its URL, for messages.
     path: PathBuf,
-    mmap: Mmap,
+    backing: Backing,
     /// tensor name -> absolute byte range in the file
     tensors: HashMap<String, (usize, usize)>,
     crcs: HashMap<String, Vec<u32>>,
 }
 
+/// A checked CRC chunk: where its bytes are.
+enum Chunk {
+    /// In the memory map, at this absolute range.
+    Mapped(usize, usize),
+    Fetched(Bytes),
+}
+
 impl ShardFile {
-    fn open(path: PathBuf) -> Result<Self, CkptError> {
-        let file = std::fs::File::open(&path).map_err(|source| {
-            if source.kind() == std::io::ErrorKind::NotFound {
-                CkptError::MissingShard(path.clone())
-            } else {
-                CkptError::Io {
-                    what: "cannot open",
-                    path: path.clone(),
-                    source,
-                }
-            }
-        })?;
-        // SAFETY: committed checkpoint files are never written again.
-        #[allow(unsafe_code)]
-        let mmap = unsafe { Mmap::map(&file) }.map_err(CkptError::io("cannot map", &path))?;
+    fn open(dir: &Location, name: &str) -> Result<Self, CkptError> {
+        let path = dir.join(name).as_path();
         let bad = |message: String| CkptError::Format {
             path: path.clone(),
             message,
         };
-        let (header, meta) = SafeTensors::read_metadata(&mmap).map_err(|e| bad(e.to_string()))?;
+        let (backing, header, meta) = match dir {
+            Location::Local(dir) => {
+                let path = dir.join(name);
+                let file = std::fs::File::open(&path).map_err(|source| {
+                    if source.kind() == std::io::ErrorKind::NotFound {
+                        CkptError::MissingShard(path.clone())
+                    } else {
+                        CkptError::Io {
+                            what: "cannot open",
+                            path: path.clone(),
+                            source,
+                        }
+                    }
+                })?;
+                // SAFETY: committed checkpoint files are never written again.
+                #[allow(unsafe_code)]
+                let mmap =
+                    unsafe { Mmap::map(&file) }.map_err(CkptError::io("cannot map", &path))?;
+                let (header, meta) =
+                    SafeTensors::read_metadata(&mmap).map_err(|e| bad(e.to_string()))?;
+                (Backing::Mapped(mmap), header, meta)
+            }
+            Location::Remote(r) => {
+                let key = r.object(name);
+                let (len, size) = r.client.get_head(&key, 8)?;
+                let len: [u8; 8] = len[..]
+                    .try_into()
+                    .map_err(|_| bad(format!("{size} bytes: no header")))?;
+                let header = u64::from_le_bytes(len) as usize;
+                if (header as u64) + 8 > size {
+                    return Err(bad(format!(
+                        "a header of {header} bytes in a file of {size}"
+                    )));
+                }
+                let text = r.client.get_ranges(&key, vec![8..8 + header as u64])?;
+                let meta: Metadata =
+                    serde_json::from_slice(&text[0]).map_err(|e| bad(e.to_string()))?;
+                let data_end = meta.tensors().values().map(|t| t.data_offsets.1).max();
+                if 8 + header as u64 + data_end.unwrap_or(0) as u64 != size {
+                    return Err(bad(format!(
+                        "the header describes {} bytes of data, the file has {}",
+                        data_end.unwrap_or(0),
+                        size - 8 - header as u64
+                    )));
+                }
+                let backing = Backing::Remote {
+                    client: Arc::clone(&r.client),
+                    key,
+                };
+                (backing, header, meta)
+            }
+        };
         let data_start = 8 + header;
         let tensors = meta
             .tensors()
@@ -70,7 +130,7 @@ impl ShardFile {
         }
         Ok(Self {
             path,
-            mmap,
+            backing,
             tensors,
             crcs,
         })
@@ -86,23 +146,106 @@ impl ShardFile {
             })
     }
 
-    /// Checks chunk `chunk` of tensor `name`.
-    fn check(&self, name: &str, leaf: &str, chunk: usize) -> Result<(), CkptError> {
-        let (start, end) = self.tensor(name)?;
+    /// The absolute byte range of chunk `chunk` of a tensor at `start..end`.
+    fn chunk_range(start: usize, end: usize, chunk: usize) -> (usize, usize) {
         let lo = start + chunk * CHUNK;
-        let hi = (lo + CHUNK).min(end);
+        (lo, (lo + CHUNK).min(end))
+    }
+
+    fn check_bytes(
+        &self,
+        name: &str,
+        leaf: &str,
+        chunk: usize,
+        bytes: &[u8],
+    ) -> Result<(), CkptError> {
         let want = self.crcs.get(name).and_then(|c| c.get(chunk)).copied();
-        let got = crc32c::crc32c(&self.mmap[lo..hi]);
-        if want == Some(got) {
-            Ok(())
-        } else {
-            Err(CkptError::Crc {
-                path: self.path.clone(),
-                tensor: name.to_string(),
-                leaf: leaf.to_string(),
-                start: lo - start,
-                end: hi - start,
-            })
+        if want == Some(crc32c::crc32c(bytes)) {
+            return Ok(());
+        }
+        Err(CkptError::Crc {
+            path: self.path.clone(),
+            tensor: name.to_string(),
+            leaf: leaf.to_string(),
+            start: chunk * CHUNK,
+            end: chunk * CHUNK + bytes.len(),
+        })
+    }
+
+    /// Chunks `chunks` of tensor `name`, each checked (a mapped chunk once
+    /// per reader: `checked` remembers). Fetched ones come
+    /// `CHUNKS_PER_REQUEST` to a request, many requests in flight.
+    fn chunks(
+        &self,
+        name: &str,
+        leaf: &str,
+        chunks: &BTreeSet<usize>,
+        checked: &mut HashSet<(PathBuf, String, usize)>,
+    ) -> Result<HashMap<usize, Chunk>, CkptError> {
+        let (start, end) = self.tensor(name)?;
+        let mut out = HashMap::with_capacity(chunks.len());
+        match &self.backing {
+            Backing::Mapped(mmap) => {
+                for &c in chunks {
+                    let (lo, hi) = Self::chunk_range(start, end, c);
+                    if hi > mmap.len() {
+                        return Err(CkptError::Format {
+                            path: self.path.clone(),
+                            message: format!("tensor '{name}' ends past the end of the file"),
+                        });
+                    }
+                    let key = (self.path.clone(), name.to_string(), c);
+                    if !checked.contains(&key) {
+                        self.check_bytes(name, leaf, c, &mmap[lo..hi])?;
+                        checked.insert(key);
+                    }
+                    out.insert(c, Chunk::Mapped(lo, hi));
+                }
+            }
+            Backing::Remote { client, key } => {
+                // Runs of consecutive chunks, cut to CHUNKS_PER_REQUEST.
+                let mut groups: Vec<Vec<usize>> = Vec::new();
+                for &c in chunks {
+                    match groups.last_mut() {
+                        Some(g)
+                            if g.len() < CHUNKS_PER_REQUEST
+                                && *g.last().expect("non-empty") + 1 == c =>
+                        {
+                            g.push(c)
+                        }
+                        _ => groups.push(vec![c]),
+                    }
+                }
+                let ranges = groups
+                    .iter()
+                    .map(|g| {
+                        let (lo, _) = Self::chunk_range(start, end, g[0]);
+                        let (_, hi) = Self::chunk_range(start, end, *g.last().expect("non-empty"));
+                        lo as u64..hi as u64
+                    })
+                    .collect();
+                let fetched = client.get_ranges(key, ranges)?;
+                for (group, bytes) in groups.iter().zip(fetched) {
+                    let base = Self::chunk_range(start, end, group[0]).0;
+                    for &c in group {
+                        let (lo, hi) = Self::chunk_range(start, end, c);
+                        let piece = bytes.slice(lo - base..hi - base);
+                        self.check_bytes(name, leaf, c, &piece)?;
+                        out.insert(c, Chunk::Fetched(piece));
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn bytes<'a>(&'a self, chunk: &'a Chunk) -> &'a [u8] {
+        match (chunk, &self.backing) {
+            (Chunk::Mapped(lo, hi), Backing::Mapped(mmap)) => &mmap[*lo..*hi],
+            (Chunk::Fetched(b), _) => b,
+            (Chunk::Mapped(..), Backing::Remote { .. }) => {
+                unreachable!("mapped chunk of a remote file")
+            }
         }
     }
 }
@@ -120,17 +263,17 @@ pub fn itemsize(numpy_name: &str) -> Result<usize, CkptError> {
 }
 
 pub struct Reader {
-    dir: PathBuf,
+    dir: Location,
     manifest: Manifest,
     files: HashMap<String, ShardFile>,
-    checked: HashSet<(String, String, usize)>,
+    checked: HashSet<(PathBuf, String, usize)>,
 }
 
 impl Reader {
-    pub fn open(dir: &Path) -> Result<Self, CkptError> {
+    pub fn open(dir: &Location) -> Result<Self, CkptError> {
         Ok(Self {
             manifest: Manifest::read(dir)?,
-            dir: dir.to_path_buf(),
+            dir: dir.clone(),
             files: HashMap::new(),
             checked: HashSet::new(),
         })
@@ -140,12 +283,12 @@ impl Reader {
         &self.manifest
     }
 
-    fn file(&mut self, name: &str) -> Result<&ShardFile, CkptError> {
+    fn open_file(&mut self, name: &str) -> Result<(), CkptError> {
         if !self.files.contains_key(name) {
-            let f = ShardFile::open(self.dir.join(name))?;
+            let f = ShardFile::open(&self.dir, name)?;
             self.files.insert(name.to_string(), f);
         }
-        Ok(&self.files[name])
+        Ok(())
     }
 
     /// Fills `out` (row-major) with `region` of leaf `path`.
@@ -171,28 +314,30 @@ impl Reader {
             let Some(overlap) = intersect(&shard.region, region) else {
                 continue;
             };
-            // Which CRC chunks the copy touches, checked once each.
+            // (source offset in the tensor, offset in `out`, length)
             let mut spans = Vec::new();
-            runs(&shard.region, region, &overlap, size, |src, _, len| {
-                spans.push((src, len));
+            runs(&shard.region, region, &overlap, size, |src, dst, len| {
+                spans.push((src, dst, len));
             });
-            let chunks: HashSet<usize> = spans
+            let needed: BTreeSet<usize> = spans
                 .iter()
-                .flat_map(|&(src, len)| (src / CHUNK)..=((src + len.max(1) - 1) / CHUNK))
+                .flat_map(|&(src, _, len)| (src / CHUNK)..=((src + len.max(1) - 1) / CHUNK))
                 .collect();
-            for chunk in chunks {
-                let key = (shard.file.clone(), shard.tensor.clone(), chunk);
-                if !self.checked.contains(&key) {
-                    self.file(&shard.file)?.check(&shard.tensor, path, chunk)?;
-                    self.checked.insert(key);
+            self.open_file(&shard.file)?;
+            let file = &self.files[&shard.file];
+            let chunks = file.chunks(&shard.tensor, path, &needed, &mut self.checked)?;
+            // Each span, piece by piece across the chunks it spans.
+            for (src, dst, len) in spans {
+                let mut done = 0;
+                while done < len {
+                    let at = src + done;
+                    let chunk = file.bytes(&chunks[&(at / CHUNK)]);
+                    let from = at % CHUNK;
+                    let n = (chunk.len() - from).min(len - done);
+                    out[dst + done..dst + done + n].copy_from_slice(&chunk[from..from + n]);
+                    done += n;
                 }
             }
-            let file = self.file(&shard.file)?;
-            let (start, _) = file.tensor(&shard.tensor)?;
-            let bytes = &file.mmap[start..];
-            runs(&shard.region, region, &overlap, size, |src, dst, len| {
-                out[dst..dst + len].copy_from_slice(&bytes[src..src + len]);
-            });
             covered += elements(&overlap);
         }
         if covered != elements(region) {
@@ -216,7 +361,8 @@ impl Reader {
             let size = itemsize(&leaf.dtype)?;
             let mut covered = 0;
             for shard in &leaf.shards {
-                let file = self.file(&shard.file)?;
+                self.open_file(&shard.file)?;
+                let file = &self.files[&shard.file];
                 let (start, end) = file.tensor(&shard.tensor)?;
                 let expected = elements(&shard.region) * size;
                 if end - start != expected {
@@ -228,9 +374,11 @@ impl Reader {
                     });
                 }
                 // As many chunks as `chunk_crcs` makes (one for no bytes),
-                // counted without computing their CRCs a first time.
-                for chunk in 0..(end - start).div_ceil(CHUNK).max(1) {
-                    file.check(&shard.tensor, &leaf.path, chunk)?;
+                // a bounded batch at a time.
+                let all: Vec<usize> = (0..(end - start).div_ceil(CHUNK).max(1)).collect();
+                for batch in all.chunks(64) {
+                    let batch: BTreeSet<usize> = batch.iter().copied().collect();
+                    file.chunks(&shard.tensor, &leaf.path, &batch, &mut self.checked)?;
                 }
                 covered += elements(&shard.region);
                 n += 1;
@@ -253,6 +401,7 @@ mod tests {
     use crate::commit::{commit, committed, tmp_dir};
     use crate::manifest::{Leaf, FORMAT_VERSION};
     use crate::shard::{write_rank_file, ShardIn};
+    use bytes::Bytes;
 
     /// Saves an (8, 6) float32 leaf as 4 row blocks over 2 "ranks", then
     /// reads it back by columns, whole, and as one element.
@@ -277,7 +426,7 @@ mod tests {
                         leaf: "w".into(),
                         dtype: "float32".into(),
                         region: vec![(r * 2, r * 2 + 2), (0, 6)],
-                        data: &bytes[r * 48..(r + 1) * 48],
+                        data: Bytes::copy_from_slice(&bytes[r * 48..(r + 1) * 48]),
                     }
                 })
                 .collect();
@@ -295,8 +444,11 @@ mod tests {
             extra: serde_json::json!({}),
             attempt: None,
         };
-        let dir = commit(root.path(), &manifest).unwrap();
-        assert_eq!(committed(root.path()), vec![(7, dir.clone())]);
+        let dir = commit(&root.path().into(), &manifest).unwrap();
+        assert_eq!(
+            committed(&root.path().into()).unwrap(),
+            vec![(7, dir.clone())]
+        );
 
         let mut reader = Reader::open(&dir).unwrap();
         let mut whole = vec![0u8; 48 * 4];
@@ -320,7 +472,7 @@ mod tests {
 
         // Flip one byte of rank 1's data: verify and reads of it fail, naming
         // the file and the tensor; reads of rank 0's rows still work.
-        let file = dir.join("rank-1.safetensors");
+        let file = dir.local().unwrap().join("rank-1.safetensors");
         let mut raw = std::fs::read(&file).unwrap();
         let n = raw.len();
         raw[n - 3] ^= 0xff;

@@ -14,12 +14,11 @@
 //! The controller hands its choice to the workers; [`for_attempt`] is what
 //! a worker then gives out as its checkpoint.
 
-use std::path::{Path, PathBuf};
-
-use crate::commit::{committed, set_aside, step_dir};
+use crate::commit::{committed, set_aside, step_at};
 use crate::error::CkptError;
 use crate::manifest::Manifest;
 use crate::read::Reader;
+use crate::store::Location;
 
 /// The folder of a run's checkpoints, inside its run directory.
 pub const CHECKPOINTS: &str = "checkpoints";
@@ -30,7 +29,7 @@ pub const DAMAGED: &str = "damaged";
 
 /// Reads every byte of a checkpoint and checks it: every CRC, and that
 /// the manifest agrees with the shard files. Returns how many tensors.
-pub fn verify(dir: &Path) -> Result<usize, CkptError> {
+pub fn verify(dir: &Location) -> Result<usize, CkptError> {
     Reader::open(dir)?.verify_all()
 }
 
@@ -38,7 +37,7 @@ pub fn verify(dir: &Path) -> Result<usize, CkptError> {
 #[derive(Debug)]
 pub struct Skipped {
     pub step: u64,
-    pub path: PathBuf,
+    pub path: Location,
     pub error: CkptError,
 }
 
@@ -52,13 +51,13 @@ pub struct Choice {
 }
 
 /// The newest committed checkpoint under `root` that verifies.
-pub fn newest_verified(root: &Path) -> Choice {
-    choose(&committed(root), |dir| verify(dir).map(drop))
+pub fn newest_verified(root: &Location) -> Result<Choice, CkptError> {
+    Ok(choose(&committed(root)?, |dir| verify(dir).map(drop)))
 }
 
 fn choose(
-    candidates: &[(u64, PathBuf)],
-    verify: impl Fn(&Path) -> Result<(), CkptError>,
+    candidates: &[(u64, Location)],
+    verify: impl Fn(&Location) -> Result<(), CkptError>,
 ) -> Choice {
     let mut choice = Choice::default();
     for (step, path) in candidates.iter().rev() {
@@ -88,7 +87,7 @@ pub enum ResumeError {
     NoCheckpoints {
         step: u64,
         run: String,
-        dir: PathBuf,
+        dir: Location,
     },
     #[error(
         "cannot resume from step {step}: run '{run}' has no checkpoint step-{step}; \
@@ -107,6 +106,8 @@ pub enum ResumeError {
         source: Box<CkptError>,
         others: String,
     },
+    #[error("cannot resume from step {step}: {source}")]
+    Unlisted { step: u64, source: Box<CkptError> },
 }
 
 fn list(steps: impl Iterator<Item = u64>) -> String {
@@ -115,9 +116,12 @@ fn list(steps: impl Iterator<Item = u64>) -> String {
 
 /// Checks, before the run starts, that run `run` (in `run_dir`) has a
 /// committed checkpoint `step` and that it verifies.
-pub fn check_requested(run_dir: &Path, run: &str, step: u64) -> Result<(), ResumeError> {
+pub fn check_requested(run_dir: &Location, run: &str, step: u64) -> Result<(), ResumeError> {
     let root = run_dir.join(CHECKPOINTS);
-    let all = committed(&root);
+    let all = committed(&root).map_err(|e| ResumeError::Unlisted {
+        step,
+        source: Box::new(e),
+    })?;
     if all.is_empty() {
         return Err(ResumeError::NoCheckpoints {
             step,
@@ -153,9 +157,12 @@ pub fn check_requested(run_dir: &Path, run: &str, step: u64) -> Result<(), Resum
 /// Sets aside every committed checkpoint newer than `step` (renamed
 /// `superseded-step-N`, files untouched). Returns (step, old path, new
 /// path) of each, oldest first.
-pub fn supersede_newer(root: &Path, step: u64) -> Result<Vec<(u64, PathBuf, PathBuf)>, CkptError> {
+pub fn supersede_newer(
+    root: &Location,
+    step: u64,
+) -> Result<Vec<(u64, Location, Location)>, CkptError> {
     let mut moved = Vec::new();
-    for (newer, path) in committed(root).into_iter().filter(|(s, _)| *s > step) {
+    for (newer, path) in committed(root)?.into_iter().filter(|(s, _)| *s > step) {
         let to = set_aside(root, newer, SUPERSEDED)?;
         moved.push((newer, path, to));
     }
@@ -167,16 +174,20 @@ pub fn supersede_newer(root: &Path, step: u64) -> Result<Vec<(u64, PathBuf, Path
 /// attempt (`chosen`; `None`: none). Checkpoints newer than the chosen one
 /// that this attempt did not commit are the ones the controller skipped as
 /// damaged, and are never given out.
-pub fn for_attempt(root: &Path, chosen: Option<u64>, attempt: u32) -> Option<(u64, PathBuf)> {
-    for (step, path) in committed(root).into_iter().rev() {
+pub fn for_attempt(
+    root: &Location,
+    chosen: Option<u64>,
+    attempt: u32,
+) -> Result<Option<(u64, Location)>, CkptError> {
+    for (step, path) in committed(root)?.into_iter().rev() {
         if chosen.is_some_and(|c| step <= c) {
             break;
         }
         if Manifest::read(&path).is_ok_and(|m| m.attempt == Some(attempt)) {
-            return Some((step, path));
+            return Ok(Some((step, path)));
         }
     }
-    chosen.map(|step| (step, step_dir(root, step)))
+    Ok(chosen.map(|step| (step, step_at(root, step))))
 }
 
 #[cfg(test)]
@@ -185,6 +196,12 @@ mod tests {
     use crate::commit::{commit, tmp_dir};
     use crate::manifest::{Leaf, FORMAT_VERSION};
     use crate::shard::{write_rank_file, ShardIn};
+    use bytes::Bytes;
+    use std::path::{Path, PathBuf};
+
+    fn loc(p: &Path) -> Location {
+        Location::from(p)
+    }
 
     /// Commits step `step` of a one-leaf tree (4 float32 values), saved by
     /// attempt `attempt`.
@@ -199,7 +216,7 @@ mod tests {
                 leaf: "w".into(),
                 dtype: "float32".into(),
                 region: vec![(0, 4)],
-                data: &bytes,
+                data: Bytes::from(bytes),
             }],
         )
         .unwrap();
@@ -215,7 +232,11 @@ mod tests {
             extra: serde_json::json!({}),
             attempt,
         };
-        commit(root, &manifest).unwrap()
+        commit(&loc(root), &manifest)
+            .unwrap()
+            .local()
+            .unwrap()
+            .to_path_buf()
     }
 
     fn flip_last_byte(dir: &Path) {
@@ -228,10 +249,12 @@ mod tests {
 
     #[test]
     fn choose_takes_the_newest_that_verifies_and_names_the_rest() {
-        let c = |s: u64| (s, PathBuf::from(format!("step-{s}")));
-        let bad = |p: &Path| -> Result<(), CkptError> {
-            if p.ends_with("step-40") || p.ends_with("step-30") {
-                Err(CkptError::MissingShard(p.join("rank-0.safetensors")))
+        let c = |s: u64| (s, Location::Local(PathBuf::from(format!("step-{s}"))));
+        let bad = |p: &Location| -> Result<(), CkptError> {
+            if p.name() == "step-40" || p.name() == "step-30" {
+                Err(CkptError::MissingShard(
+                    p.as_path().join("rank-0.safetensors"),
+                ))
             } else {
                 Ok(())
             }
@@ -257,7 +280,7 @@ mod tests {
         let newest = save(root, 20, None);
         flip_last_byte(&newest);
         let before = std::fs::read(newest.join("rank-0.safetensors")).unwrap();
-        let choice = newest_verified(root);
+        let choice = newest_verified(&loc(root)).unwrap();
         assert_eq!(choice.step, Some(10));
         assert_eq!(choice.skipped.len(), 1);
         let why = choice.skipped[0].error.to_string();
@@ -271,12 +294,12 @@ mod tests {
         );
         // A missing shard file and a manifest that is not JSON are caught too.
         std::fs::write(newest.join("manifest.json"), "{not json").unwrap();
-        assert!(newest_verified(root).skipped[0]
+        assert!(newest_verified(&loc(root)).unwrap().skipped[0]
             .error
             .to_string()
             .contains("manifest"));
         std::fs::remove_file(root.join("step-10/rank-0.safetensors")).unwrap();
-        let choice = newest_verified(root);
+        let choice = newest_verified(&loc(root)).unwrap();
         assert_eq!((choice.step, choice.skipped.len()), (None, 2));
         assert!(choice.skipped[1].error.to_string().contains("is missing"));
     }
@@ -285,7 +308,7 @@ mod tests {
     fn a_manifest_that_disagrees_with_its_files_does_not_verify() {
         let dir = tempfile::tempdir().unwrap();
         let path = save(dir.path(), 5, None);
-        let mut m = Manifest::read(&path).unwrap();
+        let mut m = Manifest::read(&loc(&path)).unwrap();
         m.leaves[0].shape = vec![8];
         m.leaves[0].shards[0].region = vec![(0, 8)];
         std::fs::write(
@@ -293,7 +316,7 @@ mod tests {
             serde_json::to_string(&m).unwrap(),
         )
         .unwrap();
-        let err = verify(&path).unwrap_err().to_string();
+        let err = verify(&loc(&path)).unwrap_err().to_string();
         assert!(err.contains("has 16 bytes, expected 32"), "{err}");
         m.leaves[0].shards[0].region = vec![(0, 4)];
         std::fs::write(
@@ -301,7 +324,7 @@ mod tests {
             serde_json::to_string(&m).unwrap(),
         )
         .unwrap();
-        let err = verify(&path).unwrap_err().to_string();
+        let err = verify(&loc(&path)).unwrap_err().to_string();
         assert!(err.contains("do not cover"), "{err}");
     }
 
@@ -309,7 +332,7 @@ mod tests {
     fn a_requested_step_must_exist_and_verify() {
         let dir = tempfile::tempdir().unwrap();
         let run = dir.path();
-        let err = check_requested(run, "r", 3).unwrap_err().to_string();
+        let err = check_requested(&loc(run), "r", 3).unwrap_err().to_string();
         assert!(
             err.starts_with("cannot resume from step 3: run 'r' has no checkpoints"),
             "{err}"
@@ -318,14 +341,16 @@ mod tests {
         save(&root, 1, None);
         save(&root, 2, None);
         let three = save(&root, 3, None);
-        check_requested(run, "r", 2).unwrap();
-        let err = check_requested(run, "r", 999).unwrap_err().to_string();
+        check_requested(&loc(run), "r", 2).unwrap();
+        let err = check_requested(&loc(run), "r", 999)
+            .unwrap_err()
+            .to_string();
         assert!(
             err.ends_with("has no checkpoint step-999; its checkpoints are steps 1, 2, 3"),
             "{err}"
         );
         flip_last_byte(&three);
-        let err = check_requested(run, "r", 3).unwrap_err().to_string();
+        let err = check_requested(&loc(run), "r", 3).unwrap_err().to_string();
         assert!(
             err.contains("checkpoint step-3 of run 'r' does not verify: checksum mismatch"),
             "{err}"
@@ -346,11 +371,8 @@ mod tests {
         let bytes = std::fs::read(root.join("step-3/rank-0.safetensors")).unwrap();
         // A name already taken (set aside before) gets a suffix.
         std::fs::create_dir(root.join("superseded-step-3")).unwrap();
-        let moved = supersede_newer(root, 1).unwrap();
-        let names: Vec<(u64, String)> = moved
-            .iter()
-            .map(|(s, _, to)| (*s, to.file_name().unwrap().to_str().unwrap().to_string()))
-            .collect();
+        let moved = supersede_newer(&loc(root), 1).unwrap();
+        let names: Vec<(u64, String)> = moved.iter().map(|(s, _, to)| (*s, to.name())).collect();
         assert_eq!(
             names,
             vec![
@@ -362,9 +384,13 @@ mod tests {
             std::fs::read(root.join("superseded-step-3.2/rank-0.safetensors")).unwrap(),
             bytes
         );
-        let left: Vec<u64> = committed(root).iter().map(|(s, _)| *s).collect();
+        let left: Vec<u64> = committed(&loc(root))
+            .unwrap()
+            .iter()
+            .map(|(s, _)| *s)
+            .collect();
         assert_eq!(left, vec![1]);
-        assert_eq!(newest_verified(root).step, Some(1));
+        assert_eq!(newest_verified(&loc(root)).unwrap().step, Some(1));
     }
 
     #[test]
@@ -377,15 +403,15 @@ mod tests {
         flip_last_byte(&damaged);
         // Attempt 2 was told to resume from 20: step-30 is not its own.
         assert_eq!(
-            for_attempt(root, Some(20), 2),
-            Some((20, root.join("step-20")))
+            for_attempt(&loc(root), Some(20), 2).unwrap(),
+            Some((20, loc(&root.join("step-20"))))
         );
-        assert_eq!(for_attempt(root, None, 2), None);
+        assert_eq!(for_attempt(&loc(root), None, 2).unwrap(), None);
         // Once attempt 2 commits 25, then 30 again, those are its newest.
         save(root, 25, Some(2));
-        assert_eq!(for_attempt(root, Some(20), 2).unwrap().0, 25);
+        assert_eq!(for_attempt(&loc(root), Some(20), 2).unwrap().unwrap().0, 25);
         save(root, 30, Some(2));
-        assert_eq!(for_attempt(root, Some(20), 2).unwrap().0, 30);
-        assert_eq!(for_attempt(root, None, 2).unwrap().0, 30);
+        assert_eq!(for_attempt(&loc(root), Some(20), 2).unwrap().unwrap().0, 30);
+        assert_eq!(for_attempt(&loc(root), None, 2).unwrap().unwrap().0, 30);
     }
 }

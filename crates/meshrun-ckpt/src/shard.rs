@@ -6,13 +6,17 @@
 
 use std::collections::HashMap;
 use std::fs::File;
+use std::io::{BufWriter, Write};
 use std::path::Path;
 
-use safetensors::tensor::TensorView;
+use bytes::Bytes;
+use safetensors::tensor::{Metadata, TensorInfo};
 use safetensors::Dtype;
 
+use crate::commit::tmp_dir;
 use crate::error::CkptError;
 use crate::manifest::ShardRecord;
+use crate::store::{upload_file, Location};
 
 /// Bytes covered by one CRC.
 pub const CHUNK: usize = 1 << 20;
@@ -38,12 +42,13 @@ pub fn dtype(numpy_name: &str) -> Result<Dtype, CkptError> {
     })
 }
 
-/// One shard handed over by the Python layer: its bytes stay owned there.
-pub struct ShardIn<'a> {
+/// One shard handed over by the Python layer: its bytes stay owned there
+/// (`Bytes` keeps the buffer alive without copying it).
+pub struct ShardIn {
     pub leaf: String,
     pub dtype: String,
     pub region: Vec<(usize, usize)>,
-    pub data: &'a [u8],
+    pub data: Bytes,
 }
 
 pub fn chunk_crcs(data: &[u8]) -> Vec<u32> {
@@ -53,56 +58,123 @@ pub fn chunk_crcs(data: &[u8]) -> Vec<u32> {
     data.chunks(CHUNK).map(crc32c::crc32c).collect()
 }
 
-/// Writes `rank-<rank>.safetensors` into `dir`, syncs it to disk, and
-/// returns the manifest records of its shards (leaf path first).
-/// A rank that owns no shard (all it holds are replicas) writes no file.
-pub fn write_rank_file(
-    dir: &Path,
-    rank: u32,
-    shards: &[ShardIn<'_>],
-) -> Result<Vec<(String, ShardRecord)>, CkptError> {
-    if shards.is_empty() {
-        return Ok(Vec::new());
-    }
-    let file_name = format!("rank-{rank}.safetensors");
-    let path = dir.join(&file_name);
-    let mut views = Vec::with_capacity(shards.len());
+/// The file name of rank `rank`'s shards in a checkpoint folder.
+pub fn rank_file(rank: u32) -> String {
+    format!("rank-{rank}.safetensors")
+}
+
+/// A rank's file laid out: the safetensors header (with its length in
+/// front) made by the safetensors crate's own types, then each shard's
+/// bytes in the order given, and the manifest records of the shards.
+struct Layout {
+    header: Vec<u8>,
+    records: Vec<(String, ShardRecord)>,
+}
+
+fn layout(file_name: &str, shards: &[ShardIn]) -> Result<Layout, CkptError> {
+    let bad = |message: String| CkptError::Format {
+        path: file_name.into(),
+        message,
+    };
+    let mut infos = Vec::with_capacity(shards.len());
     let mut metadata = HashMap::new();
     let mut records = Vec::with_capacity(shards.len());
     let mut count: HashMap<&str, usize> = HashMap::new();
+    let mut offset = 0;
     for s in shards {
         let n = count.entry(s.leaf.as_str()).or_default();
         let name = format!("{}:{n}", s.leaf);
         *n += 1;
         let shape: Vec<usize> = s.region.iter().map(|(a, b)| b - a).collect();
-        let view =
-            TensorView::new(dtype(&s.dtype)?, shape, s.data).map_err(|e| CkptError::Format {
-                path: path.clone(),
-                message: format!("leaf '{}': {e}", s.leaf),
-            })?;
-        let crcs: Vec<String> = chunk_crcs(s.data)
+        let crcs: Vec<String> = chunk_crcs(&s.data)
             .iter()
             .map(|c| format!("{c:08x}"))
             .collect();
         metadata.insert(format!("crc:{name}"), crcs.join(","));
+        infos.push((
+            name.clone(),
+            TensorInfo {
+                dtype: dtype(&s.dtype)?,
+                shape,
+                data_offsets: (offset, offset + s.data.len()),
+            },
+        ));
+        offset += s.data.len();
         records.push((
             s.leaf.clone(),
             ShardRecord {
-                file: file_name.clone(),
-                tensor: name.clone(),
+                file: file_name.to_string(),
+                tensor: name,
                 region: s.region.clone(),
             },
         ));
-        views.push((name, view));
     }
-    safetensors::serialize_to_file(views, Some(metadata), &path).map_err(|e| {
-        CkptError::Format {
-            path: path.clone(),
-            message: e.to_string(),
+    // Validates every shape against its byte count.
+    let meta = Metadata::new(Some(metadata), infos).map_err(|e| bad(e.to_string()))?;
+    let mut json = serde_json::to_vec(&meta).map_err(|e| bad(e.to_string()))?;
+    json.resize(json.len().next_multiple_of(8), b' ');
+    let mut header = (json.len() as u64).to_le_bytes().to_vec();
+    header.extend_from_slice(&json);
+    Ok(Layout { header, records })
+}
+
+/// Writes `rank-<rank>.safetensors` of checkpoint `step` under the
+/// checkpoints folder `root` and returns the manifest records of its shards
+/// (leaf path first). Locally into `tmp-<step>/`, synced to disk; in an
+/// object store into `step-<step>/` (see [`crate::store`]). A rank that
+/// owns no shard (all it holds are replicas) writes no file.
+pub fn write_rank(
+    root: &Location,
+    step: u64,
+    rank: u32,
+    shards: &[ShardIn],
+) -> Result<Vec<(String, ShardRecord)>, CkptError> {
+    if shards.is_empty() {
+        return Ok(Vec::new());
+    }
+    match root {
+        Location::Local(root) => {
+            let dir = tmp_dir(root, step);
+            std::fs::create_dir_all(&dir).map_err(CkptError::io("cannot create", &dir))?;
+            write_rank_file(&dir, rank, shards)
         }
-    })?;
-    File::open(&path)
-        .and_then(|f| f.sync_all())
-        .map_err(CkptError::io("cannot sync", &path))?;
+        Location::Remote(r) => {
+            let name = rank_file(rank);
+            let Layout { header, records } = layout(&name, shards)?;
+            let mut pieces = Vec::with_capacity(shards.len() + 1);
+            pieces.push(Bytes::from(header));
+            pieces.extend(shards.iter().map(|s| s.data.clone()));
+            let key = r.object(&format!("step-{step}/{name}"));
+            upload_file(&r.client, &key, &pieces)?;
+            Ok(records)
+        }
+    }
+}
+
+/// Writes `rank-<rank>.safetensors` into the local folder `dir`, syncs it
+/// to disk, and returns the manifest records of its shards.
+pub fn write_rank_file(
+    dir: &Path,
+    rank: u32,
+    shards: &[ShardIn],
+) -> Result<Vec<(String, ShardRecord)>, CkptError> {
+    if shards.is_empty() {
+        return Ok(Vec::new());
+    }
+    let name = rank_file(rank);
+    let path = dir.join(&name);
+    let Layout { header, records } = layout(&name, shards)?;
+    let write = || -> std::io::Result<()> {
+        let file = File::create(&path)?;
+        let mut w = BufWriter::with_capacity(1 << 20, &file);
+        w.write_all(&header)?;
+        for s in shards {
+            w.write_all(&s.data)?;
+        }
+        w.flush()?;
+        drop(w);
+        file.sync_all()
+    };
+    write().map_err(CkptError::io("cannot write", &path))?;
     Ok(records)
 }

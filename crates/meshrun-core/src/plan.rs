@@ -6,6 +6,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 
+use meshrun_ckpt::store::{is_url, Location};
 use serde::{Deserialize, Serialize};
 
 use crate::error::UsageError;
@@ -103,8 +104,9 @@ pub struct RunSpec {
     /// that verifies (checked here: it must exist and verify).
     pub resume_from: Option<u64>,
     /// Where checkpoints go (`STORAGE/NAME/checkpoints`): the one folder
-    /// every host must reach. Default: the runs directory.
-    pub storage: Option<PathBuf>,
+    /// every host must reach, or an object-store URL (`s3://bucket/prefix`).
+    /// Default: the runs directory.
+    pub storage: Option<String>,
     /// Hosts 1.. join by themselves (`meshrun join ADDR`): the controller
     /// listens here and runs host 0's agent in its own process.
     pub listen: Option<SocketAddr>,
@@ -182,9 +184,10 @@ pub struct RunPlan {
     /// The first attempt resumes from this step (see `RunSpec`).
     #[serde(default)]
     pub resume_from: Option<u64>,
-    /// The storage root, when it is not the runs directory.
+    /// The storage root, when it is not the runs directory: an absolute
+    /// path or an object-store URL.
     #[serde(default)]
-    pub storage: Option<PathBuf>,
+    pub storage: Option<String>,
     /// Hosts 1.. join by themselves at the control address.
     #[serde(default)]
     pub rendezvous: bool,
@@ -207,11 +210,19 @@ impl RunPlan {
     }
 
     /// This run's folder in the storage: its `checkpoints/` are there.
-    pub fn storage_dir(&self) -> PathBuf {
+    /// (The URL was checked when the plan was made.)
+    pub fn storage_dir(&self) -> Location {
         match &self.storage {
-            Some(root) => root.join(&self.name),
-            None => self.run_dir.clone(),
+            Some(root) => Location::parse(root)
+                .expect("the storage was checked when the plan was made")
+                .join(&self.name),
+            None => Location::Local(self.run_dir.clone()),
         }
+    }
+
+    /// Whether checkpoints go to an object store.
+    pub fn remote_storage(&self) -> bool {
+        self.storage.as_deref().is_some_and(is_url)
     }
 
     /// How long the hosts' agents may take to join.
@@ -357,14 +368,26 @@ impl RunSpec {
         let runs_dir = cwd.join(&self.runs_dir);
         check_runs_dir(&runs_dir)?;
         let storage = match self.storage {
+            Some(url) if is_url(&url) => {
+                check_remote_storage(&url, &name)?;
+                Some(url.trim_end_matches('/').to_string())
+            }
             Some(root) => {
                 let root = cwd.join(root);
                 check_storage(&root)?;
-                Some(root)
+                Some(root.display().to_string())
             }
             None => None,
         };
-        let storage_dir = storage.as_ref().unwrap_or(&runs_dir).join(&name);
+        let storage_dir = match &storage {
+            Some(root) => Location::parse(root)
+                .map_err(|e| UsageError::StorageUnusable {
+                    path: root.into(),
+                    reason: e.to_string(),
+                })?
+                .join(&name),
+            None => Location::Local(runs_dir.join(&name)),
+        };
         if let Some(step) = self.resume_from {
             meshrun_ckpt::resume::check_requested(&storage_dir, &name, step)?;
         }
@@ -519,6 +542,22 @@ fn check_control_address(host: IpAddr, port: u16) -> Result<(), UsageError> {
         }
         Err(source) => Err(UsageError::ControlHostUnusable { host, source }),
     }
+}
+
+/// An object-store URL must be one meshrun can use, and the store must let
+/// it write, read and delete an object under the run's folder: a wrong
+/// key, a missing bucket or an endpoint that does not answer is found here,
+/// before anything starts, naming the URL.
+fn check_remote_storage(url: &str, name: &str) -> Result<(), UsageError> {
+    let unusable = |reason: String| UsageError::StorageUnusable {
+        path: url.into(),
+        reason,
+    };
+    let root = Location::parse(url).map_err(|e| unusable(e.to_string()))?;
+    let Location::Remote(dir) = root.join(name) else {
+        unreachable!("a URL parses as a remote location")
+    };
+    meshrun_ckpt::store::remote::probe(&dir).map_err(|e| unusable(e.to_string()))
 }
 
 /// The storage root, like the runs directory, must be a writable directory

@@ -73,10 +73,7 @@ pub fn worker_env(
         // are told where it is, never write there. Checkpoints go to the
         // storage, the one folder every host reaches.
         ("MESHRUN_RUN_DIR".into(), run_dir),
-        (
-            "MESHRUN_STORAGE_DIR".into(),
-            plan.storage_dir().display().to_string(),
-        ),
+        ("MESHRUN_STORAGE_DIR".into(), plan.storage_dir().to_string()),
         ("MESHRUN_RUN_ID".into(), info.run_id.into()),
         ("MESHRUN_ATTEMPT".into(), info.attempt.to_string()),
         ("MESHRUN_CONTROL_ADDR".into(), info.control_addr.into()),

@@ -7,24 +7,35 @@
 #![allow(clippy::needless_pass_by_value)]
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
-use meshrun_ckpt::commit::{committed, tmp_dir};
+use bytes::Bytes;
+use meshrun_ckpt::commit::committed;
 use meshrun_ckpt::manifest::Leaf;
 use meshrun_ckpt::read::Reader;
 use meshrun_ckpt::resume::{for_attempt, CHECKPOINTS};
-use meshrun_ckpt::shard::{write_rank_file, ShardIn};
-use numpy::{PyReadonlyArray1, PyReadwriteArray1};
+use meshrun_ckpt::shard::{write_rank, ShardIn};
+use meshrun_ckpt::store::Location;
+use numpy::{PyArray1, PyArrayMethods, PyReadwriteArray1, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 
 use crate::convert::to_python;
 use crate::errors::ckpt_to_py as to_py;
 
-/// The checkpoints folder of the run whose storage folder is `run_dir`.
+/// A path (`str` or `os.PathLike`) or an object-store URL, as the engine
+/// takes it.
+fn location(any: &Bound<'_, PyAny>) -> PyResult<Location> {
+    if let Ok(text) = any.extract::<String>() {
+        return Location::parse(&text).map_err(|e| to_py(&e));
+    }
+    Ok(Location::Local(any.extract::<std::path::PathBuf>()?))
+}
+
+/// The checkpoints folder (a path or a URL) of the run whose storage
+/// folder is `run_dir`.
 #[pyfunction]
-pub fn checkpoints_dir(run_dir: PathBuf) -> PathBuf {
-    run_dir.join(CHECKPOINTS)
+pub fn checkpoints_dir(run_dir: &Bound<'_, PyAny>) -> PyResult<String> {
+    Ok(location(run_dir)?.join(CHECKPOINTS).to_string())
 }
 
 /// What one rank wrote of a checkpoint: its leaves and their shard
@@ -46,66 +57,78 @@ type PyShard<'py> = (
     String,
     Vec<usize>,
     Vec<(usize, usize)>,
-    PyReadonlyArray1<'py, u8>,
+    Bound<'py, PyArray1<u8>>,
 );
 
-/// The same, borrowed: (leaf, dtype, global shape, region, bytes).
-type ShardView<'a> = (
-    &'a str,
-    &'a str,
-    &'a [usize],
-    &'a [(usize, usize)],
-    &'a [u8],
-);
+/// A contiguous numpy byte array, kept alive (and so its buffer) while the
+/// engine holds its bytes: the upload reads the host copy `save` made
+/// without copying it again.
+struct Held {
+    _array: Py<PyArray1<u8>>,
+    ptr: usize,
+    len: usize,
+}
 
-/// Writes this rank's file of checkpoint `step` into the uncommitted folder
-/// of that step under the checkpoints folder `root` (synced) and returns
+impl AsRef<[u8]> for Held {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: `_array` owns the buffer and keeps it alive; it is a
+        // contiguous uint8 array (checked in `held`) that nothing writes
+        // while a checkpoint is saved (it is the host copy `save` made).
+        #[allow(unsafe_code)]
+        unsafe {
+            std::slice::from_raw_parts(self.ptr as *const u8, self.len)
+        }
+    }
+}
+
+fn held(array: &Bound<'_, PyArray1<u8>>) -> PyResult<Bytes> {
+    if !array.is_c_contiguous() {
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "a checkpoint shard must be a contiguous uint8 array",
+        ));
+    }
+    let len = array.len();
+    let ptr = if len == 0 { 0 } else { array.data() as usize };
+    if len == 0 {
+        return Ok(Bytes::new());
+    }
+    Ok(meshrun_ckpt::store::remote_bytes(Arc::new(Held {
+        _array: array.clone().unbind(),
+        ptr,
+        len,
+    })))
+}
+
+/// Writes this rank's file of checkpoint `step` under the checkpoints
+/// folder `root` (a path, synced to disk, or a URL: uploaded) and returns
 /// this rank's leaves with their shard records, for the controller.
 #[pyfunction]
 pub fn write_shards(
     py: Python<'_>,
-    root: PathBuf,
+    root: &Bound<'_, PyAny>,
     step: u64,
     rank: u32,
     shards: Vec<PyShard<'_>>,
 ) -> PyResult<WrittenShards> {
-    let dir = tmp_dir(&root, step);
+    let root = location(root)?;
     let mut leaves: BTreeMap<String, Leaf> = BTreeMap::new();
-    let views: Vec<ShardView<'_>> = shards
-        .iter()
-        .map(|(leaf, dtype, shape, region, data)| -> PyResult<_> {
-            Ok((
-                leaf.as_str(),
-                dtype.as_str(),
-                shape.as_slice(),
-                region.as_slice(),
-                data.as_slice()?,
-            ))
-        })
-        .collect::<PyResult<_>>()?;
-    for (leaf, dtype, shape, _, _) in &views {
-        leaves.entry((*leaf).to_string()).or_insert_with(|| Leaf {
-            path: (*leaf).to_string(),
-            dtype: (*dtype).to_string(),
-            shape: shape.to_vec(),
+    let mut inputs = Vec::with_capacity(shards.len());
+    for (leaf, dtype, shape, region, data) in &shards {
+        leaves.entry(leaf.clone()).or_insert_with(|| Leaf {
+            path: leaf.clone(),
+            dtype: dtype.clone(),
+            shape: shape.clone(),
             shards: vec![],
+        });
+        inputs.push(ShardIn {
+            leaf: leaf.clone(),
+            dtype: dtype.clone(),
+            region: region.clone(),
+            data: held(data)?,
         });
     }
     let records = py
-        .detach(|| {
-            let inputs: Vec<ShardIn<'_>> = views
-                .iter()
-                .map(|(leaf, dtype, _, region, data)| ShardIn {
-                    leaf: (*leaf).to_string(),
-                    dtype: (*dtype).to_string(),
-                    region: region.to_vec(),
-                    data,
-                })
-                .collect();
-            std::fs::create_dir_all(&dir)
-                .map_err(meshrun_ckpt::CkptError::io("cannot create", &dir))?;
-            write_rank_file(&dir, rank, &inputs)
-        })
+        .detach(|| write_rank(&root, step, rank, &inputs))
         .map_err(|e| to_py(&e))?;
     for (leaf, record) in records {
         if let Some(l) = leaves.get_mut(&leaf) {
@@ -123,15 +146,19 @@ pub fn write_shards(
 #[pyfunction]
 #[pyo3(signature = (root, attempt=None, chosen=None))]
 pub fn resume_checkpoint(
-    root: PathBuf,
+    py: Python<'_>,
+    root: &Bound<'_, PyAny>,
     attempt: Option<u32>,
     chosen: Option<u64>,
-) -> Option<(String, u64)> {
-    let found = match attempt {
-        Some(attempt) => for_attempt(&root, chosen, attempt),
-        None => committed(&root).pop(),
-    };
-    found.map(|(step, path)| (path.display().to_string(), step))
+) -> PyResult<Option<(String, u64)>> {
+    let root = location(root)?;
+    let found = py
+        .detach(|| match attempt {
+            Some(attempt) => for_attempt(&root, chosen, attempt),
+            None => committed(&root).map(|mut all| all.pop()),
+        })
+        .map_err(|e| to_py(&e))?;
+    Ok(found.map(|(step, path)| (path.to_string(), step)))
 }
 
 #[pyclass(frozen, module = "meshrun._native")]
@@ -140,7 +167,8 @@ pub struct CheckpointReader(Mutex<Reader>);
 #[pymethods]
 impl CheckpointReader {
     #[new]
-    fn new(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
+    fn new(py: Python<'_>, path: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let path = location(path)?;
         py.detach(|| Reader::open(&path))
             .map(|r| Self(Mutex::new(r)))
             .map_err(|e| to_py(&e))

@@ -17,6 +17,9 @@ use pyo3::types::{PyBool, PyFloat, PyInt};
 use crate::errors::ConfigError;
 use crate::usage::{at_least, no_ray_address};
 
+/// Where the run folder goes when `RunConfig.storage_path` is a URL.
+const LOCAL_RUNS: &str = "runs";
+
 /// The four configuration objects of a `Trainer`.
 pub struct Configs<'py> {
     pub scaling: Bound<'py, PyAny>,
@@ -248,6 +251,27 @@ pub fn run_spec(
         score_attribute,
         score_order,
     });
+    let storage_path: String = match r.get("storage_path")? {
+        Some(path) => path
+            .str()
+            .map(|s| s.to_string())
+            .or_else(|_| path.call_method0("__fspath__").and_then(|p| p.extract()))
+            .map_err(|_| {
+                r.wrong(
+                    "storage_path",
+                    Some(&path),
+                    "a path or a URL such as s3://bucket/prefix",
+                )
+            })?,
+        None => {
+            return Err(r.wrong(
+                "storage_path",
+                None,
+                "a path or a URL such as s3://bucket/prefix",
+            ))
+        }
+    };
+    let remote = meshrun_ckpt::store::is_url(&storage_path);
     Ok(RunSpec {
         nprocs: s.required_uint("num_workers")?,
         hosts: s.required_uint("num_hosts")?,
@@ -255,11 +279,10 @@ pub fn run_spec(
         gpus_per_proc,
         platform,
         name: r.text("name")?,
-        runs_dir: match r.get("storage_path")? {
-            Some(path) => path
-                .extract()
-                .map_err(|_| r.wrong("storage_path", Some(&path), "a path"))?,
-            None => return Err(r.wrong("storage_path", None, "a path")),
+        runs_dir: if remote {
+            PathBuf::from(LOCAL_RUNS)
+        } else {
+            PathBuf::from(&storage_path)
         },
         tee: r.choice(
             "tee",
@@ -286,9 +309,11 @@ pub fn run_spec(
         control_host,
         control_port: s.uint("control_port")?,
         resume_from: r.uint("resume_from")?,
-        // `storage_path` holds the run folders and the checkpoints alike, as
-        // in Ray Train: the one path every host must reach.
-        storage: None,
+        // A path in `storage_path` holds the run folders and the checkpoints
+        // alike, as in Ray Train: the one path every host must reach. A URL
+        // holds the checkpoints; the run folder (logs, metrics, report)
+        // stays on this machine, under `runs/`.
+        storage: remote.then_some(storage_path),
         listen,
         join_timeout_s: s.seconds("join_timeout_s")?,
     })

@@ -131,11 +131,17 @@ impl RunRecord {
 
     /// The folder of run `run_dir` in its storage, where `checkpoints/`
     /// is: `STORAGE/NAME` when the run was given a storage, else the run
-    /// folder itself.
-    pub fn storage_dir(&self, run_dir: &std::path::Path) -> std::path::PathBuf {
+    /// folder itself. A storage URL (`s3://bucket/prefix`) gives a URL.
+    pub fn storage_dir(&self, run_dir: &std::path::Path) -> String {
         match self.plan_str("storage") {
-            Some(root) => std::path::Path::new(root).join(&self.name),
-            None => run_dir.to_path_buf(),
+            Some(root) if root.contains("://") => {
+                format!("{}/{}", root.trim_end_matches('/'), self.name)
+            }
+            Some(root) => std::path::Path::new(root)
+                .join(&self.name)
+                .display()
+                .to_string(),
+            None => run_dir.display().to_string(),
         }
     }
 

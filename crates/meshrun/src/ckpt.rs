@@ -7,6 +7,7 @@ use meshrun_ckpt::boxes::elements;
 use meshrun_ckpt::commit::committed;
 use meshrun_ckpt::read::{itemsize, Reader};
 use meshrun_ckpt::shard::dtype;
+use meshrun_ckpt::store::{is_url, Location};
 use meshrun_ckpt::CkptError;
 use safetensors::tensor::TensorView;
 
@@ -53,17 +54,19 @@ fn out(text: &str) {
 
 pub fn run(cmd: CkptCommand) -> Result<(), CkptCliError> {
     match cmd {
-        CkptCommand::Ls { run, runs_dir } => ls(&run, &runs_dir),
-        CkptCommand::Inspect { path } => inspect(&path),
+        CkptCommand::Ls {
+            run,
+            runs_dir,
+            storage,
+        } => ls(&run, &runs_dir, storage.as_deref()),
+        CkptCommand::Inspect { path } => inspect(&Location::parse(&path)?),
         CkptCommand::Verify { path } => {
+            let path = Location::parse(&path)?;
             let n = Reader::open(&path)?.verify_all()?;
-            out(&format!(
-                "ok: {n} shards, every CRC matches ({})",
-                path.display()
-            ));
+            out(&format!("ok: {n} shards, every CRC matches ({path})"));
             Ok(())
         }
-        CkptCommand::Export { path, out: target } => export(&path, &target),
+        CkptCommand::Export { path, out: target } => export(&Location::parse(&path)?, &target),
     }
 }
 
@@ -85,16 +88,33 @@ fn run_folder(run: &str, runs_dir: &Path) -> Result<PathBuf, CkptCliError> {
     Ok(dir)
 }
 
-fn ls(run: &str, runs_dir: &Path) -> Result<(), CkptCliError> {
+/// The storage folder of `run`: a URL of one as given; a run name under
+/// `storage`; else the run's folder, or where its run.json says its
+/// storage is (a run given --storage keeps its checkpoints there).
+fn storage_folder(
+    run: &str,
+    runs_dir: &Path,
+    storage: Option<&str>,
+) -> Result<Location, CkptCliError> {
+    if is_url(run) {
+        return Ok(Location::parse(run)?);
+    }
+    if let Some(root) = storage {
+        check_run_name(run)?;
+        return Ok(Location::parse(root)?.join(run));
+    }
     let dir = run_folder(run, runs_dir)?;
-    // A run given --storage keeps its checkpoints there.
-    let storage = match meshrun_record::read::run_record(&dir) {
-        Ok(Some(record)) => record.storage_dir(&dir),
-        _ => dir,
-    };
-    let checkpoints = storage.join(meshrun_record::names::CHECKPOINTS);
+    Ok(match meshrun_record::read::run_record(&dir) {
+        Ok(Some(record)) => Location::parse(&record.storage_dir(&dir))?,
+        _ => Location::Local(dir),
+    })
+}
+
+fn ls(run: &str, runs_dir: &Path, storage: Option<&str>) -> Result<(), CkptCliError> {
+    let checkpoints =
+        storage_folder(run, runs_dir, storage)?.join(meshrun_record::names::CHECKPOINTS);
     let mut rows = Vec::new();
-    for (step, path) in committed(&checkpoints) {
+    for (step, path) in committed(&checkpoints)? {
         let reader = Reader::open(&path)?;
         let m = reader.manifest();
         let bytes: usize = m
@@ -106,14 +126,11 @@ fn ls(run: &str, runs_dir: &Path) -> Result<(), CkptCliError> {
             step.to_string(),
             m.leaves.len().to_string(),
             bytes.to_string(),
-            path.display().to_string(),
+            path.to_string(),
         ]);
     }
     if rows.is_empty() {
-        out(&format!(
-            "no committed checkpoints in '{}'",
-            checkpoints.display()
-        ));
+        out(&format!("no committed checkpoints in '{checkpoints}'"));
     } else {
         let text = table(&["STEP", "LEAVES", "BYTES", "PATH"], &rows);
         out(text.trim_end());
@@ -121,10 +138,10 @@ fn ls(run: &str, runs_dir: &Path) -> Result<(), CkptCliError> {
     Ok(())
 }
 
-fn inspect(path: &Path) -> Result<(), CkptCliError> {
+fn inspect(path: &Location) -> Result<(), CkptCliError> {
     let reader = Reader::open(path)?;
     let m = reader.manifest();
-    out(&format!("checkpoint {} (step {})", path.display(), m.step));
+    out(&format!("checkpoint {path} (step {})", m.step));
     if let Some(metrics) = m.extra.get("metrics") {
         out(&format!("metrics: {metrics}"));
     }
@@ -147,7 +164,7 @@ fn inspect(path: &Path) -> Result<(), CkptCliError> {
 
 /// Assembles every leaf whole and writes them to one safetensors file,
 /// named by their paths, for inference tools.
-fn export(path: &Path, target: &Path) -> Result<(), CkptCliError> {
+fn export(path: &Location, target: &Path) -> Result<(), CkptCliError> {
     let mut reader = Reader::open(path)?;
     let leaves = reader.manifest().leaves.clone();
     let mut data = Vec::with_capacity(leaves.len());
@@ -168,7 +185,7 @@ fn export(path: &Path, target: &Path) -> Result<(), CkptCliError> {
             TensorView::new(dtype(&l.dtype)?, l.shape.clone(), buf)
                 .map(|v| (l.path.clone(), v))
                 .map_err(|e| CkptError::Format {
-                    path: path.to_path_buf(),
+                    path: path.as_path(),
                     message: e.to_string(),
                 })
         })

@@ -103,18 +103,23 @@ pub fn completion_command() -> clap::Command {
 
 #[derive(Debug, Subcommand)]
 pub enum CkptCommand {
-    /// The committed checkpoints of a run (a run name or its folder).
+    /// The committed checkpoints of a run: a run name, its folder, or the
+    /// URL of its storage folder (s3://bucket/prefix/NAME).
     Ls {
         run: String,
         #[arg(long, default_value = "runs", value_name = "DIR")]
         runs_dir: PathBuf,
+        /// The storage the run was given (--storage): look for RUN there.
+        #[arg(long, value_name = "DIR|URL")]
+        storage: Option<String>,
     },
-    /// Step, metrics, and every leaf's shape, dtype and bytes.
-    Inspect { path: PathBuf },
-    /// Check every CRC of every shard.
-    Verify { path: PathBuf },
+    /// Step, metrics, and every leaf's shape, dtype and bytes (a step's
+    /// folder or URL).
+    Inspect { path: String },
+    /// Check every CRC of every shard (a step's folder or URL).
+    Verify { path: String },
     /// Write one plain safetensors file with every leaf whole.
-    Export { path: PathBuf, out: PathBuf },
+    Export { path: String, out: PathBuf },
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -258,10 +263,12 @@ pub struct RunArgs {
     pub control_port: Option<u16>,
 
     /// Where checkpoints go (STORAGE/NAME/checkpoints/): the one folder
-    /// every host must reach at the same path (a shared filesystem).
-    /// Default: the runs directory.
-    #[arg(long, value_name = "PATH")]
-    pub storage: Option<PathBuf>,
+    /// every host must reach at the same path (a shared filesystem), or an
+    /// object store: s3://bucket/prefix (gs://, az:// too; credentials and
+    /// endpoint from AWS_* variables or the AWS profile). Default: the runs
+    /// directory.
+    #[arg(long, value_name = "PATH|URL")]
+    pub storage: Option<String>,
 
     /// Let hosts 1.. join by themselves (Slurm, SSH, Kubernetes, bare
     /// machines): listen for them at ADDR:PORT, run host 0 here, print the

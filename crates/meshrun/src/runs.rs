@@ -403,17 +403,22 @@ pub fn render_status(run: &RunView) -> String {
 }
 
 fn checkpoints_line(run: &RunView, out: &mut String) {
-    let storage = run
-        .record
-        .as_ref()
-        .map_or_else(|| run.dir.clone(), |r| r.storage_dir(&run.dir));
-    let committed = meshrun_ckpt::commit::committed(&storage.join(names::CHECKPOINTS));
+    let storage = run.record.as_ref().map_or_else(
+        || run.dir.display().to_string(),
+        |r| r.storage_dir(&run.dir),
+    );
+    let committed = meshrun_ckpt::store::Location::parse(&storage)
+        .and_then(|s| meshrun_ckpt::commit::committed(&s.join(names::CHECKPOINTS)));
     let _ = writeln!(
         out,
         "\ncheckpoints  {}",
-        match committed.last() {
-            Some((step, _)) => format!("{} committed, newest step-{step}", committed.len()),
-            None => "none".into(),
+        match committed.as_deref() {
+            Ok([.., (step, _)]) => format!(
+                "{} committed, newest step-{step}",
+                committed.as_ref().map_or(0, Vec::len)
+            ),
+            Ok([]) => "none".into(),
+            Err(e) => format!("cannot be listed: {e}"),
         }
     );
 }

@@ -5,14 +5,14 @@
 //! removed when a run (re)starts.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
 
-use meshrun_ckpt::commit::{clean_uncommitted, commit, committed, set_aside, step_dir};
+use meshrun_ckpt::commit::{clean_uncommitted, commit, committed, delete, set_aside, step_at};
 use meshrun_ckpt::manifest::{Leaf, Manifest, FORMAT_VERSION};
 use meshrun_ckpt::resume::{
     newest_verified, supersede_newer, verify, Skipped, CHECKPOINTS, DAMAGED,
 };
 use meshrun_ckpt::retention::{to_delete, Candidate, Retention};
+use meshrun_ckpt::store::Location;
 use meshrun_ckpt::CkptError;
 use meshrun_record::Event;
 
@@ -28,7 +28,7 @@ struct Pending {
 }
 
 pub struct Checkpoints {
-    root: PathBuf,
+    root: Location,
     world: u32,
     retention: Option<Retention>,
     pending: BTreeMap<u64, Pending>,
@@ -43,7 +43,10 @@ pub struct Checkpoints {
     skipped: Vec<Skipped>,
     /// With a requested step: the newer checkpoints set aside, (step, old
     /// path, new path).
-    superseded: Vec<(u64, PathBuf, PathBuf)>,
+    superseded: Vec<(u64, Location, Location)>,
+    /// In an object store, the damaged checkpoints set aside when the
+    /// attempt opened: (step, old place, new place).
+    damaged: Vec<(u64, Location, Location)>,
 }
 
 impl Checkpoints {
@@ -52,16 +55,20 @@ impl Checkpoints {
     /// checkpoint to resume from: `requested` (the first attempt of a run
     /// given `--resume-from`; the newer ones are set aside), else the
     /// newest that verifies. Verifying reads every byte once; the restore
-    /// that follows finds them in the page cache.
+    /// that follows finds them in the page cache. In an object store, where
+    /// ranks write into the step's own folder, a damaged checkpoint is set
+    /// aside at once rather than when its step is saved again.
     pub fn open(
-        run_dir: &Path,
+        run_dir: &Location,
         world: u32,
         retention: Option<Retention>,
         attempt: u32,
         requested: Option<u64>,
-    ) -> Result<(Self, Vec<PathBuf>), CkptError> {
+    ) -> Result<(Self, Vec<Location>), CkptError> {
         let root = run_dir.join(CHECKPOINTS);
-        std::fs::create_dir_all(&root).map_err(CkptError::io("cannot create", &root))?;
+        if let Some(dir) = root.local() {
+            std::fs::create_dir_all(dir).map_err(CkptError::io("cannot create", dir))?;
+        }
         let removed = clean_uncommitted(&root)?;
         let mut me = Self {
             root,
@@ -73,17 +80,25 @@ impl Checkpoints {
             requested: requested.is_some(),
             skipped: Vec::new(),
             superseded: Vec::new(),
+            damaged: Vec::new(),
         };
         if let Some(step) = requested {
             // Checked before the run started; checked again, since this is
             // what the workers will restore.
-            verify(&step_dir(&me.root, step))?;
+            verify(&step_at(&me.root, step))?;
             me.superseded = supersede_newer(&me.root, step)?;
             me.resume = Some(step);
         } else {
-            let choice = newest_verified(&me.root);
+            let choice = newest_verified(&me.root)?;
             me.resume = choice.step;
             me.skipped = choice.skipped;
+            if me.root.is_remote() {
+                for s in std::mem::take(&mut me.skipped) {
+                    let to = set_aside(&me.root, s.step, DAMAGED)?;
+                    me.damaged.push((s.step, s.path.clone(), to));
+                    me.skipped.push(s);
+                }
+            }
         }
         Ok((me, removed))
     }
@@ -104,7 +119,7 @@ impl Checkpoints {
             rundir.event(Event::CheckpointSkipped {
                 attempt: self.attempt,
                 step: s.step,
-                path: s.path.display().to_string(),
+                path: s.path.to_string(),
                 reason: s.error.to_string(),
                 resume_step: self.resume,
             })?;
@@ -121,13 +136,25 @@ impl Checkpoints {
             rundir.event(Event::CheckpointSetAside {
                 attempt: self.attempt,
                 step: *step,
-                path: path.display().to_string(),
-                moved_to: to.display().to_string(),
+                path: path.to_string(),
+                moved_to: to.to_string(),
                 reason: why.clone(),
             })?;
             terminal().note(&format!(
-                "meshrun: checkpoint step-{step} set aside as '{}': {why}",
-                to.display()
+                "meshrun: checkpoint step-{step} set aside as '{to}': {why}"
+            ));
+        }
+        for (step, path, to) in &self.damaged {
+            let why = "it does not verify".to_string();
+            rundir.event(Event::CheckpointSetAside {
+                attempt: self.attempt,
+                step: *step,
+                path: path.to_string(),
+                moved_to: to.to_string(),
+                reason: why.clone(),
+            })?;
+            terminal().note(&format!(
+                "meshrun: damaged checkpoint step-{step} set aside as '{to}', so that step {step} saved again does not replace it"
             ));
         }
         if let Some(step) = self.resume {
@@ -148,7 +175,7 @@ impl Checkpoints {
         step: u64,
         leaves: Vec<Leaf>,
         extra: Option<serde_json::Value>,
-    ) -> Result<Option<PathBuf>, CkptError> {
+    ) -> Result<Option<Location>, CkptError> {
         let p = self.pending.entry(step).or_default();
         if !p.ranks.insert(rank) {
             return Ok(None);
@@ -175,14 +202,14 @@ impl Checkpoints {
             extra: p.extra.unwrap_or(serde_json::Value::Null),
             attempt: Some(self.attempt),
         };
-        if let Some(i) = self.skipped.iter().position(|s| s.step == step) {
+        let local = !self.root.is_remote();
+        if let Some(i) = self.skipped.iter().position(|s| local && s.step == step) {
             // The damaged copy is kept for the user: committing would
             // replace it.
             let to = set_aside(&self.root, step, DAMAGED)?;
             self.skipped.remove(i);
             terminal().note(&format!(
-                "meshrun: damaged checkpoint step-{step} set aside as '{}', so that step {step} saved again does not replace it",
-                to.display()
+                "meshrun: damaged checkpoint step-{step} set aside as '{to}', so that step {step} saved again does not replace it"
             ));
         }
         commit(&self.root, &manifest).map(Some)
@@ -197,9 +224,11 @@ impl Checkpoints {
             return Ok(Vec::new());
         };
         // Damaged ones are not the run's to count or delete.
-        let all: Vec<(u64, PathBuf)> = committed(&self.root)
+        let all: Vec<(u64, Location)> = committed(&self.root)?
             .into_iter()
-            .filter(|(step, _)| !self.skipped.iter().any(|s| s.step == *step))
+            .filter(|(step, _)| {
+                self.root.is_remote() || !self.skipped.iter().any(|s| s.step == *step)
+            })
             .collect();
         let candidates: Vec<Candidate> = all
             .iter()
@@ -218,7 +247,7 @@ impl Checkpoints {
         let doomed = to_delete(policy, &candidates);
         for (step, path) in &all {
             if doomed.contains(step) {
-                std::fs::remove_dir_all(path).map_err(CkptError::io("cannot delete", path))?;
+                delete(path)?;
             }
         }
         Ok(doomed)
@@ -231,6 +260,11 @@ mod tests {
     use meshrun_ckpt::commit::tmp_dir;
     use meshrun_ckpt::retention::ScoreOrder;
     use meshrun_ckpt::shard::{write_rank_file, ShardIn};
+    use std::path::{Path, PathBuf};
+
+    fn loc(p: &Path) -> Location {
+        Location::from(p)
+    }
 
     /// Writes one rank's file of step `step` (4 float32 values), as a
     /// worker does; returns its leaves for `written`.
@@ -242,7 +276,7 @@ mod tests {
             leaf: "w".into(),
             dtype: "float32".into(),
             region: vec![(0, 4)],
-            data: &bytes,
+            data: bytes::Bytes::from(bytes),
         };
         let records = write_rank_file(&dir, 0, &[input]).unwrap();
         vec![Leaf {
@@ -254,7 +288,8 @@ mod tests {
     }
 
     fn steps(run_dir: &Path) -> Vec<u64> {
-        committed(&run_dir.join(CHECKPOINTS))
+        committed(&loc(&run_dir.join(CHECKPOINTS)))
+            .unwrap()
             .into_iter()
             .map(|(s, _)| s)
             .collect()
@@ -271,7 +306,7 @@ mod tests {
     fn a_damaged_checkpoint_is_skipped_kept_out_of_retention_and_set_aside() {
         let tmp = tempfile::tempdir().unwrap();
         let run = tmp.path();
-        let (mut first, _) = Checkpoints::open(run, 1, None, 1, None).unwrap();
+        let (mut first, _) = Checkpoints::open(&loc(run), 1, None, 1, None).unwrap();
         assert_eq!(first.resume_step(), None);
         for step in [10, 20, 30] {
             assert!(first
@@ -290,7 +325,7 @@ mod tests {
             score_attribute: None,
             score_order: ScoreOrder::Max,
         };
-        let (mut second, _) = Checkpoints::open(run, 1, Some(keep_one), 2, None).unwrap();
+        let (mut second, _) = Checkpoints::open(&loc(run), 1, Some(keep_one), 2, None).unwrap();
         assert_eq!(second.resume_step(), Some(20));
         assert_eq!(second.skipped.len(), 1);
         // Counted, the damaged step 30 would be "the newest" and the good
@@ -304,9 +339,9 @@ mod tests {
             std::fs::read(shard_file(run, "damaged-step-30")).unwrap(),
             raw
         );
-        verify(&step_dir(&run.join(CHECKPOINTS), 30)).unwrap();
+        verify(&loc(&run.join(CHECKPOINTS).join("step-30"))).unwrap();
         assert_eq!(
-            Manifest::read(&step_dir(&run.join(CHECKPOINTS), 30))
+            Manifest::read(&loc(&run.join(CHECKPOINTS).join("step-30")))
                 .unwrap()
                 .attempt,
             Some(2)
@@ -319,17 +354,17 @@ mod tests {
     fn a_requested_step_sets_the_newer_ones_aside() {
         let tmp = tempfile::tempdir().unwrap();
         let run = tmp.path();
-        let (mut first, _) = Checkpoints::open(run, 1, None, 1, None).unwrap();
+        let (mut first, _) = Checkpoints::open(&loc(run), 1, None, 1, None).unwrap();
         for step in [1, 2, 3] {
             first.written(0, step, shards(run, step), None).unwrap();
         }
-        let (second, _) = Checkpoints::open(run, 1, None, 2, Some(1)).unwrap();
+        let (second, _) = Checkpoints::open(&loc(run), 1, None, 2, Some(1)).unwrap();
         assert_eq!(second.resume_step(), Some(1));
         let moved: Vec<u64> = second.superseded.iter().map(|(s, _, _)| *s).collect();
         assert_eq!(moved, vec![2, 3]);
         assert_eq!(steps(run), vec![1]);
         assert!(shard_file(run, "superseded-step-3").exists());
         // A step that is not there (any more) fails the attempt.
-        assert!(Checkpoints::open(run, 1, None, 3, Some(3)).is_err());
+        assert!(Checkpoints::open(&loc(run), 1, None, 3, Some(3)).is_err());
     }
 }

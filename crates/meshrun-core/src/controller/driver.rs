@@ -265,7 +265,10 @@ impl<'a> Driver<'a> {
                     extra,
                 } => {
                     let input = match self.checkpoints.written(rank, step, leaves, extra) {
-                        Ok(Some(path)) => Input::Committed { step, path },
+                        Ok(Some(path)) => Input::Committed {
+                            step,
+                            path: path.to_string(),
+                        },
                         Ok(None) => continue,
                         Err(e) => Input::CommitFailed {
                             step,

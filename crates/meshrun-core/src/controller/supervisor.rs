@@ -5,8 +5,10 @@
 //! attempt up, records how it ended in `run.json` and `goodput.json`, and
 //! words the outcome.
 
+use std::path::PathBuf;
 use std::time::{Instant, SystemTime};
 
+use meshrun_ckpt::store::Location;
 use meshrun_record::{names, AttemptRecord, Event, Goodput, RunRecord, RunState};
 use nix::sys::signal::Signal;
 use tokio::sync::mpsc;
@@ -106,6 +108,7 @@ pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, Core
         if restart {
             let newest =
                 meshrun_ckpt::commit::committed(&plan.storage_dir().join(names::CHECKPOINTS))
+                    .unwrap_or_default()
                     .last()
                     .map(|(step, _)| *step);
             let f = end
@@ -256,7 +259,7 @@ async fn attempt(
     };
     for path in removed {
         rundir.event(Event::CheckpointDiscarded {
-            path: path.display().to_string(),
+            path: path.to_string(),
             reason: "not committed".into(),
         })?;
     }
@@ -385,16 +388,20 @@ struct StorageMarker {
 
 impl StorageMarker {
     fn write(plan: &RunPlan, attempt: u32) -> Result<Option<Self>, CoreError> {
-        if plan.hosts < 2 {
+        // An object store is reached by URL from every host; the plan
+        // checked this one answers.
+        if plan.hosts < 2 || plan.remote_storage() {
             return Ok(None);
         }
-        let dir = plan.storage_dir();
+        let Location::Local(dir) = plan.storage_dir() else {
+            return Ok(None);
+        };
         std::fs::create_dir_all(&dir).map_err(CoreError::io("cannot create", &dir))?;
         let expect = new_run_id()?;
         let path = dir.join(format!(".meshrun-storage-check-{attempt}"));
         std::fs::write(&path, &expect).map_err(CoreError::io("cannot write", &path))?;
         Ok(Some(Self {
-            storage: plan.storage.clone().unwrap_or_else(|| {
+            storage: plan.storage.clone().map(PathBuf::from).unwrap_or_else(|| {
                 plan.run_dir
                     .parent()
                     .map_or_else(|| plan.run_dir.clone(), std::path::Path::to_path_buf)

@@ -136,7 +136,8 @@ pub enum Input {
     /// The driver committed checkpoint `step` after [`Action::Commit`].
     Committed {
         step: u64,
-        path: PathBuf,
+        /// The step's folder, or its URL in an object store.
+        path: String,
     },
     CommitFailed {
         step: u64,
@@ -406,11 +407,11 @@ impl Machine {
         Ok(())
     }
 
-    fn committed(&mut self, now: Instant, step: u64, path: &std::path::Path) {
+    fn committed(&mut self, now: Instant, step: u64, path: &str) {
         self.record(Event::CheckpointCommitted {
             attempt: self.attempt(),
             step,
-            path: path.display().to_string(),
+            path: path.to_string(),
         });
         let newest = self.last_committed.max(Some(step)).unwrap_or(step);
         self.last_committed = Some(newest);

@@ -1,0 +1,323 @@
+//! The object-store client behind a remote [`super::Location`]: one per
+//! bucket, made from the environment, with the few operations the engine
+//! needs, each run to completion on meshrun's own storage runtime so that
+//! callers stay synchronous (the controller's loop and Python's threads
+//! alike).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::ops::Range;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+use object_store::path::Path as Key;
+use object_store::{
+    BackoffConfig, ClientConfigKey, GetOptions, ObjectStore, ObjectStoreExt, PutMode, PutOptions,
+    PutPayload, RetryConfig,
+};
+
+use crate::error::CkptError;
+
+/// Requests in flight for one read or one upload.
+pub const CONCURRENCY: usize = 16;
+
+/// How long a failing request is retried before the operation fails: a
+/// storage server that is down fails a save within this, instead of the
+/// client's default of minutes.
+const RETRY_FOR: Duration = Duration::from_secs(15);
+
+pub struct Client {
+    store: Arc<dyn ObjectStore>,
+    bucket_url: String,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Client({})", self.bucket_url)
+    }
+}
+
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("meshrun-storage")
+            .enable_all()
+            .build()
+            .expect("the storage runtime starts")
+    })
+}
+
+/// Runs `fut` on the storage runtime and waits for it. Safe to call from
+/// inside another tokio runtime (the controller's), where `block_on` of a
+/// runtime would panic. The result comes back through a plain channel:
+/// polling the task's `JoinHandle` from a thread inside another runtime
+/// would spend that runtime's cooperative budget, which nothing there
+/// renews while this thread waits, and spin forever.
+pub fn block<F>(fut: F) -> F::Output
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    runtime().spawn(async move {
+        let _ = tx.send(fut.await);
+    });
+    rx.recv().expect("a storage task panicked")
+}
+
+fn clients() -> &'static Mutex<HashMap<String, Arc<Client>>> {
+    static CLIENTS: OnceLock<Mutex<HashMap<String, Arc<Client>>>> = OnceLock::new();
+    CLIENTS.get_or_init(Mutex::default)
+}
+
+fn retry() -> RetryConfig {
+    RetryConfig {
+        backoff: BackoffConfig {
+            init_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(2),
+            base: 2.0,
+        },
+        max_retries: 5,
+        retry_timeout: RETRY_FOR,
+    }
+}
+
+fn s3(url: &str) -> Result<Arc<dyn ObjectStore>, object_store::Error> {
+    let mut builder = super::credentials::apply_profile(AmazonS3Builder::from_env())
+        .with_url(url)
+        .with_retry(retry())
+        .with_config(
+            AmazonS3ConfigKey::Client(ClientConfigKey::ConnectTimeout),
+            "5s",
+        )
+        .with_config(AmazonS3ConfigKey::Client(ClientConfigKey::Timeout), "120s");
+    let endpoint = builder
+        .get_config_value(&AmazonS3ConfigKey::S3Endpoint)
+        .or_else(|| builder.get_config_value(&AmazonS3ConfigKey::Endpoint));
+    if let Some(endpoint) = endpoint {
+        // An on-premises store given as http://host:port means plain HTTP.
+        if endpoint.starts_with("http://") {
+            builder = builder.with_allow_http(true);
+        }
+        // Such stores have one region, whatever its name; AWS itself is
+        // found by name without one.
+        if builder
+            .get_config_value(&AmazonS3ConfigKey::Region)
+            .is_none()
+            && builder
+                .get_config_value(&AmazonS3ConfigKey::DefaultRegion)
+                .is_none()
+        {
+            builder = builder.with_region("us-east-1");
+        }
+    }
+    Ok(Arc::new(builder.build()?))
+}
+
+impl Client {
+    /// The client of `url`'s bucket (made once per process) and the key
+    /// prefix `url` names in it.
+    pub fn for_url(url: &str) -> Result<(Arc<Client>, Key), CkptError> {
+        let bad = |reason: String| CkptError::BadUrl {
+            url: url.to_string(),
+            reason,
+        };
+        let parsed = url::Url::parse(url).map_err(|e| bad(e.to_string()))?;
+        let bucket = parsed
+            .host_str()
+            .filter(|b| !b.is_empty())
+            .ok_or_else(|| bad("it names no bucket".into()))?;
+        let bucket_url = format!("{}://{bucket}", parsed.scheme());
+        let key = Key::parse(parsed.path().trim_matches('/')).map_err(|e| bad(e.to_string()))?;
+        let mut known = clients().lock().expect("clients lock");
+        if let Some(c) = known.get(&bucket_url) {
+            return Ok((Arc::clone(c), key));
+        }
+        let store: Arc<dyn ObjectStore> = match parsed.scheme() {
+            "s3" | "s3a" => s3(&bucket_url),
+            "gs" => object_store::gcp::GoogleCloudStorageBuilder::from_env()
+                .with_url(&bucket_url)
+                .with_retry(retry())
+                .build()
+                .map(|s| Arc::new(s) as Arc<dyn ObjectStore>),
+            "az" | "abfs" | "abfss" | "azure" => {
+                object_store::azure::MicrosoftAzureBuilder::from_env()
+                    .with_url(&bucket_url)
+                    .with_retry(retry())
+                    .build()
+                    .map(|s| Arc::new(s) as Arc<dyn ObjectStore>)
+            }
+            other => {
+                return Err(bad(format!(
+                    "scheme '{other}://' is not supported; use {}",
+                    super::SCHEMES
+                )))
+            }
+        }
+        .map_err(|e| bad(e.to_string()))?;
+        let client = Arc::new(Client {
+            store,
+            bucket_url: bucket_url.clone(),
+        });
+        known.insert(bucket_url, Arc::clone(&client));
+        Ok((client, key))
+    }
+
+    /// `s3://bucket`.
+    pub fn bucket_url(&self) -> &str {
+        &self.bucket_url
+    }
+
+    pub fn url(&self, key: &Key) -> String {
+        format!("{}/{key}", self.bucket_url)
+    }
+
+    pub fn store(&self) -> Arc<dyn ObjectStore> {
+        Arc::clone(&self.store)
+    }
+
+    fn fail(&self, what: &'static str, key: &Key) -> impl FnOnce(object_store::Error) -> CkptError {
+        let url = self.url(key);
+        move |source| CkptError::Storage {
+            what,
+            url,
+            source: Box::new(source),
+        }
+    }
+
+    /// The whole object, or `None` if there is none.
+    pub fn get(&self, key: &Key) -> Result<Option<Bytes>, CkptError> {
+        let store = self.store();
+        let k = key.clone();
+        match block(async move { store.get(&k).await?.bytes().await }) {
+            Ok(b) => Ok(Some(b)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(self.fail("cannot read", key)(e)),
+        }
+    }
+
+    /// The first `len` bytes of an object and the object's size.
+    pub fn get_head(&self, key: &Key, len: u64) -> Result<(Bytes, u64), CkptError> {
+        let store = self.store();
+        let k = key.clone();
+        block(async move {
+            let opts = GetOptions {
+                range: Some((0..len).into()),
+                ..GetOptions::default()
+            };
+            let got = store.get_opts(&k, opts).await?;
+            let size = got.meta.size;
+            Ok((got.bytes().await?, size))
+        })
+        .map_err(|e| match e {
+            object_store::Error::NotFound { .. } => CkptError::MissingShard(self.url(key).into()),
+            e => self.fail("cannot read", key)(e),
+        })
+    }
+
+    /// Byte ranges of one object, `CONCURRENCY` requests in flight, in
+    /// the order asked.
+    pub fn get_ranges(&self, key: &Key, ranges: Vec<Range<u64>>) -> Result<Vec<Bytes>, CkptError> {
+        let store = self.store();
+        let k = key.clone();
+        block(async move {
+            futures::stream::iter(ranges)
+                .map(|r| {
+                    let (store, k) = (Arc::clone(&store), k.clone());
+                    async move { store.get_range(&k, r).await }
+                })
+                .buffered(CONCURRENCY)
+                .try_collect::<Vec<Bytes>>()
+                .await
+        })
+        .map_err(|e| match e {
+            object_store::Error::NotFound { .. } => CkptError::MissingShard(self.url(key).into()),
+            e => self.fail("cannot read", key)(e),
+        })
+    }
+
+    pub fn put(&self, key: &Key, data: Bytes) -> Result<(), CkptError> {
+        let store = self.store();
+        let k = key.clone();
+        block(async move { store.put(&k, PutPayload::from(data)).await.map(drop) })
+            .map_err(self.fail("cannot write", key))
+    }
+
+    /// Writes `data` only if no object `key` exists: `Ok(false)` if one does.
+    pub fn put_new(&self, key: &Key, data: Bytes) -> Result<bool, CkptError> {
+        let store = self.store();
+        let k = key.clone();
+        let opts = PutOptions {
+            mode: PutMode::Create,
+            ..PutOptions::default()
+        };
+        match block(async move { store.put_opts(&k, PutPayload::from(data), opts).await }) {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
+            Err(e) => Err(self.fail("cannot write", key)(e)),
+        }
+    }
+
+    /// Every object under `prefix` (recursively): key and size.
+    pub fn list(&self, prefix: &Key) -> Result<Vec<(Key, u64)>, CkptError> {
+        let store = self.store();
+        let p = prefix.clone();
+        block(async move {
+            store
+                .list(Some(&p))
+                .map_ok(|m| (m.location, m.size))
+                .try_collect::<Vec<_>>()
+                .await
+        })
+        .map_err(self.fail("cannot list", prefix))
+    }
+
+    pub fn delete(&self, keys: Vec<Key>) -> Result<(), CkptError> {
+        let store = self.store();
+        let first = keys.first().cloned().unwrap_or_default();
+        block(async move {
+            let stream = futures::stream::iter(keys.into_iter().map(Ok)).boxed();
+            store
+                .delete_stream(stream)
+                .try_for_each(|_| async { Ok(()) })
+                .await
+        })
+        .map_err(self.fail("cannot delete", &first))
+    }
+
+    pub fn copy(&self, from: &Key, to: &Key) -> Result<(), CkptError> {
+        let store = self.store();
+        let (f, t) = (from.clone(), to.clone());
+        block(async move { store.copy(&f, &t).await }).map_err(self.fail("cannot copy", from))
+    }
+}
+
+/// Writes, reads back and deletes a small object in `dir`: what a run
+/// needs of its storage, tried before it starts.
+pub fn probe(dir: &super::RemoteDir) -> Result<(), CkptError> {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let key = dir.object(&format!(".meshrun-probe-{}-{nanos}", std::process::id()));
+    let body = Bytes::from_static(b"meshrun");
+    dir.client.put(&key, body.clone())?;
+    let back = dir.client.get(&key)?;
+    dir.client.delete(vec![key.clone()])?;
+    if back.as_ref() == Some(&body) {
+        Ok(())
+    } else {
+        Err(CkptError::Storage {
+            what: "cannot read back",
+            url: dir.client.url(&key),
+            source: Box::new(object_store::Error::Generic {
+                store: "meshrun",
+                source: "the object read back is not the one written".into(),
+            }),
+        })
+    }
+}

@@ -1,0 +1,171 @@
+"""Checkpoints in object storage, on a real S3 server (SeaweedFS on
+loopback, see s3server.py): saved with one layout and restored onto others,
+corruption caught and named by URL, a rank killed in the middle of an
+upload, the GPT killed and resumed from S3 bit for bit, and every mistake
+with the storage found before training starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+
+import pytest
+from conftest import MESHRUN, ROOT, SCRIPTS, meshrun, read_jsonl, start, stop, wait_for
+from errors_page import covers, exits
+
+SCRIPT = str(SCRIPTS / "ckpt_roundtrip.py")
+LAUNCH = ["-n", "2", "--devices-per-proc", "2", "--tee", "none"]
+
+
+def ckpt_cli(env, *args):
+    return subprocess.run([str(MESHRUN), "ckpt", *map(str, args)], capture_output=True, text=True, timeout=120, env=env)
+
+
+def events(run_dir, kind):
+    return [e for e in read_jsonl(run_dir / "events.jsonl") if e["event"] == kind]
+
+
+@pytest.fixture(scope="module")
+def saved(s3server, tmp_path_factory):
+    """The tree of ckpt_roundtrip.py saved on 2 processes x 2 devices
+    (fsdp 2 x tensor 2) to s3://meshrun-saved/team/runs/ck."""
+    s3server.bucket("meshrun-saved")
+    runs = tmp_path_factory.mktemp("s3ckpt") / "runs"
+    storage = "s3://meshrun-saved/team/runs"
+    done = meshrun([*LAUNCH, "--storage", storage, SCRIPT, "save", "2", "2"], runs_dir=runs, name="ck", env=s3server.env())
+    assert done.code == 0, done.stderr
+    committed = events(done.run_dir, "checkpoint_committed")
+    assert [(e["step"], e["path"]) for e in committed] == [(5, f"{storage}/ck/checkpoints/step-5")]
+    objects = s3server.objects("meshrun-saved/team/runs/ck/checkpoints")
+    assert "meshrun-saved/team/runs/ck/checkpoints/step-5/manifest.json" in objects, objects
+    # The run folder (logs, events) stays here; nothing of the checkpoint.
+    assert not (done.run_dir / "checkpoints").exists() or not list((done.run_dir / "checkpoints").iterdir())
+    return runs, storage
+
+
+@pytest.mark.parametrize("launch, mesh", [(["-n", "1", "--devices-per-proc", "4"], ["1", "4"]), (["-n", "4"], ["4", "1"])])
+def test_restore_from_s3_onto_another_layout(s3server, saved, launch, mesh):
+    runs, storage = saved
+    done = meshrun([*launch, "--tee", "none", "--storage", storage, SCRIPT, "restore", *mesh], runs_dir=runs, name="ck", env=s3server.env())
+    assert done.code == 0, done.stderr
+    restored = sorted(done.run_dir.glob("restored-*.json"))
+    assert len(restored) == int(launch[1])
+    for path in restored:
+        assert json.loads(path.read_text()) == {"step": 5, "ok": {"w": True, "b16": True, "ids": True}, "metrics": {"loss": 1.5}}
+
+
+@covers("s3-flipped-byte")
+def test_ckpt_cli_finds_lists_and_verifies_s3_checkpoints_and_catches_a_flipped_byte(s3server, saved, tmp_path):
+    runs, storage = saved
+    env = s3server.env()
+    step = f"{storage}/ck/checkpoints/step-5"
+    # By the run's name (its run.json names the storage), by --storage, and
+    # by the URL of the run's storage folder.
+    for args in (["ck", "--runs-dir", runs], ["ck", "--storage", storage], [f"{storage}/ck"]):
+        ls = ckpt_cli(env, "ls", *args)
+        assert ls.returncode == 0, ls.stderr
+        assert ["5", "6", "855", step] in [line.split() for line in ls.stdout.splitlines()], ls.stdout
+    inspect = ckpt_cli(env, "inspect", step)
+    assert inspect.returncode == 0 and "total: 6 leaves, 855 bytes" in inspect.stdout, inspect.stdout + inspect.stderr
+    verify = ckpt_cli(env, "verify", step)
+    assert verify.returncode == 0 and "every CRC matches" in verify.stdout, verify.stderr
+    out = tmp_path / "model.safetensors"
+    assert ckpt_cli(env, "export", step, out).returncode == 0 and out.stat().st_size > 855
+
+    # A copy of the step with one byte of a shard flipped.
+    fs = s3server.filesystem()
+    src, dst = "meshrun-saved/team/runs/ck/checkpoints/step-5", "meshrun-saved/damaged/step-5"
+    for key in s3server.objects(src):
+        data = fs.open_input_stream(key).readall()
+        if key.endswith("rank-0.safetensors"):
+            data = bytearray(data)
+            data[-5] ^= 0x01
+        with fs.open_output_stream(key.replace(src, dst)) as f:
+            f.write(bytes(data))
+    bad = ckpt_cli(env, "verify", "s3://" + dst)
+    exits("s3-flipped-byte", bad)
+    assert f"checksum mismatch in 's3://{dst}/rank-0.safetensors', tensor '" in bad.stderr, bad.stderr
+    # Nothing was committed there by accident, and the original verifies.
+    assert ckpt_cli(env, "verify", step).returncode == 0
+
+
+@covers("s3-wrong-key", "s3-no-bucket", "s3-no-answer", "s3-bad-scheme")
+def test_storage_mistakes_are_named_before_training_starts(s3server, s3_bucket, tmp_path):
+    """A wrong key, a bucket that does not exist and an endpoint nobody
+    answers at: each ends `meshrun run` with status 2 before a worker
+    starts, naming the storage URL and what was wrong."""
+    hello = str(SCRIPTS / "hello.py")
+    cases = [
+        ("s3-wrong-key", s3server.env(AWS_SECRET_ACCESS_KEY="wrong"), f"{s3_bucket}/runs"),
+        ("s3-no-bucket", s3server.env(), "s3://no-such-bucket/runs"),
+        ("s3-no-answer", s3server.env(AWS_ENDPOINT_URL="http://127.0.0.1:9"), f"{s3_bucket}/runs"),
+        ("s3-bad-scheme", s3server.env(), "ftp://host/x"),
+    ]
+    for row, env, storage in cases:
+        done = meshrun(["-n", "1", "--storage", storage, hello], runs_dir=tmp_path / "runs", name="bad", env=env, timeout=120)
+        exits(row, done)
+        assert f"storage '{storage}' cannot be used" in done.stderr, done.stderr
+        assert not (tmp_path / "runs" / "bad").exists(), "a refused run made its folder"
+    assert s3server.objects(s3_bucket.removeprefix("s3://")) == {}, "a refused run left objects behind"
+
+
+def test_a_rank_killed_in_the_middle_of_an_upload_damages_nothing_and_the_restart_resumes(s3server, s3_bucket, tmp_path):
+    """Each rank uploads 40 MiB (a multipart upload); rank 1 is SIGKILLed
+    right after handing step 2 over. Step 1 stays committed and whole; the
+    restart removes what step 2 left, resumes from step 1 with every value
+    checked, and commits step 2."""
+    storage = f"{s3_bucket}/runs"
+    prefix = storage.removeprefix("s3://") + "/kill/checkpoints"
+    done = meshrun(["-n", "2", "--tee", "none", "--max-failures", "1", "--storage", storage, str(SCRIPTS / "s3_save_kill.py"), "40"], runs_dir=tmp_path / "runs", name="kill", env=s3server.env(), timeout=300)
+    assert done.code == 0, done.stderr
+    failed = events(done.run_dir, "worker_failed")
+    assert len(failed) == 1 and failed[0]["rank"] == 1, failed
+    assert [e["from_step"] for e in events(done.run_dir, "restarting")] == [1]
+    committed = [(e["attempt"], e["step"]) for e in events(done.run_dir, "checkpoint_committed")]
+    assert committed == [(1, 1), (2, 2)], committed
+    for rank in (0, 1):
+        starts = read_jsonl(done.run_dir / f"verified-{rank}.jsonl")
+        assert [(s["attempt"], s["restored"]) for s in starts] == [(1, None), (2, 1)]
+    objects = s3server.objects(prefix)
+    assert sorted({k.split("/")[-2] for k in objects}) == ["step-1", "step-2"], objects
+    for step in (1, 2):
+        check = ckpt_cli(s3server.env(), "verify", f"{storage}/kill/checkpoints/step-{step}")
+        assert check.returncode == 0, check.stderr
+
+
+EXAMPLE = str(ROOT / "examples" / "gpt.py")
+TINY = ["--batch-size", "8", "--seq-len", "32", "--d-model", "32", "--layers", "2", "--heads", "4", "--eval-every", "100000", "--eval-batches", "1", "--fsdp", "2", "--tensor", "2"]
+
+
+@pytest.mark.slow
+def test_the_gpt_killed_resumes_from_s3_bit_identical(s3server, s3_bucket, tmp_path):
+    """The GPT on 2 processes x 2 devices with its checkpoints on S3: rank 1
+    SIGKILLed after the first commit; the restart resumes from S3 and ends
+    with the parameters of an uninterrupted run, bit for bit."""
+    steps = 12
+    data = ["--data-dir", str(tmp_path / "data")]
+    common = [*LAUNCH, "--checkpoint-every", "2"]
+    ref = meshrun([*common, EXAMPLE, *TINY, "--steps", str(steps), *data, "--params-digest", str(tmp_path / "ref.sha")], runs_dir=tmp_path / "runs", name="ref", timeout=600)
+    assert ref.code == 0, ref.stderr
+
+    storage = f"{s3_bucket}/team"
+    run_dir = tmp_path / "runs" / "s3"
+    args = [*common, "--max-failures", "1", "--storage", storage, EXAMPLE, *TINY, "--steps", str(steps), *data, "--params-digest", str(tmp_path / "s3.sha")]
+    proc = start(args, runs_dir=tmp_path / "runs", name="s3", env=s3server.env())
+    try:
+        wait_for(lambda: proc.poll() is not None or events(run_dir, "checkpoint_committed"), 300, "the first commit")
+        assert proc.poll() is None, proc.communicate()[1]
+        pid = next(e["pid"] for e in events(run_dir, "worker_started") if e["rank"] == 1)
+        os.kill(pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=600)
+    finally:
+        stop(proc)
+    assert proc.returncode == 0, err
+    restarts = events(run_dir, "restarting")
+    assert len(restarts) == 1 and restarts[0]["from_step"] is not None
+    resumed = events(run_dir, "resuming")
+    assert [e["step"] for e in resumed] == [restarts[0]["from_step"]]
+    assert all(e["path"].startswith(f"{storage}/s3/checkpoints/step-") for e in events(run_dir, "checkpoint_committed"))
+    assert (tmp_path / "s3.sha").read_text() == (tmp_path / "ref.sha").read_text()
