@@ -169,3 +169,56 @@ def test_the_gpt_killed_resumes_from_s3_bit_identical(s3server, s3_bucket, tmp_p
     assert [e["step"] for e in resumed] == [restarts[0]["from_step"]]
     assert all(e["path"].startswith(f"{storage}/s3/checkpoints/step-") for e in events(run_dir, "checkpoint_committed"))
     assert (tmp_path / "s3.sha").read_text() == (tmp_path / "ref.sha").read_text()
+
+
+def test_the_storage_down_during_saves_costs_those_checkpoints_only(tmp_path):
+    """The S3 server is killed while the ranks save at every step. With
+    the default policy the saves that fail are recorded (naming the URL),
+    nothing of theirs is committed, training goes on, and once the server
+    is back the next save commits. With `--on-save-error fail` the same
+    outage fails the run, naming the storage."""
+    from s3server import S3Server
+
+    server = S3Server(tmp_path / "s3").start()
+    runs, procs = tmp_path / "runs", []
+    try:
+        storage = server.bucket("meshrun-outage") + "/runs"
+        script = str(SCRIPTS / "save_through_outage.py")
+
+        def commits(run_dir):
+            return events(run_dir, "checkpoint_committed")
+
+        run_dir = runs / "goes-on"
+        proc = start(["-n", "2", "--tee", "none", "--checkpoint-every", "1", "--storage", storage, script], runs_dir=runs, name="goes-on", env=server.env())
+        procs.append(proc)
+        wait_for(lambda: proc.poll() is not None or commits(run_dir), 120, "the first commit")
+        server.kill()
+        wait_for(lambda: proc.poll() is not None or events(run_dir, "checkpoint_failed"), 90, "a failed save")
+        assert proc.poll() is None, proc.communicate()[1]
+        before = len(commits(run_dir))
+        server.start()
+        wait_for(lambda: proc.poll() is not None or len(commits(run_dir)) > before, 90, "a commit after the outage")
+        (run_dir / "stop-now").write_text("")
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        assert events(run_dir, "worker_failed") == [] and events(run_dir, "restarting") == []
+        failed = events(run_dir, "checkpoint_failed")
+        assert all(e["error"].startswith("rank ") and storage in e["error"] for e in failed), failed
+        lost = {e["step"] for e in failed}
+        assert not lost & {e["step"] for e in commits(run_dir)}, "a step that failed to save was committed"
+        assert "was not saved, training goes on" in (run_dir / "logs" / "rank-0.log").read_text() + (run_dir / "logs" / "rank-1.log").read_text()
+        newest = commits(run_dir)[-1]["path"]
+        assert subprocess.run([str(MESHRUN), "ckpt", "verify", newest], capture_output=True, env=server.env(), timeout=120).returncode == 0
+
+        run_dir = runs / "fails"
+        proc = start(["-n", "2", "--tee", "none", "--checkpoint-every", "1", "--on-save-error", "fail", "--storage", storage, script], runs_dir=runs, name="fails", env=server.env())
+        procs.append(proc)
+        wait_for(lambda: proc.poll() is not None or commits(run_dir), 120, "the first commit")
+        server.kill()
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 1, err
+        assert "StorageError" in err and f"{storage}/fails/checkpoints/step-" in err, err
+    finally:
+        for p in procs:
+            stop(p)
+        server.close()

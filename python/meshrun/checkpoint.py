@@ -30,7 +30,7 @@ import numpy as np
 
 from meshrun import _connection, _goodput, _native, _values
 from meshrun.context import get_context
-from meshrun.errors import CheckpointError, ConfigError
+from meshrun.errors import CheckpointError, ConfigError, StorageError
 
 __all__ = ["Checkpoint", "get_checkpoint", "restore", "save", "wait"]
 
@@ -149,9 +149,21 @@ def save(step: int, state: Any, *, metrics: dict[str, Any] | None = None, extra:
         global _writer_error
         try:
             written = _native.write_shards(root, step, ctx.rank, shards)
+        except StorageError as exc:
+            if client is not None and os.environ.get("MESHRUN_ON_SAVE_ERROR", "continue") == "continue":
+                # The step is not committed; the controller records why,
+                # and training goes on. The next save tries again.
+                client.save_failed(step, str(exc))
+            else:
+                _writer_error = exc
+            return
+        except BaseException as exc:  # surfaced by the next save or wait()
+            _writer_error = exc
+            return
+        try:
             if client is not None:
                 client.checkpoint_written(step, written, info)
-        except BaseException as exc:  # surfaced by the next save or wait()
+        except BaseException as exc:
             _writer_error = exc
 
     _writer = threading.Thread(target=write, name=f"meshrun-save-{step}", daemon=True)

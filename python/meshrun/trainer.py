@@ -59,13 +59,20 @@ class CheckpointConfig:
     the controller after each commit: ``num_to_keep`` most recent (or best
     by ``score_attribute``, a metric saved with the checkpoint,
     ``score_order`` "max" or "min"), plus every step divisible by
-    ``keep_every_n_steps``. The newest is always kept."""
+    ``keep_every_n_steps``. The newest is always kept.
+
+    ``on_save_error``: when a rank's shards cannot be written (the storage
+    is down or full), ``"continue"`` trains on without that checkpoint (it
+    is not committed, the run's events say why, the next save tries again);
+    ``"fail"`` raises the error from the rank's next save, which fails the
+    attempt."""
 
     num_to_keep: int | None = None
     keep_every_n_steps: int | None = None
     score_attribute: str | None = None
     score_order: str = "max"
     every_n_steps: int | None = None
+    on_save_error: str = "continue"
 
 
 @dataclass

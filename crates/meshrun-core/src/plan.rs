@@ -68,6 +68,30 @@ pub enum Tee {
 }
 
 /// A request to run, as the CLI or the Python API received it.
+/// What a rank does when its shards of a checkpoint cannot be written (the
+/// storage is down, full, or refuses them).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SaveErrorPolicy {
+    /// The step is not committed, the controller records why, and
+    /// training goes on; the next save tries again.
+    #[default]
+    Continue,
+    /// The rank raises the error from its next `save` (or `wait`), which
+    /// fails the attempt like any exception.
+    Fail,
+}
+
+impl SaveErrorPolicy {
+    /// As the worker reads it from `MESHRUN_ON_SAVE_ERROR`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SaveErrorPolicy::Continue => "continue",
+            SaveErrorPolicy::Fail => "fail",
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct RunSpec {
     pub nprocs: u32,
@@ -89,6 +113,8 @@ pub struct RunSpec {
     pub retention: Option<Retention>,
     /// Save a checkpoint passed to `report` only every N steps.
     pub checkpoint_every: Option<u64>,
+    /// What a rank does when its shards of a checkpoint cannot be written.
+    pub on_save_error: SaveErrorPolicy,
     /// Write rank 0's metrics as `TensorBoard` event files under the run.
     pub tensorboard: bool,
     /// Restarts and hang detection.
@@ -173,6 +199,8 @@ pub struct RunPlan {
     pub env: Vec<(String, String)>,
     pub retention: Option<Retention>,
     pub checkpoint_every: Option<u64>,
+    #[serde(default)]
+    pub on_save_error: SaveErrorPolicy,
     #[serde(default)]
     pub tensorboard: bool,
     pub failure: FailurePolicy,
@@ -411,6 +439,7 @@ impl RunSpec {
             env: self.env,
             retention: self.retention,
             checkpoint_every: self.checkpoint_every,
+            on_save_error: self.on_save_error,
             tensorboard: self.tensorboard,
             failure: self.failure,
             control_host,

@@ -23,6 +23,7 @@ fn spec(dir: &Path) -> RunSpec {
         env: vec![],
         retention: None,
         checkpoint_every: None,
+        on_save_error: crate::plan::SaveErrorPolicy::Continue,
         tensorboard: false,
         failure: FailurePolicy::default(),
         ray: None,

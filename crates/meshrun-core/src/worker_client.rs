@@ -233,6 +233,13 @@ impl WorkerClient {
         }));
     }
 
+    /// Says this rank could not write its shards of checkpoint `step`.
+    pub fn save_failed(&self, step: u64, error: String) {
+        let _ = self
+            .tx
+            .send(Outgoing::Msg(Message::SaveFailed { step, error }));
+    }
+
     /// Sends the user's exception and waits (up to `timeout`) until it has
     /// been written, since the process may be killed right after.
     pub fn report_failure(

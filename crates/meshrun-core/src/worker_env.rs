@@ -111,6 +111,10 @@ pub fn worker_env(
     // controller verified and never a newer one it skipped as damaged.
     let resume = info.resume_step.map_or("none".into(), |s| s.to_string());
     env.push(("MESHRUN_RESUME_STEP".into(), resume));
+    env.push((
+        "MESHRUN_ON_SAVE_ERROR".into(),
+        plan.on_save_error.as_str().into(),
+    ));
     if let Some(n) = plan.checkpoint_every {
         env.push(("MESHRUN_CHECKPOINT_EVERY".into(), n.to_string()));
     }

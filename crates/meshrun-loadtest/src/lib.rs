@@ -44,6 +44,7 @@ pub fn spec(
         env,
         retention: None,
         checkpoint_every: None,
+        on_save_error: meshrun_core::plan::SaveErrorPolicy::Continue,
         tensorboard: false,
         failure: FailurePolicy::default(),
         ray: None,

@@ -9,7 +9,7 @@
 use std::net::IpAddr;
 use std::path::PathBuf;
 
-use meshrun_core::plan::{Retention, ScoreOrder};
+use meshrun_core::plan::{Retention, SaveErrorPolicy, ScoreOrder};
 use meshrun_core::{Entry, FailurePolicy, PlatformChoice, RayTarget, RunSpec, Tee};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyFloat, PyInt};
@@ -299,6 +299,14 @@ pub fn run_spec(
         env,
         retention,
         checkpoint_every: ckpt.uint("every_n_steps")?,
+        on_save_error: ckpt.choice(
+            "on_save_error",
+            &[
+                ("continue", SaveErrorPolicy::Continue),
+                ("fail", SaveErrorPolicy::Fail),
+            ],
+            &[],
+        )?,
         tensorboard: r.truthy("tensorboard")?,
         failure: FailurePolicy {
             max_failures: failure.required_uint("max_failures")?,

@@ -93,8 +93,14 @@ pub fn usage_to_py(err: &UsageError) -> PyErr {
     ConfigError::new_err(python_words(err))
 }
 
+/// Checkpoint errors: a file or object that cannot be read or written is a
+/// `StorageError` (the storage failed, not the checkpoint); anything about
+/// the checkpoint itself is a `CheckpointError`.
 pub fn ckpt_to_py(err: &CkptError) -> PyErr {
-    CheckpointError::new_err(err.to_string())
+    match err {
+        CkptError::Io { .. } | CkptError::Storage { .. } => StorageError::new_err(err.to_string()),
+        _ => CheckpointError::new_err(err.to_string()),
+    }
 }
 
 /// Data errors: a request that cannot work is a `ConfigError`, a file that

@@ -151,6 +151,11 @@ impl WorkerClient {
         Ok(())
     }
 
+    /// Tells the controller this rank could not write its shards of `step`.
+    fn save_failed(&self, step: u64, error: String) {
+        self.0.save_failed(step, error);
+    }
+
     /// Sends an uncaught exception and waits until it is on the wire.
     fn report_failure(&self, py: Python<'_>, kind: String, message: String, traceback: String) {
         py.detach(|| {

@@ -136,6 +136,12 @@ pub enum ScoreOrderArg {
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum SaveErrorArg {
+    Continue,
+    Fail,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum TeeArg {
     /// Rank 0's output only.
     Rank0,
@@ -210,6 +216,12 @@ pub struct RunArgs {
     /// steps that are multiples of N (and when preempted).
     #[arg(long, value_name = "N")]
     pub checkpoint_every: Option<u64>,
+
+    /// When a rank's shards of a checkpoint cannot be written (the storage
+    /// is down or full): train on without that checkpoint (continue; the
+    /// next save tries again) or fail the attempt (fail).
+    #[arg(long, value_enum, default_value_t = SaveErrorArg::Continue)]
+    pub on_save_error: SaveErrorArg,
 
     /// Write rank 0's metrics as tensorboard event files in the run's
     /// tensorboard/ folder (`tensorboard --logdir runs` shows every run).

@@ -4,12 +4,13 @@ use std::io::Write;
 
 use meshrun_core::agent::{self, AgentConfig};
 use meshrun_core::controller::progress::ProgressMode;
-use meshrun_core::plan::{FailurePolicy, RayTarget, Retention, ScoreOrder};
+use meshrun_core::plan::{FailurePolicy, RayTarget, Retention, SaveErrorPolicy, ScoreOrder};
 use meshrun_core::token::Token;
 use meshrun_core::{execute, Entry, ExecOptions, PlatformChoice, RunSpec, Tee};
 
 use crate::cli::{
-    completion_command, AgentArgs, Cli, Command, PlatformArg, RunArgs, ScoreOrderArg, TeeArg,
+    completion_command, AgentArgs, Cli, Command, PlatformArg, RunArgs, SaveErrorArg, ScoreOrderArg,
+    TeeArg,
 };
 use crate::{ckpt, join, logs, runs, stop};
 use crate::{exit, Launcher};
@@ -121,6 +122,10 @@ pub fn spec(args: RunArgs, launcher: &Launcher) -> RunSpec {
         env: vec![],
         retention,
         checkpoint_every: args.checkpoint_every,
+        on_save_error: match args.on_save_error {
+            SaveErrorArg::Continue => SaveErrorPolicy::Continue,
+            SaveErrorArg::Fail => SaveErrorPolicy::Fail,
+        },
         tensorboard: args.tensorboard,
         failure: FailurePolicy {
             max_failures: args.max_failures,

@@ -217,6 +217,13 @@ pub enum Message {
         leaves: Vec<meshrun_ckpt::manifest::Leaf>,
         extra: Option<serde_json::Value>,
     },
+    /// This rank could not write its shards of checkpoint `step` (the
+    /// storage failed or refused them): that step is not committed. Sent
+    /// when the run's policy is to train on (`--on-save-error continue`).
+    SaveFailed {
+        step: u64,
+        error: String,
+    },
     /// The worker's program finished; its connection closes next.
     Bye,
 }

@@ -116,6 +116,20 @@ impl Machine {
                 leaves,
                 extra,
             }),
+            Message::SaveFailed { step, error } => {
+                self.record(Event::CheckpointFailed {
+                    attempt: self.attempt(),
+                    step,
+                    error: format!("rank {rank}: {error}"),
+                });
+                self.push(Action::Note {
+                    rank,
+                    text: format!(
+                        "checkpoint step-{step} was not saved, training goes on: {error}"
+                    ),
+                });
+                self.push(Action::Saving { step: None });
+            }
             Message::Timing { timing } => self.ranks[rank as usize].timing = Some(timing),
             // A rank saving `step` went past every earlier step without a
             // preemption save of it: ranks waiting on those go on, to meet

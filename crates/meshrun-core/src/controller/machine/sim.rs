@@ -34,6 +34,7 @@ pub fn plan(nprocs: u32) -> RunPlan {
         env: vec![],
         retention: None,
         checkpoint_every: None,
+        on_save_error: crate::plan::SaveErrorPolicy::Continue,
         tensorboard: false,
         failure: FailurePolicy::default(),
         ray: None,
