@@ -10,7 +10,7 @@ DEPS_STAMP := $(VENV)/.deps-installed
 BUILD_STAMP := $(VENV)/.meshrun-built
 RUST_SOURCES := $(shell find crates -name '*.rs' -o -name 'Cargo.toml') Cargo.toml $(wildcard Cargo.lock) pyproject.toml
 
-.PHONY: help install demo test test-fast test-rust test-python lint bench-startup bench-step-parity bench-data bench-ckpt bench-recovery bench-vs-ray bench-hosts soak partition fuzz load clean
+.PHONY: help install demo test test-fast test-rust test-python lint bench-startup bench-step-parity bench-data bench-ckpt bench-ckpt-s3 bench-recovery bench-vs-ray bench-hosts soak partition fuzz load clean
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -67,6 +67,9 @@ bench-data: install  ## Loader throughput against numpy memmap, Grain and Ray Da
 
 bench-ckpt: install  ## Checkpoint save/restore of a 1 GiB sharded pytree against Orbax, and the disk's fsync bandwidth.
 	$(PY) bench/ckpt.py --rounds 5 --json bench/out/ckpt.json
+
+bench-ckpt-s3: install  ## Checkpoint save/restore of a 1 GiB sharded pytree in S3 (a SeaweedFS server on loopback) against TensorStore's s3 kvstore, and the raw object bandwidth.
+	$(PY) bench/ckpt_s3.py --rounds 3 --json bench/out/ckpt_s3.json
 
 bench-recovery: install  ## SIGKILL of one GPT worker to the first step after the automatic restart, with and without the compilation cache.
 	$(PY) bench/recovery.py --rounds 3 --json bench/out/recovery.json

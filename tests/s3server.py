@@ -53,7 +53,7 @@ class S3Server:
         self.data.mkdir(parents=True, exist_ok=True)
         self.host = host
         s3, s3g, m, mg, v, vg, f, fg = _free_ports(8)
-        self.port = s3
+        self.port, self.filer_port = s3, f
         config = self.workdir / "s3.json"
         identity = {"name": "meshrun", "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}], "actions": ["Admin", "Read", "Write", "List", "Tagging"]}
         config.write_text(json.dumps({"identities": [identity]}))
@@ -122,6 +122,22 @@ class S3Server:
 
         infos = self.filesystem().get_file_info(fs.FileSelector(prefix, recursive=True, allow_not_found=True))
         return {i.path: i.size for i in infos if i.type == fs.FileType.File}
+
+    def unfinished_uploads(self, bucket: str) -> list[str]:
+        """The multipart uploads begun and neither completed nor aborted in
+        ``bucket``, as SeaweedFS's filer keeps them (``.uploads/``)."""
+        import urllib.error
+        import urllib.request
+
+        request = urllib.request.Request(f"http://{self.host}:{self.filer_port}/buckets/{bucket}/.uploads/?limit=10000", headers={"Accept": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                listing = json.loads(response.read() or b"{}")
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return []
+            raise
+        return [e["FullPath"] for e in listing.get("Entries") or []]
 
     def kill(self) -> None:
         """SIGKILL, as a crash would; the data folder stays for `start`."""

@@ -46,6 +46,14 @@ def test_ckpt_bench_short(tmp_path):
     assert not list((tmp_path / "files").iterdir()), "the benchmark leaves its checkpoints behind"
 
 
+def test_ckpt_s3_bench_short(tmp_path):
+    result, text = run_bench(tmp_path, "ckpt_s3.py", "--mib", "16", "--rounds", "1", "--dir", str(tmp_path / "files"))
+    assert "raw object upload / download" in text and "TensorStore" in text
+    assert result["median"]["meshrun"]["save"] > 0 and result["median"]["tensorstore"]["reshard"] > 0
+    assert result["raw_upload_bytes_per_s"] > 0
+    assert not list((tmp_path / "files").iterdir()), "the benchmark leaves its server's data behind"
+
+
 def test_recovery_bench_short(tmp_path):
     result, text = run_bench(tmp_path, "recovery.py", "--rounds", "1")
     assert "first step" in text

@@ -130,6 +130,11 @@ def test_a_rank_killed_in_the_middle_of_an_upload_damages_nothing_and_the_restar
         assert [(s["attempt"], s["restored"]) for s in starts] == [(1, None), (2, 1)]
     objects = s3server.objects(prefix)
     assert sorted({k.split("/")[-2] for k in objects}) == ["step-1", "step-2"], objects
+    # What attempt 1 left of step 2 was removed when attempt 2 opened, the
+    # killed rank's unfinished upload included.
+    discarded = [e["path"] for e in events(done.run_dir, "checkpoint_discarded")]
+    assert f"{storage}/kill/checkpoints/step-2" in discarded, discarded
+    assert s3server.unfinished_uploads(s3_bucket.removeprefix("s3://")) == []
     for step in (1, 2):
         check = ckpt_cli(s3server.env(), "verify", f"{storage}/kill/checkpoints/step-{step}")
         assert check.returncode == 0, check.stderr

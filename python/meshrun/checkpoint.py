@@ -85,12 +85,6 @@ def _host_buffer(nbytes: int) -> np.ndarray:
     return raw[offset : offset + nbytes]
 
 
-def _read(reader: Any, name: str, region: list[tuple[int, int]], dtype: np.dtype) -> np.ndarray:
-    out = _host_buffer(int(np.prod([b - a for a, b in region], dtype=np.int64)) * dtype.itemsize)
-    reader.read_into(name, region, out)
-    return out.view(dtype).reshape([b - a for a, b in region])
-
-
 def _region(index: tuple[slice, ...], shape: tuple[int, ...]) -> list[tuple[int, int]]:
     return [(s.start or 0, dim if s.stop is None else s.stop) for s, dim in zip(index, shape)]
 
@@ -200,7 +194,11 @@ def restore(target: Any, checkpoint: Checkpoint | str | os.PathLike | None = Non
     saved = {leaf["path"]: leaf for leaf in reader.manifest()["leaves"]}
     from meshrun.sharding import _path_str
 
-    def one(key_path, leaf):
+    # Every region of every leaf is read in one call, so that what they
+    # need is fetched together (from an object store, many ranges at once).
+    reads: list[tuple[str, list[tuple[int, int]], np.ndarray]] = []
+    plans = []
+    for key_path, leaf in jax.tree_util.tree_flatten_with_path(target)[0]:
         name = _path_str(key_path)
         entry = saved.get(name)
         if entry is None:
@@ -213,11 +211,19 @@ def restore(target: Any, checkpoint: Checkpoint | str | os.PathLike | None = Non
                 f"leaf '{name}': the checkpoint holds {entry['dtype']}{list(entry['shape'])}, the target asks for {dtype.name}{list(shape)}"
             )
         sharding = getattr(leaf, "sharding", None)
+        regions = [(None, [(0, d) for d in shape])] if sharding is None else [(device, _region(index, shape)) for device, index in sharding.addressable_devices_indices_map(shape).items()]
+        parts = []
+        for device, region in regions:
+            out = _host_buffer(int(np.prod([b - a for a, b in region], dtype=np.int64)) * dtype.itemsize)
+            reads.append((name, region, out))
+            parts.append((device, out.view(dtype).reshape([b - a for a, b in region])))
+        plans.append((shape, sharding, parts))
+    reader.read_many(reads)
+    leaves = []
+    for shape, sharding, parts in plans:
         if sharding is None:
-            return _read(reader, name, [(0, d) for d in shape], dtype)
-        arrays = []
-        for device, index in sharding.addressable_devices_indices_map(shape).items():
-            arrays.append(jax.device_put(_read(reader, name, _region(index, shape), dtype), device))
-        return jax.make_array_from_single_device_arrays(shape, sharding, arrays)
-
-    return jax.tree_util.tree_map_with_path(one, target)
+            leaves.append(parts[0][1])
+        else:
+            arrays = [jax.device_put(host, device) for device, host in parts]
+            leaves.append(jax.make_array_from_single_device_arrays(shape, sharding, arrays))
+    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(target), leaves)

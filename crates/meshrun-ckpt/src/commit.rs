@@ -239,6 +239,19 @@ pub fn clean_uncommitted(root: &Location) -> Result<Vec<Location>, CkptError> {
                     removed.push(Location::Remote(dir));
                 }
             }
+            // A rank killed while uploading leaves its parts in the bucket:
+            // nobody will finish those uploads, so abort them.
+            for key in r.client.abort_uploads(&r.key)? {
+                let folder = key
+                    .strip_prefix(&format!("{}/", r.key))
+                    .and_then(|rest| rest.split('/').next())
+                    .unwrap_or_default()
+                    .to_string();
+                let dir = Location::Remote(r.join(&folder));
+                if !removed.contains(&dir) {
+                    removed.push(dir);
+                }
+            }
         }
     }
     Ok(removed)

@@ -4,7 +4,8 @@
 //! only the CRC chunks the requested region falls in are read, and each
 //! is checked before its bytes are used.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -21,7 +22,7 @@ use crate::shard::CHUNK;
 use crate::store::{Client, Location};
 
 /// Chunks fetched in one request from an object store.
-const CHUNKS_PER_REQUEST: usize = 8;
+pub(crate) const CHUNKS_PER_REQUEST: usize = 8;
 
 enum Backing {
     Mapped(Mmap),
@@ -203,40 +204,66 @@ impl ShardFile {
                 }
             }
             Backing::Remote { client, key } => {
-                // Runs of consecutive chunks, cut to CHUNKS_PER_REQUEST.
-                let mut groups: Vec<Vec<usize>> = Vec::new();
-                for &c in chunks {
-                    match groups.last_mut() {
-                        Some(g)
-                            if g.len() < CHUNKS_PER_REQUEST
-                                && *g.last().expect("non-empty") + 1 == c =>
-                        {
-                            g.push(c)
-                        }
-                        _ => groups.push(vec![c]),
-                    }
-                }
-                let ranges = groups
-                    .iter()
-                    .map(|g| {
-                        let (lo, _) = Self::chunk_range(start, end, g[0]);
-                        let (_, hi) = Self::chunk_range(start, end, *g.last().expect("non-empty"));
-                        lo as u64..hi as u64
-                    })
-                    .collect();
+                let groups = self.groups(name, chunks)?;
+                let ranges = groups.iter().map(|(_, r)| r.clone()).collect();
                 let fetched = client.get_ranges(key, ranges)?;
-                for (group, bytes) in groups.iter().zip(fetched) {
-                    let base = Self::chunk_range(start, end, group[0]).0;
-                    for &c in group {
-                        let (lo, hi) = Self::chunk_range(start, end, c);
-                        let piece = bytes.slice(lo - base..hi - base);
-                        self.check_bytes(name, leaf, c, &piece)?;
-                        out.insert(c, Chunk::Fetched(piece));
-                    }
+                for ((group, _), bytes) in groups.iter().zip(fetched) {
+                    self.accept(name, leaf, group, &bytes, &mut out)?;
                 }
             }
         }
         Ok(out)
+    }
+
+    /// Runs of consecutive chunks of tensor `name`, cut to
+    /// `CHUNKS_PER_REQUEST`, with the byte range of each.
+    fn groups(
+        &self,
+        name: &str,
+        chunks: &BTreeSet<usize>,
+    ) -> Result<Vec<(Vec<usize>, Range<u64>)>, CkptError> {
+        let (start, end) = self.tensor(name)?;
+        let mut groups: Vec<Vec<usize>> = Vec::new();
+        for &c in chunks {
+            match groups.last_mut() {
+                Some(g) if g.len() < CHUNKS_PER_REQUEST && g[g.len() - 1] + 1 == c => g.push(c),
+                _ => groups.push(vec![c]),
+            }
+        }
+        Ok(groups
+            .into_iter()
+            .map(|g| {
+                let (lo, _) = Self::chunk_range(start, end, g[0]);
+                let (_, hi) = Self::chunk_range(start, end, g[g.len() - 1]);
+                (g, lo as u64..hi as u64)
+            })
+            .collect())
+    }
+
+    /// Checks and keeps the chunks of `group`, fetched as `bytes`.
+    fn accept(
+        &self,
+        name: &str,
+        leaf: &str,
+        group: &[usize],
+        bytes: &Bytes,
+        out: &mut HashMap<usize, Chunk>,
+    ) -> Result<(), CkptError> {
+        let (start, end) = self.tensor(name)?;
+        let base = Self::chunk_range(start, end, group[0]).0;
+        for &c in group {
+            let (lo, hi) = Self::chunk_range(start, end, c);
+            if hi - base > bytes.len() {
+                return Err(CkptError::Format {
+                    path: self.path.clone(),
+                    message: format!("tensor '{name}' ends past the end of the file"),
+                });
+            }
+            let piece = bytes.slice(lo - base..hi - base);
+            self.check_bytes(name, leaf, c, &piece)?;
+            out.insert(c, Chunk::Fetched(piece));
+        }
+        Ok(())
     }
 
     fn bytes<'a>(&'a self, chunk: &'a Chunk) -> &'a [u8] {
@@ -261,6 +288,23 @@ pub fn itemsize(numpy_name: &str) -> Result<usize, CkptError> {
         _ => 8,
     })
 }
+
+/// One region to read: leaf `leaf`'s `region`, into `out` (row-major,
+/// exactly its bytes).
+pub struct Request<'a> {
+    pub leaf: &'a str,
+    pub region: &'a [(usize, usize)],
+    pub out: &'a mut [u8],
+}
+
+/// Bytes of regions read together at most (plus one request): what a
+/// restore holds fetched at once, besides its outputs.
+const READ_BATCH: usize = 256 << 20;
+
+/// For each (file, tensor) a read needs: a leaf it belongs to (for
+/// messages) and the chunks.
+type Wanted = BTreeMap<(String, String), (String, BTreeSet<usize>)>;
+type Loaded = HashMap<(String, String), HashMap<usize, Chunk>>;
 
 pub struct Reader {
     dir: Location,
@@ -298,55 +342,148 @@ impl Reader {
         region: &[(usize, usize)],
         out: &mut [u8],
     ) -> Result<(), CkptError> {
-        let leaf = self.manifest.leaf(path)?.clone();
-        let size = itemsize(&leaf.dtype)?;
-        let expected = elements(region) * size;
-        if out.len() != expected {
-            return Err(CkptError::ShardSize {
-                leaf: path.to_string(),
-                got: out.len(),
-                expected,
-                region: region.to_vec(),
-            });
-        }
-        let mut covered = 0;
-        for shard in &leaf.shards {
-            let Some(overlap) = intersect(&shard.region, region) else {
-                continue;
-            };
-            // (source offset in the tensor, offset in `out`, length)
-            let mut spans = Vec::new();
-            runs(&shard.region, region, &overlap, size, |src, dst, len| {
-                spans.push((src, dst, len));
-            });
-            let needed: BTreeSet<usize> = spans
-                .iter()
-                .flat_map(|&(src, _, len)| (src / CHUNK)..=((src + len.max(1) - 1) / CHUNK))
-                .collect();
-            self.open_file(&shard.file)?;
-            let file = &self.files[&shard.file];
-            let chunks = file.chunks(&shard.tensor, path, &needed, &mut self.checked)?;
-            // Each span, piece by piece across the chunks it spans.
-            for (src, dst, len) in spans {
-                let mut done = 0;
-                while done < len {
-                    let at = src + done;
-                    let chunk = file.bytes(&chunks[&(at / CHUNK)]);
-                    let from = at % CHUNK;
-                    let n = (chunk.len() - from).min(len - done);
-                    out[dst + done..dst + done + n].copy_from_slice(&chunk[from..from + n]);
-                    done += n;
-                }
+        self.read_regions(&mut [Request {
+            leaf: path,
+            region,
+            out,
+        }])
+    }
+
+    /// Fills every request's `out` with its region, reading what they all
+    /// need together: in an object store every range of every file is in
+    /// flight at once (`CONCURRENCY` requests), a batch of up to
+    /// `READ_BATCH` bytes at a time.
+    pub fn read_regions(&mut self, requests: &mut [Request<'_>]) -> Result<(), CkptError> {
+        let mut from = 0;
+        while from < requests.len() {
+            let mut to = from;
+            let mut bytes = 0;
+            while to < requests.len()
+                && (to == from || bytes + requests[to].out.len() <= READ_BATCH)
+            {
+                bytes += requests[to].out.len();
+                to += 1;
             }
-            covered += elements(&overlap);
-        }
-        if covered != elements(region) {
-            return Err(CkptError::Incomplete {
-                leaf: path.to_string(),
-                region: region.to_vec(),
-            });
+            self.read_batch(&mut requests[from..to])?;
+            from = to;
         }
         Ok(())
+    }
+
+    fn read_batch(&mut self, requests: &mut [Request<'_>]) -> Result<(), CkptError> {
+        // Per request: (file, tensor, [(source, destination, length)]) of
+        // every stored shard it overlaps, and the elements covered.
+        let mut plans = Vec::with_capacity(requests.len());
+        let mut wanted: Wanted = BTreeMap::new();
+        for req in requests.iter() {
+            let leaf = self.manifest.leaf(req.leaf)?;
+            let size = itemsize(&leaf.dtype)?;
+            let expected = elements(req.region) * size;
+            if req.out.len() != expected {
+                return Err(CkptError::ShardSize {
+                    leaf: req.leaf.to_string(),
+                    got: req.out.len(),
+                    expected,
+                    region: req.region.to_vec(),
+                });
+            }
+            let mut covered = 0;
+            let mut copies = Vec::new();
+            for shard in &leaf.shards {
+                let Some(overlap) = intersect(&shard.region, req.region) else {
+                    continue;
+                };
+                let mut spans = Vec::new();
+                runs(
+                    &shard.region,
+                    req.region,
+                    &overlap,
+                    size,
+                    |src, dst, len| {
+                        spans.push((src, dst, len));
+                    },
+                );
+                let entry = wanted
+                    .entry((shard.file.clone(), shard.tensor.clone()))
+                    .or_insert_with(|| (req.leaf.to_string(), BTreeSet::new()));
+                entry.1.extend(
+                    spans.iter().flat_map(|&(src, _, len)| {
+                        (src / CHUNK)..=((src + len.max(1) - 1) / CHUNK)
+                    }),
+                );
+                copies.push((shard.file.clone(), shard.tensor.clone(), spans));
+                covered += elements(&overlap);
+            }
+            if covered != elements(req.region) {
+                return Err(CkptError::Incomplete {
+                    leaf: req.leaf.to_string(),
+                    region: req.region.to_vec(),
+                });
+            }
+            plans.push(copies);
+        }
+        let loaded = self.load(&wanted)?;
+        for (req, copies) in requests.iter_mut().zip(plans) {
+            for (file, tensor, spans) in copies {
+                let f = &self.files[&file];
+                let chunks = &loaded[&(file.clone(), tensor)];
+                // Each span, piece by piece across the chunks it spans.
+                for (src, dst, len) in spans {
+                    let mut done = 0;
+                    while done < len {
+                        let at = src + done;
+                        let chunk = f.bytes(&chunks[&(at / CHUNK)]);
+                        let from = at % CHUNK;
+                        let n = (chunk.len() - from).min(len - done);
+                        req.out[dst + done..dst + done + n].copy_from_slice(&chunk[from..from + n]);
+                        done += n;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The chunks `wanted` names, checked: mapped ones where they are, and
+    /// in an object store all fetched together.
+    fn load(&mut self, wanted: &Wanted) -> Result<Loaded, CkptError> {
+        for (file, _) in wanted.keys() {
+            self.open_file(file)?;
+        }
+        let mut loaded = Loaded::new();
+        let mut fetches = Vec::new();
+        for ((file, tensor), (leaf, chunks)) in wanted {
+            let f = &self.files[file];
+            match &f.backing {
+                Backing::Mapped(_) => {
+                    let got = f.chunks(tensor, leaf, chunks, &mut self.checked)?;
+                    loaded.insert((file.clone(), tensor.clone()), got);
+                }
+                Backing::Remote { client, key } => {
+                    for (group, range) in f.groups(tensor, chunks)? {
+                        fetches.push((
+                            Arc::clone(client),
+                            file,
+                            tensor,
+                            leaf,
+                            group,
+                            key.clone(),
+                            range,
+                        ));
+                    }
+                }
+            }
+        }
+        let Some(client) = fetches.first().map(|f| Arc::clone(&f.0)) else {
+            return Ok(loaded);
+        };
+        let ranges = fetches.iter().map(|f| (f.5.clone(), f.6.clone())).collect();
+        let fetched = client.get_many(ranges)?;
+        for ((_, file, tensor, leaf, group, _, _), bytes) in fetches.into_iter().zip(fetched) {
+            let map = loaded.entry((file.clone(), tensor.clone())).or_default();
+            self.files[file].accept(tensor, leaf, &group, &bytes, map)?;
+        }
+        Ok(loaded)
     }
 
     /// Checks every chunk of every tensor, and that the manifest agrees

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use meshrun_ckpt::commit::committed;
 use meshrun_ckpt::manifest::Leaf;
-use meshrun_ckpt::read::Reader;
+use meshrun_ckpt::read::{Reader, Request};
 use meshrun_ckpt::resume::{for_attempt, CHECKPOINTS};
 use meshrun_ckpt::shard::{write_rank, ShardIn};
 use meshrun_ckpt::store::Location;
@@ -201,9 +201,47 @@ impl CheckpointReader {
         .map_err(|e| to_py(&e))
     }
 
+    /// Reads many regions at once, `[(path, region, out), ...]` as for
+    /// `read_into`: what they need is fetched together (in an object store,
+    /// many ranges in flight).
+    fn read_many(
+        &self,
+        py: Python<'_>,
+        requests: Vec<(String, Vec<(usize, usize)>, PyReadwriteArray1<'_, u8>)>,
+    ) -> PyResult<()> {
+        let mut requests = requests;
+        let mut views: Vec<(&str, &[(usize, usize)], &mut [u8])> =
+            Vec::with_capacity(requests.len());
+        for (path, region, out) in &mut requests {
+            views.push((path.as_str(), region.as_slice(), out.as_slice_mut()?));
+        }
+        py.detach(|| {
+            let mut batch: Vec<Request<'_>> = views
+                .into_iter()
+                .map(|(leaf, region, out)| Request { leaf, region, out })
+                .collect();
+            self.0.lock().expect("reader lock").read_regions(&mut batch)
+        })
+        .map_err(|e| to_py(&e))
+    }
+
     /// Checks every CRC; returns the number of tensors checked.
     fn verify(&self, py: Python<'_>) -> PyResult<usize> {
         py.detach(|| self.0.lock().expect("reader lock").verify_all())
             .map_err(|e| to_py(&e))
     }
+}
+
+/// Seconds to upload `size` bytes as one object under the storage folder
+/// `url` and to download it again, with the client stack and concurrency
+/// of checkpoints: the storage's raw bandwidth, for benchmarks.
+#[pyfunction]
+pub fn storage_roundtrip(py: Python<'_>, url: &str, size: usize) -> PyResult<(f64, f64)> {
+    let Location::Remote(dir) = Location::parse(url).map_err(|e| to_py(&e))? else {
+        return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "'{url}' is not an object-storage URL"
+        )));
+    };
+    py.detach(|| meshrun_ckpt::store::roundtrip(&dir, size))
+        .map_err(|e| to_py(&e))
 }

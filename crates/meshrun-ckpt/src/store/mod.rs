@@ -12,6 +12,7 @@
 mod credentials;
 pub mod remote;
 mod upload;
+mod uploads;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -20,7 +21,7 @@ use std::sync::Arc;
 use object_store::path::Path as Key;
 
 pub use remote::Client;
-pub use upload::{shared as remote_bytes, upload_file};
+pub use upload::{roundtrip, shared as remote_bytes, upload_file};
 
 /// The schemes an object-store location may have.
 pub const SCHEMES: &str = "s3://, gs://, az:// (or a local folder)";

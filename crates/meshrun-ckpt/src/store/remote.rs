@@ -32,6 +32,8 @@ const RETRY_FOR: Duration = Duration::from_secs(15);
 pub struct Client {
     store: Arc<dyn ObjectStore>,
     bucket_url: String,
+    /// S3 only: what lists and aborts unfinished multipart uploads.
+    uploads: Option<super::uploads::S3Uploads>,
 }
 
 impl std::fmt::Debug for Client {
@@ -87,7 +89,7 @@ fn retry() -> RetryConfig {
     }
 }
 
-fn s3(url: &str) -> Result<Arc<dyn ObjectStore>, object_store::Error> {
+fn s3(url: &str) -> Result<(Arc<dyn ObjectStore>, super::uploads::S3Uploads), object_store::Error> {
     let mut builder = super::credentials::apply_profile(AmazonS3Builder::from_env())
         .with_url(url)
         .with_retry(retry())
@@ -116,7 +118,34 @@ fn s3(url: &str) -> Result<Arc<dyn ObjectStore>, object_store::Error> {
             builder = builder.with_region("us-east-1");
         }
     }
-    Ok(Arc::new(builder.build()?))
+    let region = builder
+        .get_config_value(&AmazonS3ConfigKey::Region)
+        .or_else(|| builder.get_config_value(&AmazonS3ConfigKey::DefaultRegion))
+        .unwrap_or_else(|| "us-east-1".to_string());
+    // `with_url` sets the bucket only when the store is built.
+    let bucket = url.split_once("://").map_or(url, |(_, b)| b);
+    let bucket_http = match builder
+        .get_config_value(&AmazonS3ConfigKey::S3Endpoint)
+        .or_else(|| builder.get_config_value(&AmazonS3ConfigKey::Endpoint))
+    {
+        Some(endpoint) => format!("{}/{bucket}", endpoint.trim_end_matches('/')),
+        None => format!("https://s3.{region}.amazonaws.com/{bucket}"),
+    };
+    let s3 = Arc::new(builder.build()?);
+    let uploads = super::uploads::S3Uploads {
+        s3: Arc::clone(&s3),
+        bucket_http,
+        region,
+        http: reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(60))
+            .build()
+            .map_err(|e| object_store::Error::Generic {
+                store: "S3",
+                source: Box::new(e),
+            })?,
+    };
+    Ok((s3, uploads))
 }
 
 impl Client {
@@ -138,8 +167,12 @@ impl Client {
         if let Some(c) = known.get(&bucket_url) {
             return Ok((Arc::clone(c), key));
         }
+        let mut uploads = None;
         let store: Arc<dyn ObjectStore> = match parsed.scheme() {
-            "s3" | "s3a" => s3(&bucket_url),
+            "s3" | "s3a" => s3(&bucket_url).map(|(store, u)| {
+                uploads = Some(u);
+                store
+            }),
             "gs" => object_store::gcp::GoogleCloudStorageBuilder::from_env()
                 .with_url(&bucket_url)
                 .with_retry(retry())
@@ -163,6 +196,7 @@ impl Client {
         let client = Arc::new(Client {
             store,
             bucket_url: bucket_url.clone(),
+            uploads,
         });
         known.insert(bucket_url, Arc::clone(&client));
         Ok((client, key))
@@ -223,21 +257,26 @@ impl Client {
     /// Byte ranges of one object, `CONCURRENCY` requests in flight, in
     /// the order asked.
     pub fn get_ranges(&self, key: &Key, ranges: Vec<Range<u64>>) -> Result<Vec<Bytes>, CkptError> {
+        self.get_many(ranges.into_iter().map(|r| (key.clone(), r)).collect())
+    }
+
+    /// Byte ranges of any objects, `CONCURRENCY` requests in flight, in the
+    /// order asked.
+    pub fn get_many(&self, requests: Vec<(Key, Range<u64>)>) -> Result<Vec<Bytes>, CkptError> {
         let store = self.store();
-        let k = key.clone();
         block(async move {
-            futures::stream::iter(ranges)
-                .map(|r| {
-                    let (store, k) = (Arc::clone(&store), k.clone());
-                    async move { store.get_range(&k, r).await }
+            futures::stream::iter(requests)
+                .map(|(k, r)| {
+                    let store = Arc::clone(&store);
+                    async move { store.get_range(&k, r).await.map_err(|e| (k, e)) }
                 })
                 .buffered(CONCURRENCY)
                 .try_collect::<Vec<Bytes>>()
                 .await
         })
-        .map_err(|e| match e {
-            object_store::Error::NotFound { .. } => CkptError::MissingShard(self.url(key).into()),
-            e => self.fail("cannot read", key)(e),
+        .map_err(|(key, e)| match e {
+            object_store::Error::NotFound { .. } => CkptError::MissingShard(self.url(&key).into()),
+            e => self.fail("cannot read", &key)(e),
         })
     }
 
@@ -288,6 +327,22 @@ impl Client {
                 .await
         })
         .map_err(self.fail("cannot delete", &first))
+    }
+
+    /// Aborts the unfinished multipart uploads under `prefix` (S3 only;
+    /// other stores keep no parts of an upload nobody finished). Returns
+    /// their keys.
+    pub fn abort_uploads(self: &Arc<Self>, prefix: &Key) -> Result<Vec<String>, CkptError> {
+        if self.uploads.is_none() {
+            return Ok(Vec::new());
+        }
+        let me = Arc::clone(self);
+        let p = prefix.to_string();
+        block(async move {
+            let uploads = me.uploads.as_ref().expect("checked");
+            uploads.abort_all(&format!("{p}/")).await
+        })
+        .map_err(self.fail("cannot list the unfinished uploads under", prefix))
     }
 
     pub fn copy(&self, from: &Key, to: &Key) -> Result<(), CkptError> {

@@ -19,7 +19,15 @@ use crate::error::CkptError;
 /// keep a fast link busy.
 pub const PART: usize = 16 << 20;
 
-/// `parts` (each at most `PART` bytes) cut out of `pieces` without copying.
+/// The smallest part S3 takes (all but the last part).
+const MIN_PART: usize = 5 << 20;
+
+/// Parts cut out of `pieces` without copying: `PART` bytes each where a
+/// piece allows, cut at the pieces' own boundaries where it can, so that
+/// a part is one contiguous buffer (sent as is) rather than several (sent
+/// as a stream of them, which the server takes markedly slower): small
+/// pieces are packed together, and a tail under `MIN_PART` stays with the
+/// part before it (so a part holds at most `PART + MIN_PART` bytes).
 fn cut(pieces: &[Bytes]) -> Vec<PutPayload> {
     let mut out = Vec::new();
     let mut current: Vec<Bytes> = Vec::new();
@@ -27,10 +35,19 @@ fn cut(pieces: &[Bytes]) -> Vec<PutPayload> {
     for piece in pieces {
         let mut rest = piece.clone();
         while !rest.is_empty() {
-            let take = (PART - size).min(rest.len());
+            if size >= MIN_PART && size + rest.len() > PART {
+                out.push(current.drain(..).collect());
+                size = 0;
+            }
+            let room = PART.saturating_sub(size).max(1);
+            let take = if rest.len() <= room || rest.len() - room < MIN_PART {
+                rest.len()
+            } else {
+                room
+            };
             current.push(rest.split_to(take));
             size += take;
-            if size == PART {
+            if size >= PART {
                 out.push(current.drain(..).collect());
                 size = 0;
             }
@@ -85,25 +102,76 @@ pub fn shared<T: AsRef<[u8]> + Send + Sync + 'static>(owner: Arc<T>) -> Bytes {
     Bytes::from_owner(Owner(owner))
 }
 
+/// The raw bandwidth of the storage with the client stack checkpoints use:
+/// seconds to upload `size` bytes as one object (parts and concurrency as
+/// for a shard file), then to download it in the ranges and concurrency of
+/// a restore, then the object is deleted. For benchmarks.
+pub fn roundtrip(dir: &super::RemoteDir, size: usize) -> Result<(f64, f64), CkptError> {
+    // Bytes that do not compress, as a model's do not: a store that
+    // compresses would otherwise make a constant buffer look fast.
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    let data: Bytes = (0..size.div_ceil(8))
+        .flat_map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state.to_le_bytes()
+        })
+        .take(size)
+        .collect::<Vec<u8>>()
+        .into();
+    let key = dir.object(&format!(".meshrun-bandwidth-{}", std::process::id()));
+    let t0 = std::time::Instant::now();
+    upload_file(&dir.client, &key, &[data])?;
+    let up = t0.elapsed().as_secs_f64();
+    let step = crate::shard::CHUNK * crate::read::CHUNKS_PER_REQUEST;
+    let ranges = (0..size)
+        .step_by(step)
+        .map(|lo| lo as u64..(lo + step).min(size) as u64)
+        .collect();
+    let t0 = std::time::Instant::now();
+    let got = dir.client.get_ranges(&key, ranges)?;
+    let down = t0.elapsed().as_secs_f64();
+    dir.client.delete(vec![key])?;
+    let n: usize = got.iter().map(Bytes::len).sum();
+    if n != size {
+        return Err(CkptError::Format {
+            path: dir.url().into(),
+            message: format!("read back {n} bytes of {size}"),
+        });
+    }
+    Ok((up, down))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn parts_are_full_slices_of_the_pieces_in_order() {
-        let a = Bytes::from(vec![1u8; PART + 10]);
-        let b = Bytes::from(vec![2u8; PART - 5]);
-        let c = Bytes::from(vec![3u8; 3]);
-        let parts = cut(&[Bytes::from_static(b"head"), a.clone(), b, c]);
+    fn parts_are_slices_of_the_pieces_in_order_one_buffer_each_where_they_can_be() {
+        let mib = 1 << 20;
+        let a = Bytes::from(vec![1u8; 32 * mib]);
+        let b = Bytes::from(vec![2u8; 20 * mib]);
+        let small: Vec<Bytes> = (0..3).map(|i| Bytes::from(vec![i as u8; mib])).collect();
+        let mut pieces = vec![Bytes::from_static(b"head"), a.clone(), b];
+        pieces.extend(small);
+        let parts = cut(&pieces);
         let sizes: Vec<usize> = parts.iter().map(PutPayload::content_length).collect();
-        assert_eq!(sizes, vec![PART, PART, 12]);
+        // header + a's first 16 MiB - 4; a's rest (16 MiB + 4, its tail
+        // too small for a part of its own); b as 16 + 4 MiB (kept with the
+        // part before); the three small pieces packed in the last part.
+        assert_eq!(sizes, vec![PART, 16 * mib + 4, 20 * mib, 3 * mib]);
+        let segments: Vec<usize> = parts.iter().map(|p| p.as_ref().len()).collect();
+        assert_eq!(segments, vec![2, 1, 1, 3]);
+        assert!(sizes[..sizes.len() - 1]
+            .iter()
+            .all(|&s| (MIN_PART..=PART + MIN_PART).contains(&s)));
         let joined: Vec<u8> = parts
             .iter()
             .flat_map(|p| p.iter().flat_map(|b| b.to_vec()).collect::<Vec<u8>>())
             .collect();
-        assert_eq!(&joined[..4], b"head");
-        assert_eq!(joined.len(), 4 + PART + 10 + PART - 5 + 3);
-        assert_eq!(joined[joined.len() - 1], 3);
+        let want: Vec<u8> = pieces.iter().flat_map(|b| b.to_vec()).collect();
+        assert_eq!(joined, want);
         // Zero copy: the first part's second piece points into `a`.
         assert_eq!(parts[0].as_ref()[1].as_ptr(), a.as_ptr());
         assert_eq!(cut(&[]).len(), 1);
