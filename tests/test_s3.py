@@ -227,3 +227,21 @@ def test_the_storage_down_during_saves_costs_those_checkpoints_only(tmp_path):
         for p in procs:
             stop(p)
         server.close()
+
+
+def test_credentials_and_region_come_from_an_aws_profile(s3server, s3_bucket, tmp_path):
+    """Without AWS_ACCESS_KEY_ID in the environment, the keys come from
+    the profile AWS_PROFILE names in the credentials file, as the AWS tools
+    take them; a profile with a wrong key is refused naming the URL."""
+    from s3server import ACCESS_KEY, SECRET_KEY
+
+    credentials, config = tmp_path / "credentials", tmp_path / "config"
+    credentials.write_text(f"[default]\naws_access_key_id = {ACCESS_KEY}\naws_secret_access_key = wrong\n\n[team]\naws_access_key_id = {ACCESS_KEY}\naws_secret_access_key = {SECRET_KEY}\n")
+    config.write_text("[profile team]\nregion = us-east-1\n")
+    env = s3server.env(AWS_SHARED_CREDENTIALS_FILE=str(credentials), AWS_CONFIG_FILE=str(config), AWS_PROFILE="team")
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION"):
+        del env[key]
+    listed = ckpt_cli(env, "ls", f"{s3_bucket}/runs/none")
+    assert listed.returncode == 0 and f"no committed checkpoints in '{s3_bucket}/runs/none/checkpoints'" in listed.stdout, listed.stderr
+    refused = ckpt_cli({**env, "AWS_PROFILE": "default"}, "ls", f"{s3_bucket}/runs/none")
+    assert refused.returncode == 1 and f"'{s3_bucket}/runs/none/checkpoints'" in refused.stderr and "access denied" in refused.stderr, refused.stderr

@@ -73,16 +73,28 @@ pub enum CkptError {
 /// What went wrong with a storage request, in the user's terms first.
 fn storage_reason(e: &object_store::Error) -> String {
     use object_store::Error as E;
+    const DENIED: &str =
+        "access denied: check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or AWS_PROFILE)";
+    const MISSING: &str = "not found (does the bucket exist?)";
+    const CODES_DENIED: [&str; 4] = [
+        "403 Forbidden",
+        "SignatureDoesNotMatch",
+        "InvalidAccessKeyId",
+        "AccessDenied",
+    ];
+    // Some requests (a listing) fail with a generic error that holds the
+    // store's answer: its code says what happened.
+    let text = e.to_string();
     let hint = match e {
-        E::NotFound { .. } => "not found (does the bucket exist?)",
-        E::PermissionDenied { .. } | E::Unauthenticated { .. } => {
-            "access denied: check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or AWS_PROFILE)"
-        }
+        E::NotFound { .. } => MISSING,
+        E::PermissionDenied { .. } | E::Unauthenticated { .. } => DENIED,
+        _ if CODES_DENIED.iter().any(|code| text.contains(code)) => DENIED,
+        _ if text.contains("NoSuchBucket") => MISSING,
         _ => {
             "the storage did not answer as expected (is AWS_ENDPOINT_URL right, and the server up?)"
         }
     };
-    format!("{hint}; {e}")
+    format!("{hint}; {text}")
 }
 
 impl CkptError {

@@ -44,7 +44,13 @@ pub fn apply_profile(mut builder: AmazonS3Builder) -> AmazonS3Builder {
             ("region", AmazonS3ConfigKey::Region),
             ("endpoint_url", AmazonS3ConfigKey::Endpoint),
         ] {
-            if builder.get_config_value(&key).is_none() {
+            // AWS_DEFAULT_REGION, like AWS_REGION, beats a profile's region.
+            let set = builder.get_config_value(&key).is_some()
+                || (matches!(key, AmazonS3ConfigKey::Region)
+                    && builder
+                        .get_config_value(&AmazonS3ConfigKey::DefaultRegion)
+                        .is_some());
+            if !set {
                 if let Some(value) = props.get(name) {
                     builder = builder.with_config(key, value);
                 }
