@@ -131,7 +131,7 @@ impl DataLoader {
             start_offset: offset,
             epochs,
         };
-        Loader::start(Arc::clone(&source.0), &cfg)
+        crate::signals::with_signals_blocked(|| Loader::start(Arc::clone(&source.0), &cfg))
             .map(|l| Self(Mutex::new(l)))
             .map_err(|e| data_to_py(&e))
     }

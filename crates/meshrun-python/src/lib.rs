@@ -8,6 +8,7 @@ mod convert;
 mod data;
 mod errors;
 mod run;
+mod signals;
 mod usage;
 mod worker;
 

@@ -61,9 +61,15 @@ impl WorkerClient {
         } else {
             OnControllerLoss::Ignore
         };
-        py.detach(|| Client::connect(addr, &token, rank, attempt, on_loss))
-            .map(Self)
-            .map_err(|e| to_py(&e))
+        // Its sender and heartbeat threads must leave SIGTERM (preemption)
+        // and SIGINT to Python's main thread (see `signals`).
+        py.detach(|| {
+            crate::signals::with_signals_blocked(|| {
+                Client::connect(addr, &token, rank, attempt, on_loss)
+            })
+        })
+        .map(Self)
+        .map_err(|e| to_py(&e))
     }
 
     /// Queues a metrics record (a dict of plain values); returns at once.

@@ -48,6 +48,11 @@ fn runtime() -> &'static tokio::runtime::Runtime {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("meshrun-storage")
+            // In a Python process, signals are Python's main thread's to
+            // take: a storage thread that took one would leave it pending
+            // (CPython 3.11 marks it for the main thread only when its
+            // handler runs there).
+            .on_thread_start(block_signals)
             .enable_all()
             .build()
             .expect("the storage runtime starts")
@@ -70,6 +75,11 @@ where
         let _ = tx.send(fut.await);
     });
     rx.recv().expect("a storage task panicked")
+}
+
+fn block_signals() {
+    use nix::sys::signal::{pthread_sigmask, SigSet, SigmaskHow};
+    let _ = pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&SigSet::all()), None);
 }
 
 fn clients() -> &'static Mutex<HashMap<String, Arc<Client>>> {
