@@ -80,6 +80,10 @@ impl Machine {
                 let state = &mut self.ranks[rank as usize];
                 state.progress = Some(now);
                 state.last_step = step.or(state.last_step);
+                let unsaved = step.filter(|_| !saving);
+                if unsaved.is_some() {
+                    state.unsaved_step = state.unsaved_step.max(unsaved);
+                }
                 state.reports += 1;
                 if let Some(t) = timing {
                     // A save's figures: where a failure's lost time starts
@@ -90,6 +94,14 @@ impl Machine {
                     state.timing = Some(t);
                 }
                 self.checkpointing |= checkpoint;
+                // A rank that saved this step for the preemption waits for
+                // its commit, which cannot come now: let it go on (it may
+                // hold the others in a collective).
+                if let Some(s) = unsaved {
+                    if self.preempt_deadline.is_some() && self.stop.is_none() {
+                        self.release_preempt_waiters(s);
+                    }
+                }
                 if rank == 0 {
                     self.push(Action::Progress {
                         step,
@@ -137,10 +149,11 @@ impl Machine {
             Message::PreemptSave { step }
                 if self.preempt_deadline.is_some() && self.stop.is_none() && step > 0 =>
             {
-                let conns: Vec<Conn> = self.ranks.iter().filter_map(|r| r.conn).collect();
-                for conn in conns {
-                    self.send(conn, Message::Resume { step: step - 1 });
-                }
+                // And a rank that went past this step without saving it
+                // (the request reached it a step later) keeps it from
+                // committing: this rank need not wait for it either.
+                let unsaved = self.ranks.iter().filter_map(|r| r.unsaved_step).max();
+                self.release_preempt_waiters((step - 1).max(unsaved.unwrap_or(0)));
             }
             Message::Failure {
                 kind,
@@ -169,6 +182,15 @@ impl Machine {
                 },
             ),
             _ => {}
+        }
+    }
+
+    /// Tells every worker that preemption saves of steps up to `step` will
+    /// not commit: one waiting on such a step goes on to save a later one.
+    fn release_preempt_waiters(&mut self, step: u64) {
+        let conns: Vec<Conn> = self.ranks.iter().filter_map(|r| r.conn).collect();
+        for conn in conns {
+            self.send(conn, Message::Resume { step });
         }
     }
 }

@@ -21,6 +21,9 @@ pub(super) struct RankState {
     /// Its last report (or its start): what hang detection measures.
     pub progress: Option<Instant>,
     pub last_step: Option<u64>,
+    /// The newest step it reported without saving it: a checkpoint of that
+    /// step (or an earlier one) can no longer commit.
+    pub unsaved_step: Option<u64>,
     /// Its last message of any kind; heartbeats come every second.
     pub heard: Option<Instant>,
     /// When its connection broke without a goodbye.

@@ -230,6 +230,47 @@ fn a_preemption_that_commits_stops_at_its_checkpoint() {
     assert_eq!(sim.m.status(), OutcomeStatus::Preempted { step: 5 });
 }
 
+/// The request reaches rank 0 before its report of step 8 and rank 1
+/// after its own: rank 0 saves 8 and waits for the commit, rank 1 goes on
+/// to step 9 and would wait for rank 0 in a collective. Rank 1's report of
+/// step 8 without a save releases rank 0, whichever of the two messages
+/// the controller reads first.
+#[test]
+fn a_preemption_request_that_splits_the_ranks_releases_the_one_waiting() {
+    for rank1_first in [false, true] {
+        let mut sim = Sim::running(2);
+        sim.report(0, 7, true);
+        sim.report(1, 7, true);
+        sim.input(Input::Terminate);
+        sim.take();
+        let preempt = Message::PreemptSave { step: 8 };
+        if rank1_first {
+            sim.report(1, 8, true);
+            sim.take();
+            sim.worker(0, preempt);
+        } else {
+            sim.worker(0, preempt);
+            sim.take();
+            sim.report(1, 8, true);
+        }
+        let released: Vec<(Conn, u64)> = sim
+            .take()
+            .iter()
+            .filter_map(|a| match a {
+                Action::Send {
+                    to,
+                    msg: Message::Resume { step },
+                } => Some((*to, *step)),
+                _ => None,
+            })
+            .collect();
+        assert!(
+            released.contains(&(0, 8)),
+            "rank 0 is released from step 8 (rank 1 first: {rank1_first}): {released:?}"
+        );
+    }
+}
+
 #[test]
 fn a_second_ctrl_c_takes_the_grace_away() {
     let mut sim = Sim::running(2);
