@@ -143,6 +143,10 @@ impl DataLoader {
         // the GIL, which costs more than the take itself.
         let ready = self.0.lock().expect("loader lock").try_next();
         if let Ok(got) = ready {
+            // A Ctrl-C is looked at on every batch, not only while waiting
+            // for one: the pending flag is read directly, whether or not
+            // the interpreter has noticed it yet.
+            py.check_signals()?;
             return Ok(got.map(|b| to_python(py, b)));
         }
         loop {
