@@ -48,17 +48,8 @@ pub enum CkptError {
         leaf: String,
         region: Vec<(usize, usize)>,
     },
-    #[error("{what} '{url}': {}", storage_reason(source))]
-    Storage {
-        what: &'static str,
-        url: String,
-        source: Box<object_store::Error>,
-    },
-    #[error(
-        "'{url}' is not a storage URL meshrun can use: {reason}; accepted: {}",
-        crate::store::SCHEMES
-    )]
-    BadUrl { url: String, reason: String },
+    #[error(transparent)]
+    Store(meshrun_store::StoreError),
     #[error("checkpoint step {step} is already committed at '{url}'; it was not replaced")]
     AlreadyCommitted { step: u64, url: String },
     #[error("shard of leaf '{leaf}' has {got} bytes, expected {expected} for region {region:?}")]
@@ -70,31 +61,15 @@ pub enum CkptError {
     },
 }
 
-/// What went wrong with a storage request, in the user's terms first.
-fn storage_reason(e: &object_store::Error) -> String {
-    use object_store::Error as E;
-    const DENIED: &str =
-        "access denied: check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or AWS_PROFILE)";
-    const MISSING: &str = "not found (does the bucket exist?)";
-    const CODES_DENIED: [&str; 4] = [
-        "403 Forbidden",
-        "SignatureDoesNotMatch",
-        "InvalidAccessKeyId",
-        "AccessDenied",
-    ];
-    // Some requests (a listing) fail with a generic error that holds the
-    // store's answer: its code says what happened.
-    let text = e.to_string();
-    let hint = match e {
-        E::NotFound { .. } => MISSING,
-        E::PermissionDenied { .. } | E::Unauthenticated { .. } => DENIED,
-        _ if CODES_DENIED.iter().any(|code| text.contains(code)) => DENIED,
-        _ if text.contains("NoSuchBucket") => MISSING,
-        _ => {
-            "the storage did not answer as expected (is AWS_ENDPOINT_URL right, and the server up?)"
+impl From<meshrun_store::StoreError> for CkptError {
+    /// A shard the manifest lists but the store does not have is a
+    /// missing shard, said as such; the rest are storage errors.
+    fn from(e: meshrun_store::StoreError) -> Self {
+        match e {
+            meshrun_store::StoreError::NotFound { url } => CkptError::MissingShard(url.into()),
+            e => CkptError::Store(e),
         }
-    };
-    format!("{hint}; {text}")
+    }
 }
 
 impl CkptError {

@@ -19,6 +19,8 @@ pub mod read;
 pub mod resume;
 pub mod retention;
 pub mod shard;
-pub mod store;
 
 pub use error::CkptError;
+/// Where checkpoints live: the storage seam, re-exported for the
+/// engine's own modules and its callers.
+pub use meshrun_store as store;

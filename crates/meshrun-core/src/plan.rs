@@ -4,7 +4,7 @@
 //! request exits with a clear message and leaves no run directory behind.
 
 use std::net::{IpAddr, SocketAddr};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use meshrun_ckpt::store::{is_url, Location};
 use serde::{Deserialize, Serialize};

@@ -1,5 +1,7 @@
 //! Tests of the run plan's validation.
 
+use std::path::Path;
+
 use super::*;
 
 fn spec(dir: &Path) -> RunSpec {

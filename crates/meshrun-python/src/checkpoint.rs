@@ -26,7 +26,7 @@ use crate::errors::ckpt_to_py as to_py;
 /// takes it.
 fn location(any: &Bound<'_, PyAny>) -> PyResult<Location> {
     if let Ok(text) = any.extract::<String>() {
-        return Location::parse(&text).map_err(|e| to_py(&e));
+        return Location::parse(&text).map_err(|e| to_py(&e.into()));
     }
     Ok(Location::Local(any.extract::<std::path::PathBuf>()?))
 }
@@ -207,21 +207,18 @@ impl CheckpointReader {
     fn read_many(
         &self,
         py: Python<'_>,
-        requests: Vec<(String, Vec<(usize, usize)>, PyReadwriteArray1<'_, u8>)>,
+        requests: Vec<RegionRequest<'_>>,
     ) -> PyResult<()> {
         let mut requests = requests;
-        let mut views: Vec<(&str, &[(usize, usize)], &mut [u8])> =
-            Vec::with_capacity(requests.len());
+        let mut batch: Vec<Request<'_>> = Vec::with_capacity(requests.len());
         for (path, region, out) in &mut requests {
-            views.push((path.as_str(), region.as_slice(), out.as_slice_mut()?));
+            batch.push(Request {
+                leaf: path.as_str(),
+                region: region.as_slice(),
+                out: out.as_slice_mut()?,
+            });
         }
-        py.detach(|| {
-            let mut batch: Vec<Request<'_>> = views
-                .into_iter()
-                .map(|(leaf, region, out)| Request { leaf, region, out })
-                .collect();
-            self.0.lock().expect("reader lock").read_regions(&mut batch)
-        })
+        py.detach(|| self.0.lock().expect("reader lock").read_regions(&mut batch))
         .map_err(|e| to_py(&e))
     }
 
@@ -232,16 +229,21 @@ impl CheckpointReader {
     }
 }
 
+/// One region to read: the leaf's path, its `(start, stop)` per
+/// dimension, and the buffer it goes into.
+type RegionRequest<'py> = (String, Vec<(usize, usize)>, PyReadwriteArray1<'py, u8>);
+
 /// Seconds to upload `size` bytes as one object under the storage folder
 /// `url` and to download it again, with the client stack and concurrency
 /// of checkpoints: the storage's raw bandwidth, for benchmarks.
 #[pyfunction]
 pub fn storage_roundtrip(py: Python<'_>, url: &str, size: usize) -> PyResult<(f64, f64)> {
-    let Location::Remote(dir) = Location::parse(url).map_err(|e| to_py(&e))? else {
+    let Location::Remote(dir) = Location::parse(url).map_err(|e| to_py(&e.into()))? else {
         return Err(pyo3::exceptions::PyValueError::new_err(format!(
             "'{url}' is not an object-storage URL"
         )));
     };
-    py.detach(|| meshrun_ckpt::store::roundtrip(&dir, size))
-        .map_err(|e| to_py(&e))
+    let step = meshrun_ckpt::shard::CHUNK * meshrun_ckpt::read::CHUNKS_PER_REQUEST;
+    py.detach(|| meshrun_ckpt::store::roundtrip(&dir, size, step))
+        .map_err(|e| to_py(&e.into()))
 }

@@ -98,7 +98,7 @@ pub fn usage_to_py(err: &UsageError) -> PyErr {
 /// the checkpoint itself is a `CheckpointError`.
 pub fn ckpt_to_py(err: &CkptError) -> PyErr {
     match err {
-        CkptError::Io { .. } | CkptError::Storage { .. } => StorageError::new_err(err.to_string()),
+        CkptError::Io { .. } | CkptError::Store(_) => StorageError::new_err(err.to_string()),
         _ => CheckpointError::new_err(err.to_string()),
     }
 }

@@ -1,7 +1,7 @@
 //! Threads the engine starts in a Python process never take its signals.
 //!
 //! The kernel hands a process signal to any thread that does not block
-//! it. CPython's C handler then only marks the signal pending, and in 3.11
+//! it. `CPython`'s C handler then only marks the signal pending, and in 3.11
 //! it makes the main thread look at it promptly only when the handler ran
 //! on the main thread itself: a Ctrl-C taken by a loader thread could wait
 //! for seconds (it did, in the Ctrl-C test, once in a while). Threads

@@ -31,6 +31,12 @@ pub enum CkptCliError {
     Export { path: PathBuf, message: String },
 }
 
+impl From<meshrun_ckpt::store::StoreError> for CkptCliError {
+    fn from(e: meshrun_ckpt::store::StoreError) -> Self {
+        CkptCliError::Ckpt(e.into())
+    }
+}
+
 impl From<meshrun_core::UsageError> for CkptCliError {
     fn from(e: meshrun_core::UsageError) -> Self {
         CkptCliError::BadName(Box::new(e))

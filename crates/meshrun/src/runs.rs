@@ -408,6 +408,7 @@ fn checkpoints_line(run: &RunView, out: &mut String) {
         |r| r.storage_dir(&run.dir),
     );
     let committed = meshrun_ckpt::store::Location::parse(&storage)
+        .map_err(meshrun_ckpt::CkptError::from)
         .and_then(|s| meshrun_ckpt::commit::committed(&s.join(names::CHECKPOINTS)));
     let _ = writeln!(
         out,

@@ -18,7 +18,10 @@ use crate::shard::CHUNK;
 use crate::store::{Client, Location};
 
 /// Chunks fetched in one request from an object store.
-pub(crate) const CHUNKS_PER_REQUEST: usize = 8;
+pub const CHUNKS_PER_REQUEST: usize = 8;
+
+/// Consecutive chunks of one tensor and the byte range that holds them.
+pub(super) type ChunkRun = (Vec<usize>, Range<u64>);
 
 pub(super) enum Backing {
     Mapped(Mmap),
@@ -82,7 +85,9 @@ impl ShardFile {
                         "a header of {header} bytes in a file of {size}"
                     )));
                 }
-                let text = r.client.get_ranges(&key, vec![8..8 + header as u64])?;
+                let text = r
+                    .client
+                    .get_ranges(&key, std::iter::once(8..8 + header as u64).collect())?;
                 let meta: Metadata =
                     serde_json::from_slice(&text[0]).map_err(|e| bad(e.to_string()))?;
                 let data_end = meta.tensors().values().map(|t| t.data_offsets.1).max();
@@ -217,7 +222,7 @@ impl ShardFile {
         &self,
         name: &str,
         chunks: &BTreeSet<usize>,
-    ) -> Result<Vec<(Vec<usize>, Range<u64>)>, CkptError> {
+    ) -> Result<Vec<ChunkRun>, CkptError> {
         let (start, end) = self.tensor(name)?;
         let mut groups: Vec<Vec<usize>> = Vec::new();
         for &c in chunks {

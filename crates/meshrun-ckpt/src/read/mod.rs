@@ -16,7 +16,7 @@ use crate::manifest::Manifest;
 use crate::shard::CHUNK;
 use crate::store::Location;
 
-pub(crate) use file::CHUNKS_PER_REQUEST;
+pub use file::CHUNKS_PER_REQUEST;
 use file::{Backing, Chunk, ShardFile};
 
 pub fn itemsize(numpy_name: &str) -> Result<usize, CkptError> {
@@ -220,8 +220,8 @@ impl Reader {
             return Ok(loaded);
         };
         let ranges = fetches.iter().map(|f| (f.5.clone(), f.6.clone())).collect();
-        let fetched = client.get_many(ranges)?;
-        for ((_, file, tensor, leaf, group, _, _), bytes) in fetches.into_iter().zip(fetched) {
+        let bodies = client.get_many(ranges)?;
+        for ((_, file, tensor, leaf, group, _, _), bytes) in fetches.into_iter().zip(bodies) {
             let map = loaded.entry((file.clone(), tensor.clone())).or_default();
             self.files[file].accept(tensor, leaf, &group, &bytes, map)?;
         }

@@ -401,11 +401,14 @@ impl StorageMarker {
         let path = dir.join(format!(".meshrun-storage-check-{attempt}"));
         std::fs::write(&path, &expect).map_err(CoreError::io("cannot write", &path))?;
         Ok(Some(Self {
-            storage: plan.storage.clone().map(PathBuf::from).unwrap_or_else(|| {
-                plan.run_dir
-                    .parent()
-                    .map_or_else(|| plan.run_dir.clone(), std::path::Path::to_path_buf)
-            }),
+            storage: plan.storage.clone().map_or_else(
+                || {
+                    plan.run_dir
+                        .parent()
+                        .map_or_else(|| plan.run_dir.clone(), std::path::Path::to_path_buf)
+                },
+                PathBuf::from,
+            ),
             path,
             expect,
         }))

@@ -1,4 +1,4 @@
-//! The object-store client behind a remote [`super::Location`]: one per
+//! The object-store client behind a remote [`crate::Location`]: one per
 //! bucket, made from the environment, with the few operations the engine
 //! needs, each run to completion on meshrun's own storage runtime so that
 //! callers stay synchronous (the controller's loop and Python's threads
@@ -19,7 +19,7 @@ use object_store::{
     PutPayload, RetryConfig,
 };
 
-use crate::error::CkptError;
+use crate::error::StoreError;
 
 /// Requests in flight for one read or one upload.
 pub const CONCURRENCY: usize = 16;
@@ -33,7 +33,7 @@ pub struct Client {
     store: Arc<dyn ObjectStore>,
     bucket_url: String,
     /// S3 only: what lists and aborts unfinished multipart uploads.
-    uploads: Option<super::uploads::S3Uploads>,
+    uploads: Option<crate::uploads::S3Uploads>,
 }
 
 impl std::fmt::Debug for Client {
@@ -99,8 +99,8 @@ fn retry() -> RetryConfig {
     }
 }
 
-fn s3(url: &str) -> Result<(Arc<dyn ObjectStore>, super::uploads::S3Uploads), object_store::Error> {
-    let mut builder = super::credentials::apply_profile(AmazonS3Builder::from_env())
+fn s3(url: &str) -> Result<(Arc<dyn ObjectStore>, crate::uploads::S3Uploads), object_store::Error> {
+    let mut builder = crate::credentials::apply_profile(AmazonS3Builder::from_env())
         .with_url(url)
         .with_retry(retry())
         .with_config(
@@ -142,13 +142,13 @@ fn s3(url: &str) -> Result<(Arc<dyn ObjectStore>, super::uploads::S3Uploads), ob
         None => format!("https://s3.{region}.amazonaws.com/{bucket}"),
     };
     let s3 = Arc::new(builder.build()?);
-    let uploads = super::uploads::S3Uploads {
+    let uploads = crate::uploads::S3Uploads {
         s3: Arc::clone(&s3),
         bucket_http,
         region,
         http: reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(5))
-            .timeout(Duration::from_secs(60))
+            .timeout(Duration::from_mins(1))
             .build()
             .map_err(|e| object_store::Error::Generic {
                 store: "S3",
@@ -161,8 +161,8 @@ fn s3(url: &str) -> Result<(Arc<dyn ObjectStore>, super::uploads::S3Uploads), ob
 impl Client {
     /// The client of `url`'s bucket (made once per process) and the key
     /// prefix `url` names in it.
-    pub fn for_url(url: &str) -> Result<(Arc<Client>, Key), CkptError> {
-        let bad = |reason: String| CkptError::BadUrl {
+    pub fn for_url(url: &str) -> Result<(Arc<Client>, Key), StoreError> {
+        let bad = |reason: String| StoreError::BadUrl {
             url: url.to_string(),
             reason,
         };
@@ -198,7 +198,7 @@ impl Client {
             other => {
                 return Err(bad(format!(
                     "scheme '{other}://' is not supported; use {}",
-                    super::SCHEMES
+                    crate::SCHEMES
                 )))
             }
         }
@@ -225,9 +225,13 @@ impl Client {
         Arc::clone(&self.store)
     }
 
-    fn fail(&self, what: &'static str, key: &Key) -> impl FnOnce(object_store::Error) -> CkptError {
+    fn fail(
+        &self,
+        what: &'static str,
+        key: &Key,
+    ) -> impl FnOnce(object_store::Error) -> StoreError {
         let url = self.url(key);
-        move |source| CkptError::Storage {
+        move |source| StoreError::Storage {
             what,
             url,
             source: Box::new(source),
@@ -235,7 +239,7 @@ impl Client {
     }
 
     /// The whole object, or `None` if there is none.
-    pub fn get(&self, key: &Key) -> Result<Option<Bytes>, CkptError> {
+    pub fn get(&self, key: &Key) -> Result<Option<Bytes>, StoreError> {
         let store = self.store();
         let k = key.clone();
         match block(async move { store.get(&k).await?.bytes().await }) {
@@ -246,7 +250,7 @@ impl Client {
     }
 
     /// The first `len` bytes of an object and the object's size.
-    pub fn get_head(&self, key: &Key, len: u64) -> Result<(Bytes, u64), CkptError> {
+    pub fn get_head(&self, key: &Key, len: u64) -> Result<(Bytes, u64), StoreError> {
         let store = self.store();
         let k = key.clone();
         block(async move {
@@ -259,20 +263,20 @@ impl Client {
             Ok((got.bytes().await?, size))
         })
         .map_err(|e| match e {
-            object_store::Error::NotFound { .. } => CkptError::MissingShard(self.url(key).into()),
+            object_store::Error::NotFound { .. } => StoreError::NotFound { url: self.url(key) },
             e => self.fail("cannot read", key)(e),
         })
     }
 
     /// Byte ranges of one object, `CONCURRENCY` requests in flight, in
     /// the order asked.
-    pub fn get_ranges(&self, key: &Key, ranges: Vec<Range<u64>>) -> Result<Vec<Bytes>, CkptError> {
+    pub fn get_ranges(&self, key: &Key, ranges: Vec<Range<u64>>) -> Result<Vec<Bytes>, StoreError> {
         self.get_many(ranges.into_iter().map(|r| (key.clone(), r)).collect())
     }
 
     /// Byte ranges of any objects, `CONCURRENCY` requests in flight, in the
     /// order asked.
-    pub fn get_many(&self, requests: Vec<(Key, Range<u64>)>) -> Result<Vec<Bytes>, CkptError> {
+    pub fn get_many(&self, requests: Vec<(Key, Range<u64>)>) -> Result<Vec<Bytes>, StoreError> {
         let store = self.store();
         block(async move {
             futures::stream::iter(requests)
@@ -285,12 +289,14 @@ impl Client {
                 .await
         })
         .map_err(|(key, e)| match e {
-            object_store::Error::NotFound { .. } => CkptError::MissingShard(self.url(&key).into()),
+            object_store::Error::NotFound { .. } => StoreError::NotFound {
+                url: self.url(&key),
+            },
             e => self.fail("cannot read", &key)(e),
         })
     }
 
-    pub fn put(&self, key: &Key, data: Bytes) -> Result<(), CkptError> {
+    pub fn put(&self, key: &Key, data: Bytes) -> Result<(), StoreError> {
         let store = self.store();
         let k = key.clone();
         block(async move { store.put(&k, PutPayload::from(data)).await.map(drop) })
@@ -298,7 +304,7 @@ impl Client {
     }
 
     /// Writes `data` only if no object `key` exists: `Ok(false)` if one does.
-    pub fn put_new(&self, key: &Key, data: Bytes) -> Result<bool, CkptError> {
+    pub fn put_new(&self, key: &Key, data: Bytes) -> Result<bool, StoreError> {
         let store = self.store();
         let k = key.clone();
         let opts = PutOptions {
@@ -313,7 +319,7 @@ impl Client {
     }
 
     /// Every object under `prefix` (recursively): key and size.
-    pub fn list(&self, prefix: &Key) -> Result<Vec<(Key, u64)>, CkptError> {
+    pub fn list(&self, prefix: &Key) -> Result<Vec<(Key, u64)>, StoreError> {
         let store = self.store();
         let p = prefix.clone();
         block(async move {
@@ -326,7 +332,7 @@ impl Client {
         .map_err(self.fail("cannot list", prefix))
     }
 
-    pub fn delete(&self, keys: Vec<Key>) -> Result<(), CkptError> {
+    pub fn delete(&self, keys: Vec<Key>) -> Result<(), StoreError> {
         let store = self.store();
         let first = keys.first().cloned().unwrap_or_default();
         block(async move {
@@ -342,7 +348,7 @@ impl Client {
     /// Aborts the unfinished multipart uploads under `prefix` (S3 only;
     /// other stores keep no parts of an upload nobody finished). Returns
     /// their keys.
-    pub fn abort_uploads(self: &Arc<Self>, prefix: &Key) -> Result<Vec<String>, CkptError> {
+    pub fn abort_uploads(self: &Arc<Self>, prefix: &Key) -> Result<Vec<String>, StoreError> {
         if self.uploads.is_none() {
             return Ok(Vec::new());
         }
@@ -355,7 +361,7 @@ impl Client {
         .map_err(self.fail("cannot list the unfinished uploads under", prefix))
     }
 
-    pub fn copy(&self, from: &Key, to: &Key) -> Result<(), CkptError> {
+    pub fn copy(&self, from: &Key, to: &Key) -> Result<(), StoreError> {
         let store = self.store();
         let (f, t) = (from.clone(), to.clone());
         block(async move { store.copy(&f, &t).await }).map_err(self.fail("cannot copy", from))
@@ -364,7 +370,7 @@ impl Client {
 
 /// Writes, reads back and deletes a small object in `dir`: what a run
 /// needs of its storage, tried before it starts.
-pub fn probe(dir: &super::RemoteDir) -> Result<(), CkptError> {
+pub fn probe(dir: &crate::RemoteDir) -> Result<(), StoreError> {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
@@ -376,7 +382,7 @@ pub fn probe(dir: &super::RemoteDir) -> Result<(), CkptError> {
     if back.as_ref() == Some(&body) {
         Ok(())
     } else {
-        Err(CkptError::Storage {
+        Err(StoreError::Storage {
             what: "cannot read back",
             url: dir.client.url(&key),
             source: Box::new(object_store::Error::Generic {

@@ -1,8 +1,7 @@
-//! Where checkpoints live: a local folder, or a prefix in object storage
-//! (`s3://bucket/prefix`, `gs://...`, `az://...`).
+//! Where checkpoints and data live: a local folder, or a prefix in object
+//! storage (`s3://bucket/prefix`, `gs://...`, `az://...`).
 //!
-//! A [`Location`] is what the rest of the engine passes around instead of a
-//! path. Local folders keep the engine's file semantics (write into
+//! A [`Location`] is what the engine passes around instead of a path. Local folders keep the engine's file semantics (write into
 //! `tmp-<step>/`, sync, rename to `step-<step>/`). Object stores have no
 //! rename, so there ranks write straight into `step-<step>/` and the
 //! commit is the manifest, put with a create-only condition: a step folder
@@ -10,6 +9,7 @@
 //! (with the multipart uploads left under it) when the next attempt opens.
 
 mod credentials;
+mod error;
 pub mod remote;
 mod upload;
 mod uploads;
@@ -18,9 +18,9 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use object_store::path::Path as Key;
-
-pub use remote::Client;
+pub use error::StoreError;
+pub use object_store::path::Path as Key;
+pub use remote::{probe, Client};
 pub use upload::{roundtrip, shared as remote_bytes, upload_file};
 
 /// The schemes an object-store location may have.
@@ -50,6 +50,7 @@ impl RemoteDir {
         }
     }
 
+    #[must_use]
     pub fn join(&self, name: &str) -> Self {
         Self {
             client: Arc::clone(&self.client),
@@ -79,7 +80,7 @@ impl Location {
     /// `file:///path` is a local path. The client of a URL is made from the
     /// environment (see [`Client::for_url`]) and shared by every location
     /// in the same bucket.
-    pub fn parse(text: &str) -> Result<Self, crate::CkptError> {
+    pub fn parse(text: &str) -> Result<Self, StoreError> {
         if let Some(path) = text.strip_prefix("file://") {
             return Ok(Self::Local(PathBuf::from(path)));
         }
@@ -90,6 +91,7 @@ impl Location {
         Ok(Self::Remote(RemoteDir { client, key }))
     }
 
+    #[must_use]
     pub fn join(&self, name: &str) -> Self {
         match self {
             Self::Local(p) => Self::Local(p.join(name)),

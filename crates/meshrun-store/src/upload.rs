@@ -1,7 +1,7 @@
 //! Uploading one rank's shard file: straight from the buffers it is made
 //! of (the header, then each shard's bytes, as the caller holds them), as
 //! one put when small, else as a multipart upload with up to
-//! [`CONCURRENCY`](super::remote::CONCURRENCY) parts in flight. Parts are
+//! [`CONCURRENCY`](crate::remote::CONCURRENCY) parts in flight. Parts are
 //! slices of those buffers, never copies.
 
 use std::sync::Arc;
@@ -11,8 +11,8 @@ use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path as Key;
 use object_store::{ObjectStoreExt, PutPayload};
 
-use super::remote::{block, Client, CONCURRENCY};
-use crate::error::CkptError;
+use crate::error::StoreError;
+use crate::remote::{block, Client, CONCURRENCY};
 
 /// Bytes in one part of a multipart upload (S3 wants 5 MiB at least, all
 /// but the last). Larger parts mean fewer requests; this many in flight
@@ -60,7 +60,7 @@ fn cut(pieces: &[Bytes]) -> Vec<PutPayload> {
 }
 
 /// Writes the object `key` made of `pieces`, in order.
-pub fn upload_file(client: &Client, key: &Key, pieces: &[Bytes]) -> Result<(), CkptError> {
+pub fn upload_file(client: &Client, key: &Key, pieces: &[Bytes]) -> Result<(), StoreError> {
     let parts = cut(pieces);
     let store = client.store();
     let k = key.clone();
@@ -84,7 +84,7 @@ pub fn upload_file(client: &Client, key: &Key, pieces: &[Bytes]) -> Result<(), C
             }
         }
     });
-    result.map_err(|source| CkptError::Storage {
+    result.map_err(|source| StoreError::Storage {
         what: "cannot upload",
         url: client.url(key),
         source: Box::new(source),
@@ -105,8 +105,13 @@ pub fn shared<T: AsRef<[u8]> + Send + Sync + 'static>(owner: Arc<T>) -> Bytes {
 /// The raw bandwidth of the storage with the client stack checkpoints use:
 /// seconds to upload `size` bytes as one object (parts and concurrency as
 /// for a shard file), then to download it in the ranges and concurrency of
-/// a restore, then the object is deleted. For benchmarks.
-pub fn roundtrip(dir: &super::RemoteDir, size: usize) -> Result<(f64, f64), CkptError> {
+/// a restore (`step` bytes a request), then the object is deleted. For
+/// benchmarks.
+pub fn roundtrip(
+    dir: &crate::RemoteDir,
+    size: usize,
+    step: usize,
+) -> Result<(f64, f64), StoreError> {
     // Bytes that do not compress, as a model's do not: a store that
     // compresses would otherwise make a constant buffer look fast.
     let mut state = 0x9e37_79b9_7f4a_7c15_u64;
@@ -124,7 +129,6 @@ pub fn roundtrip(dir: &super::RemoteDir, size: usize) -> Result<(f64, f64), Ckpt
     let t0 = std::time::Instant::now();
     upload_file(&dir.client, &key, &[data])?;
     let up = t0.elapsed().as_secs_f64();
-    let step = crate::shard::CHUNK * crate::read::CHUNKS_PER_REQUEST;
     let ranges = (0..size)
         .step_by(step)
         .map(|lo| lo as u64..(lo + step).min(size) as u64)
@@ -135,9 +139,13 @@ pub fn roundtrip(dir: &super::RemoteDir, size: usize) -> Result<(f64, f64), Ckpt
     dir.client.delete(vec![key])?;
     let n: usize = got.iter().map(Bytes::len).sum();
     if n != size {
-        return Err(CkptError::Format {
-            path: dir.url().into(),
-            message: format!("read back {n} bytes of {size}"),
+        return Err(StoreError::Storage {
+            what: "cannot read back",
+            url: dir.url(),
+            source: Box::new(object_store::Error::Generic {
+                store: "meshrun",
+                source: format!("read back {n} bytes of {size}").into(),
+            }),
         });
     }
     Ok((up, down))

@@ -1,7 +1,7 @@
 //! Multipart uploads a crash left unfinished in an S3 bucket: their parts
 //! are stored (and billed) until aborted, and `object_store` has no call
 //! that lists them. Listing is S3's `ListMultipartUploads`, signed with
-//! `object_store`'s own SigV4 signer; aborting is `object_store`'s.
+//! `object_store`'s own `SigV4` signer; aborting is `object_store`'s.
 
 use std::sync::Arc;
 
