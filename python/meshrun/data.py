@@ -11,6 +11,15 @@ Sources (records by index, read in Rust):
   like a token file).
 - :func:`npy` — row i of a ``.npy`` array is record i.
 
+Every path may be an object-storage URL (``s3://bucket/train.bin``,
+``s3://bucket/shards/*.parquet``; ``gs://``, ``az://``), with credentials
+and endpoint from the ``AWS_*`` variables or a profile, as for checkpoints.
+Remote files are read by range, in blocks fetched ahead of the consumer
+into a cache on the scratch disk (``MESHRUN_SCRATCH``, else the system's
+temporary folder; at most ``cache_bytes``, default 4 GiB or half the free
+space); records, order, resume and slicing are those of the same files on
+a local disk.
+
 :class:`Loader` orders records by a seeded permutation per epoch (no
 shuffle buffer), gives global step ``s`` the records ``perm[s*B:(s+1)*B]``
 and process ``p`` its contiguous slice, and reads ahead in Rust threads
@@ -54,6 +63,11 @@ class Source:
     def fields(self) -> list[tuple[str, str, list[int]]]:
         return self._native.fields
 
+    @property
+    def fetched_bytes(self) -> int:
+        """Bytes fetched from object storage so far (0 for local files)."""
+        return self._native.fetched_bytes
+
     def __len__(self) -> int:
         return self.records
 
@@ -61,9 +75,15 @@ class Source:
         return f"<meshrun.data.Source {self.description}: {self.records:,} records>"
 
 
-def tokens(path: str | os.PathLike, dtype: str = "uint16", seq_len: int = 1024) -> Source:
-    """Windows of ``seq_len + 1`` tokens from a flat token file."""
-    return Source(_native.DataSource.tokens(os.fspath(path), _dtype_name(dtype), seq_len), f"tokens {os.fspath(path)}")
+def tokens(path: str | os.PathLike, dtype: str = "uint16", seq_len: int = 1024, *, cache_bytes: int | None = None) -> Source:
+    """Windows of ``seq_len + 1`` tokens from a flat token file (a path or a URL)."""
+    _check_bytes("cache_bytes", cache_bytes)
+    return Source(_native.DataSource.tokens(os.fspath(path), _dtype_name(dtype), seq_len, cache_bytes), f"tokens {os.fspath(path)}")
+
+
+def _check_bytes(name: str, value: int | None) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+        raise ConfigError(f"{name} must be a positive number of bytes, got {value!r}")
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -75,18 +95,38 @@ def _dtype_name(dtype: Any) -> str:
         return str(dtype)
 
 
-def parquet(paths: str | os.PathLike | Sequence[str | os.PathLike], columns: Sequence[str], seq_len: int | None = None) -> Source:
-    """Columns of Parquet files (a path, a list, or a glob)."""
+def parquet(
+    paths: str | os.PathLike | Sequence[str | os.PathLike],
+    columns: Sequence[str],
+    seq_len: int | None = None,
+    *,
+    max_memory: int | None = None,
+    cache_bytes: int | None = None,
+) -> Source:
+    """Columns of Parquet files (a path, a list, or a glob; local or URLs).
+
+    Chosen columns that fit in ``max_memory`` bytes decoded (default
+    512 MiB) are decoded once, when the source opens. A larger data set is
+    read as the order reaches it: a batch's records straight from the pages
+    that hold them (write the files with a page index — pyarrow:
+    ``write_page_index=True``; without one each row group touched is read
+    through), packed token lists a row group at a time through a cache of
+    decoded row groups no larger than ``max_memory``.
+    """
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     if isinstance(columns, str):
         columns = [columns]
-    return Source(_native.DataSource.parquet([os.fspath(p) for p in paths], list(columns), seq_len), f"parquet {', '.join(map(os.fspath, paths))}")
+    _check_bytes("max_memory", max_memory)
+    _check_bytes("cache_bytes", cache_bytes)
+    native = _native.DataSource.parquet([os.fspath(p) for p in paths], list(columns), seq_len, max_memory, cache_bytes)
+    return Source(native, f"parquet {', '.join(map(os.fspath, paths))}")
 
 
-def npy(path: str | os.PathLike) -> Source:
-    """Rows of a ``.npy`` array."""
-    return Source(_native.DataSource.npy(os.fspath(path)), f"npy {os.fspath(path)}")
+def npy(path: str | os.PathLike, *, cache_bytes: int | None = None) -> Source:
+    """Rows of a ``.npy`` array (a path or a URL)."""
+    _check_bytes("cache_bytes", cache_bytes)
+    return Source(_native.DataSource.npy(os.fspath(path), cache_bytes), f"npy {os.fspath(path)}")
 
 
 class Loader:

@@ -12,7 +12,7 @@ pub enum DataError {
         source: std::io::Error,
     },
     #[error("data file '{0}' does not exist")]
-    Missing(PathBuf),
+    Missing(String),
     #[error("no files match '{0}'")]
     NoMatch(String),
     #[error(
@@ -20,7 +20,7 @@ pub enum DataError {
          it is truncated or the dtype is wrong"
     )]
     Truncated {
-        path: PathBuf,
+        path: String,
         size: u64,
         itemsize: usize,
         dtype: String,
@@ -37,22 +37,22 @@ pub enum DataError {
     #[error(
         "Parquet file '{path}' cannot be read: {message}; it is damaged or not a Parquet file"
     )]
-    Parquet { path: PathBuf, message: String },
+    Parquet { path: String, message: String },
     #[error("Parquet file '{path}' has no column '{column}'; its columns are: {available}")]
     MissingColumn {
-        path: PathBuf,
+        path: String,
         column: String,
         available: String,
     },
     #[error("column '{column}' of '{path}' has type {found}, which meshrun cannot batch; {hint}")]
     BadColumnType {
-        path: PathBuf,
+        path: String,
         column: String,
         found: String,
         hint: &'static str,
     },
     #[error("'{path}' is not a usable .npy array: {message}")]
-    Npy { path: PathBuf, message: String },
+    Npy { path: String, message: String },
     #[error("the data set is empty ({0})")]
     Empty(String),
     #[error(
@@ -74,6 +74,28 @@ pub enum DataError {
          lower the batch size or set drop_last=False"
     )]
     BatchLargerThanData { batch: u64, records: u64 },
+    #[error(transparent)]
+    Store(#[from] meshrun_store::StoreError),
+    #[error(
+        "a data cache of {capacity} bytes is too small: it must hold at least {need} bytes \
+         (8 blocks); give a larger cache_bytes"
+    )]
+    CacheTooSmall { capacity: u64, need: u64 },
+    #[error(
+        "'{0}' changed while it was being read (it is shorter than when it was opened); \
+         do not replace data files under a running job"
+    )]
+    Changed(String),
+    #[error(
+        "Parquet row group {group} of '{path}' holds {bytes} bytes of the chosen columns, \
+         more than max_memory={budget}; raise max_memory or write smaller row groups"
+    )]
+    RowGroupTooLarge {
+        path: String,
+        group: usize,
+        bytes: u64,
+        budget: u64,
+    },
 }
 
 impl DataError {

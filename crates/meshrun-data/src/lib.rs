@@ -8,12 +8,13 @@
 //! the global sample offset, so a run resumes at the exact sample, with any
 //! number of processes.
 
+pub mod blob;
 pub mod error;
 pub mod loader;
 pub mod order;
 pub mod source;
 
 pub use error::DataError;
-pub use loader::{Batch, Loader, LoaderConfig};
+pub use loader::{Batch, Loader, LoaderConfig, Wait};
 pub use order::Permutation;
 pub use source::{Dtype, Field, Source};

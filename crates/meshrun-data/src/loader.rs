@@ -61,24 +61,21 @@ struct Plan {
 }
 
 impl Plan {
-    fn build(&self, step: u64) -> Batch {
+    fn build(&self, step: u64) -> Result<Batch, DataError> {
         let epoch = step / self.steps_per_epoch;
         let first =
             (step % self.steps_per_epoch) * self.cfg.global_batch + self.cfg.rank * self.local;
         let n = self.source.records();
         let perm = Permutation::new(n, self.cfg.seed, epoch);
-        let fields = self.source.fields();
-        let sizes: Vec<usize> = fields
+        let mut buffers: Vec<Vec<u8>> = self
+            .source
+            .fields()
             .iter()
-            .map(crate::source::Field::record_bytes)
-            .collect();
-        let mut buffers: Vec<Vec<u8>> = sizes
-            .iter()
-            .map(|s| vec![0u8; s * self.local as usize])
+            .map(|f| vec![0u8; f.record_bytes() * self.local as usize])
             .collect();
         let mut mask = vec![0u8; self.local as usize];
         let mut indices = vec![-1i64; self.local as usize];
-        let mut slots: Vec<&mut [u8]> = Vec::with_capacity(fields.len());
+        let mut rows = Vec::with_capacity(self.local as usize);
         for row in 0..self.local as usize {
             let position = first + row as u64;
             if position >= n {
@@ -89,31 +86,33 @@ impl Plan {
             } else {
                 position
             };
-            slots.clear();
-            for (buf, &size) in buffers.iter_mut().zip(&sizes) {
-                // Split borrows: each field buffer yields its row's slice.
-                let ptr = buf[row * size..(row + 1) * size].as_mut_ptr();
-                #[allow(unsafe_code)]
-                // SAFETY: the slices of distinct buffers never overlap, and
-                // each lives until `slots` is cleared on the next row.
-                slots.push(unsafe { std::slice::from_raw_parts_mut(ptr, size) });
-            }
-            self.source.read(record, &mut slots);
+            rows.push((row, record));
             mask[row] = 1;
             indices[row] = record as i64;
         }
-        Batch {
+        self.source.read_rows(&rows, &mut buffers)?;
+        Ok(Batch {
             step,
             epoch,
             fields: buffers,
             mask,
             indices,
-        }
+        })
     }
 }
 
+/// Why [`Loader::next_timeout`] or [`Loader::try_next`] gave no batch.
+#[derive(Debug)]
+pub enum Wait {
+    /// Not built yet: ask again.
+    Pending,
+    /// The batch could not be read (a storage error, a file changed): the
+    /// loader stops there.
+    Failed(DataError),
+}
+
 pub struct Loader {
-    channels: Vec<Receiver<Batch>>,
+    channels: Vec<Receiver<Result<Batch, DataError>>>,
     next_step: u64,
     start_step: u64,
     end_step: Option<u64>,
@@ -206,9 +205,9 @@ impl Loader {
     }
 
     /// The next batch, waiting at most `timeout`. `Ok(None)` at the end of
-    /// the last epoch; `Err(())` when the wait timed out (call again).
-    #[allow(clippy::result_unit_err)]
-    pub fn next_timeout(&mut self, timeout: Duration) -> Result<Option<Batch>, ()> {
+    /// the last epoch; `Err(Wait::Pending)` when the wait timed out (call
+    /// again); `Err(Wait::Failed)` when the batch could not be read.
+    pub fn next_timeout(&mut self, timeout: Duration) -> Result<Option<Batch>, Wait> {
         if self.end_step.is_some_and(|end| self.next_step >= end) {
             return Ok(None);
         }
@@ -216,17 +215,16 @@ impl Loader {
         match self.channels[w].recv_timeout(timeout) {
             Ok(batch) => {
                 self.next_step += 1;
-                Ok(Some(batch))
+                Ok(Some(batch.map_err(Wait::Failed)?))
             }
-            Err(RecvTimeoutError::Timeout) => Err(()),
+            Err(RecvTimeoutError::Timeout) => Err(Wait::Pending),
             Err(RecvTimeoutError::Disconnected) => Ok(None),
         }
     }
 
-    /// The next batch if it is already built; `Err(())` if it is not yet
-    /// (then wait with [`Loader::next_timeout`]).
-    #[allow(clippy::result_unit_err)]
-    pub fn try_next(&mut self) -> Result<Option<Batch>, ()> {
+    /// The next batch if it is already built; `Err(Wait::Pending)` if it
+    /// is not yet (then wait with [`Loader::next_timeout`]).
+    pub fn try_next(&mut self) -> Result<Option<Batch>, Wait> {
         if self.end_step.is_some_and(|end| self.next_step >= end) {
             return Ok(None);
         }
@@ -234,9 +232,9 @@ impl Loader {
         match self.channels[w].try_recv() {
             Ok(batch) => {
                 self.next_step += 1;
-                Ok(Some(batch))
+                Ok(Some(batch.map_err(Wait::Failed)?))
             }
-            Err(mpsc::TryRecvError::Empty) => Err(()),
+            Err(mpsc::TryRecvError::Empty) => Err(Wait::Pending),
             Err(mpsc::TryRecvError::Disconnected) => Ok(None),
         }
     }
@@ -252,12 +250,14 @@ fn produce(
     first: u64,
     stride: u64,
     end: Option<u64>,
-    tx: &SyncSender<Batch>,
+    tx: &SyncSender<Result<Batch, DataError>>,
     stop: &AtomicBool,
 ) {
     let mut next = first;
     while !stop.load(Ordering::Relaxed) && end.is_none_or(|e| next < e) {
-        if tx.send(plan.build(next)).is_err() {
+        let built = plan.build(next);
+        let failed = built.is_err();
+        if tx.send(built).is_err() || failed {
             return;
         }
         next += stride;
@@ -303,8 +303,9 @@ mod tests {
         fn fields(&self) -> &[Field] {
             &self.1
         }
-        fn read(&self, index: u64, out: &mut [&mut [u8]]) {
+        fn read(&self, index: u64, out: &mut [&mut [u8]]) -> Result<(), DataError> {
             out[0].copy_from_slice(&(index as u32).to_le_bytes());
+            Ok(())
         }
         fn fingerprint(&self) -> &'static str {
             "counting"

@@ -204,11 +204,7 @@ impl CheckpointReader {
     /// Reads many regions at once, `[(path, region, out), ...]` as for
     /// `read_into`: what they need is fetched together (in an object store,
     /// many ranges in flight).
-    fn read_many(
-        &self,
-        py: Python<'_>,
-        requests: Vec<RegionRequest<'_>>,
-    ) -> PyResult<()> {
+    fn read_many(&self, py: Python<'_>, requests: Vec<RegionRequest<'_>>) -> PyResult<()> {
         let mut requests = requests;
         let mut batch: Vec<Request<'_>> = Vec::with_capacity(requests.len());
         for (path, region, out) in &mut requests {
@@ -219,7 +215,7 @@ impl CheckpointReader {
             });
         }
         py.detach(|| self.0.lock().expect("reader lock").read_regions(&mut batch))
-        .map_err(|e| to_py(&e))
+            .map_err(|e| to_py(&e))
     }
 
     /// Checks every CRC; returns the number of tensors checked.

@@ -4,12 +4,12 @@
 // PyO3 hands arguments over as owned values.
 #![allow(clippy::needless_pass_by_value)]
 
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use meshrun_data::source::{NpySource, ParquetSource, TokenFile};
-use meshrun_data::{Loader, LoaderConfig, Source};
+use meshrun_data::blob::CacheConfig;
+use meshrun_data::source::{NpySource, ParquetOptions, ParquetSource, TokenFile};
+use meshrun_data::{Loader, LoaderConfig, Source, Wait};
 use numpy::PyArray1;
 use pyo3::prelude::*;
 
@@ -20,34 +20,57 @@ pub struct DataSource(Arc<dyn Source>);
 
 #[pymethods]
 impl DataSource {
+    /// `path`: a local path or an object URL; `cache_bytes`: the scratch
+    /// disk the block cache of remote data may use.
     #[staticmethod]
-    fn tokens(py: Python<'_>, path: PathBuf, dtype: &str, seq_len: u64) -> PyResult<Self> {
+    #[pyo3(signature = (path, dtype, seq_len, cache_bytes=None))]
+    fn tokens(
+        py: Python<'_>,
+        path: String,
+        dtype: &str,
+        seq_len: u64,
+        cache_bytes: Option<u64>,
+    ) -> PyResult<Self> {
         let src = py
-            .detach(|| TokenFile::open(&path, dtype, seq_len))
+            .detach(|| TokenFile::open(&path, dtype, seq_len, CacheConfig::new(cache_bytes)))
             .map_err(|e| data_to_py(&e))?;
         Ok(Self(Arc::new(src)))
     }
 
     #[staticmethod]
-    fn npy(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
+    #[pyo3(signature = (path, cache_bytes=None))]
+    fn npy(py: Python<'_>, path: String, cache_bytes: Option<u64>) -> PyResult<Self> {
         let src = py
-            .detach(|| NpySource::open(&path))
+            .detach(|| NpySource::open(&path, CacheConfig::new(cache_bytes)))
             .map_err(|e| data_to_py(&e))?;
         Ok(Self(Arc::new(src)))
     }
 
     #[staticmethod]
-    #[pyo3(signature = (paths, columns, seq_len=None))]
+    #[pyo3(signature = (paths, columns, seq_len=None, max_memory=None, cache_bytes=None))]
     fn parquet(
         py: Python<'_>,
         paths: Vec<String>,
         columns: Vec<String>,
         seq_len: Option<u64>,
+        max_memory: Option<u64>,
+        cache_bytes: Option<u64>,
     ) -> PyResult<Self> {
+        let options = ParquetOptions {
+            seq_len,
+            max_memory: max_memory.unwrap_or(meshrun_data::source::DEFAULT_MAX_MEMORY),
+            cache: CacheConfig::new(cache_bytes),
+        };
         let src = py
-            .detach(|| ParquetSource::open(&paths, &columns, seq_len))
+            .detach(|| ParquetSource::open(&paths, &columns, options))
             .map_err(|e| data_to_py(&e))?;
         Ok(Self(Arc::new(src)))
+    }
+
+    /// Bytes fetched from object storage so far (0 for local files).
+    #[getter]
+    fn fetched_bytes(&self) -> u64 {
+        self.0.fetched()
     }
 
     #[getter]
@@ -142,6 +165,9 @@ impl DataLoader {
         // Most of the time the batch is ready: take it without giving up
         // the GIL, which costs more than the take itself.
         let ready = self.0.lock().expect("loader lock").try_next();
+        if let Err(Wait::Failed(e)) = ready {
+            return Err(data_to_py(&e));
+        }
         if let Ok(got) = ready {
             // A Ctrl-C is looked at on every batch, not only while waiting
             // for one: the pending flag is read directly, whether or not
@@ -158,7 +184,8 @@ impl DataLoader {
             });
             match got {
                 Ok(got) => return Ok(got.map(|b| to_python(py, b))),
-                Err(()) => py.check_signals()?,
+                Err(Wait::Pending) => py.check_signals()?,
+                Err(Wait::Failed(e)) => return Err(data_to_py(&e)),
             }
         }
     }

@@ -113,7 +113,8 @@ pub fn data_to_py(err: &LoaderError) -> PyErr {
         | LoaderError::BadRank { .. }
         | LoaderError::BadDtype(..)
         | LoaderError::BadSeqLen(_)
-        | LoaderError::BatchLargerThanData { .. } => ConfigError::new_err(text),
+        | LoaderError::BatchLargerThanData { .. }
+        | LoaderError::CacheTooSmall { .. } => ConfigError::new_err(text),
         LoaderError::Io { .. }
         | LoaderError::Missing(_)
         | LoaderError::NoMatch(_)
@@ -124,6 +125,9 @@ pub fn data_to_py(err: &LoaderError) -> PyErr {
         | LoaderError::BadColumnType { .. }
         | LoaderError::Npy { .. }
         | LoaderError::Empty(_)
-        | LoaderError::Fingerprint { .. } => DataError::new_err(text),
+        | LoaderError::Fingerprint { .. }
+        | LoaderError::Changed(_)
+        | LoaderError::RowGroupTooLarge { .. } => DataError::new_err(text),
+        LoaderError::Store(_) => StorageError::new_err(text),
     }
 }

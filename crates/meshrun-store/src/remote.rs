@@ -249,6 +249,17 @@ impl Client {
         }
     }
 
+    /// The size of an object, or `None` if there is none.
+    pub fn size(&self, key: &Key) -> Result<Option<u64>, StoreError> {
+        let store = self.store();
+        let k = key.clone();
+        match block(async move { store.head(&k).await }) {
+            Ok(meta) => Ok(Some(meta.size)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(self.fail("cannot read", key)(e)),
+        }
+    }
+
     /// The first `len` bytes of an object and the object's size.
     pub fn get_head(&self, key: &Key, len: u64) -> Result<(Bytes, u64), StoreError> {
         let store = self.store();

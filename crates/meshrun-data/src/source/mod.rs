@@ -8,10 +8,11 @@ use std::path::Path;
 
 use sha2::{Digest, Sha256};
 
+use crate::blob::Blob;
 use crate::error::DataError;
 
 pub use self::npy::NpySource;
-pub use self::parquet::ParquetSource;
+pub use self::parquet::{ParquetOptions, ParquetSource, DEFAULT_MAX_MEMORY};
 pub use self::tokens::TokenFile;
 
 /// Element types a batch can hold, named as numpy names them.
@@ -79,39 +80,71 @@ pub trait Source: Send + Sync {
     fn fields(&self) -> &[Field];
     /// Copies record `index` into one buffer per field, each exactly
     /// `field.record_bytes()` long.
-    fn read(&self, index: u64, out: &mut [&mut [u8]]);
+    fn read(&self, index: u64, out: &mut [&mut [u8]]) -> Result<(), DataError>;
+    /// Gets ready to read `records` soon: fetches what remote files hold
+    /// of them, all at once. Local sources have nothing to do.
+    fn prefetch(&self, _records: &[u64]) -> Result<(), DataError> {
+        Ok(())
+    }
+    /// Reads the records of one batch: `(row, record)` pairs, into one
+    /// buffer per field holding every row. By default: [`Source::prefetch`]
+    /// them, then [`Source::read`] each.
+    fn read_rows(&self, rows: &[(usize, u64)], out: &mut [Vec<u8>]) -> Result<(), DataError> {
+        let records: Vec<u64> = rows.iter().map(|&(_, r)| r).collect();
+        self.prefetch(&records)?;
+        read_each(self, rows, out)
+    }
     /// Identifies the data set's content and layout, for resuming safely.
     fn fingerprint(&self) -> &str;
+    /// Bytes fetched from object storage so far (0 for local files).
+    fn fetched(&self) -> u64 {
+        0
+    }
+}
+
+/// Reads `rows` one record at a time into their rows of `out`.
+pub fn read_each<S: Source + ?Sized>(
+    source: &S,
+    rows: &[(usize, u64)],
+    out: &mut [Vec<u8>],
+) -> Result<(), DataError> {
+    let sizes: Vec<usize> = source.fields().iter().map(Field::record_bytes).collect();
+    for &(row, record) in rows {
+        let mut slots: Vec<&mut [u8]> = out
+            .iter_mut()
+            .zip(&sizes)
+            .map(|(buf, &size)| &mut buf[row * size..(row + 1) * size])
+            .collect();
+        source.read(record, &mut slots)?;
+    }
+    Ok(())
 }
 
 /// Content-based fingerprint: the description, every file's size, and
 /// hashes of its first and last MiB (cheap on terabytes, and it changes
-/// when a file is replaced, appended to or cut).
-pub(crate) fn fingerprint(description: &str, files: &[&Path]) -> Result<String, DataError> {
-    use std::io::{Read, Seek, SeekFrom};
+/// when a file is replaced, appended to or cut). The same files give the
+/// same fingerprint locally and in object storage.
+pub(crate) fn fingerprint(description: &str, files: &[&Blob]) -> Result<String, DataError> {
     const EDGE: u64 = 1 << 20;
     let mut h = Sha256::new();
     h.update(description.as_bytes());
-    for path in files {
-        let mut f = std::fs::File::open(path).map_err(DataError::io("cannot open", *path))?;
-        let size = f
-            .metadata()
-            .map_err(DataError::io("cannot stat", *path))?
-            .len();
+    for blob in files {
+        let size = blob.len();
         h.update(size.to_le_bytes());
-        let mut buf = Vec::with_capacity(EDGE as usize);
-        f.by_ref()
-            .take(EDGE)
-            .read_to_end(&mut buf)
-            .map_err(DataError::io("cannot read", *path))?;
+        let head = size.min(EDGE);
+        let mut ranges = vec![std::ops::Range {
+            start: 0,
+            end: head,
+        }];
         if size > EDGE {
-            f.seek(SeekFrom::Start(size - EDGE))
-                .map_err(DataError::io("cannot read", *path))?;
-            f.take(EDGE)
-                .read_to_end(&mut buf)
-                .map_err(DataError::io("cannot read", *path))?;
+            ranges.push(size - EDGE..size);
         }
-        h.update(&buf);
+        blob.prefetch(&ranges)?;
+        for range in ranges {
+            let mut buf = vec![0u8; (range.end - range.start) as usize];
+            blob.read_at(range.start, &mut buf)?;
+            h.update(&buf);
+        }
     }
     Ok(hex::encode(&h.finalize()[..8]))
 }
@@ -120,6 +153,6 @@ pub(crate) fn check_exists(path: &Path) -> Result<(), DataError> {
     if path.exists() {
         Ok(())
     } else {
-        Err(DataError::Missing(path.to_path_buf()))
+        Err(DataError::Missing(path.display().to_string()))
     }
 }
