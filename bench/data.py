@@ -24,12 +24,25 @@ samples/s and MB/s delivered (MB = bytes of the batches / 1e6) are reported:
     num_cpus=2, started before and shut down after each Ray measurement so
     its processes do not load the machine while the others are measured
 
+Object storage (``--s3``, on by default; SeaweedFS on loopback, started and
+stopped by the benchmark, the same files uploaded into it):
+
+  - raw GET bandwidth: one object the size of the token file downloaded by
+    meshrun's storage client (ranged GETs of 8 MiB, 16 in flight), median
+  - meshrun, token file in S3, cold: a fresh source (empty block cache),
+    one whole shuffled epoch with 2 threads, timed from opening the source;
+    its fetch rate is the bytes fetched / that time
+  - meshrun, token file in S3, warm: the same source's next epoch, timed as
+    the local loaders (every block is in the cache on the scratch disk)
+  - meshrun, Parquet in S3: opening it (the whole file fetched and decoded,
+    as it fits in max_memory) cold, then batches as above
+
 The test files are written once into ``--dir`` (default bench/out/data) and
 reused while their size matches: a flat uint16 token file of ``--gb`` GB and
 a Parquet file with one list<uint16> column ``tokens`` (lists of 200..4000
 tokens, ``--parquet-mb`` MB of tokens, several row groups).
 
-    python bench/data.py [--gb 1.0] [--parquet-mb 200] [--seconds 5] [--repeats 3] [--dir DIR] [--json OUT]
+    python bench/data.py [--gb 1.0] [--parquet-mb 200] [--seconds 5] [--repeats 3] [--no-s3] [--dir DIR] [--json OUT]
     python bench/data.py --small --dir /tmp/d   # smoke run: tiny files, no Ray, no Grain processes
 """
 
@@ -258,6 +271,72 @@ def ray_data(path: Path, batch: int):
     return make
 
 
+# --------------------------------------------------------------------------
+# Object storage
+
+
+def upload(server, local: Path, key: str) -> None:
+    with open(local, "rb") as src, server.filesystem().open_output_stream(key) as dst:
+        while chunk := src.read(64 << 20):
+            dst.write(chunk)
+
+
+def epoch_bytes(source, batch: int) -> int:
+    import meshrun.data as md
+
+    loader = md.Loader(source, batch, seed=0, shuffle=True, threads=2, rank=0, num_processes=1, num_epochs=1)
+    return sum(b["tokens"].nbytes for b in loader)
+
+
+def s3_rows(tok_path: Path, pq_path: Path, args: argparse.Namespace, folder: Path) -> dict[str, Any]:
+    """The token file and the Parquet file read from a SeaweedFS on loopback: cold and warm."""
+    sys.path.insert(0, str(HERE.parent / "tests"))
+    from s3server import S3Server
+
+    import meshrun.data as md
+    from meshrun import _native
+
+    B = args.batch
+    saved = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
+    with S3Server(folder) as server:
+        os.environ.update({k: v for k, v in server.env().items() if k.startswith("AWS_")})
+        try:
+            bucket = server.bucket("meshrun-bench-data")
+            upload(server, tok_path, f"{bucket[5:]}/{TOKEN_FILE}")
+            upload(server, pq_path, f"{bucket[5:]}/{PARQUET_FILE}")
+            size = tok_path.stat().st_size
+            runs: dict[str, list[float]] = {k: [] for k in ("get", "tok_cold_s", "tok_cold_fetch", "tok_cold_mb", "tok_warm", "pq_open_s", "pq_fetch", "pq_warm")}
+            for r in range(args.repeats):
+                _, down = _native.storage_roundtrip(f"{bucket}/raw", size)
+                runs["get"].append(size / down / 1e6)
+                t0 = time.perf_counter()
+                src = md.tokens(f"{bucket}/{TOKEN_FILE}", "uint16", SEQ_LEN)
+                delivered = epoch_bytes(src, B)
+                cold = time.perf_counter() - t0
+                runs["tok_cold_s"].append(cold)
+                runs["tok_cold_fetch"].append(src.fetched_bytes / cold / 1e6)
+                runs["tok_cold_mb"].append(delivered / cold / 1e6)
+                fetched = src.fetched_bytes
+                warm = measure(lambda: (iter(b["tokens"] for b in md.Loader(src, B, seed=1, shuffle=True, threads=2, rank=0, num_processes=1)), lambda: None), args.seconds, B)
+                assert src.fetched_bytes == fetched, "the warm epoch fetched from the server"
+                runs["tok_warm"].append(warm["mb_per_s"])
+                del src
+                t0 = time.perf_counter()
+                pq = md.parquet(f"{bucket}/{PARQUET_FILE}", ["tokens"], seq_len=SEQ_LEN)
+                opened = time.perf_counter() - t0
+                runs["pq_open_s"].append(opened)
+                runs["pq_fetch"].append(pq.fetched_bytes / opened / 1e6)
+                warm = measure(lambda: (iter(b["tokens"] for b in md.Loader(pq, B, seed=1, shuffle=True, threads=2, rank=0, num_processes=1)), lambda: None), args.seconds, B)
+                runs["pq_warm"].append(warm["mb_per_s"])
+                del pq
+                print(f"repeat {r + 1}/{args.repeats}  s3: GET {runs['get'][-1]:.0f} MB/s, tokens cold fetch {runs['tok_cold_fetch'][-1]:.0f} MB/s, warm {runs['tok_warm'][-1]:.0f} MB/s", file=sys.stderr)
+        finally:
+            for k in [k for k in os.environ if k.startswith("AWS_")]:
+                del os.environ[k]
+            os.environ.update(saved)
+    return {k: statistics.median(v) for k, v in runs.items()} | {"runs": runs}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", type=Path, default=HERE / "out" / "data")
@@ -267,6 +346,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="per measurement")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--small", action="store_true", help="smoke run: 20 MB + 5 MB files, 0.5 s, 1 repeat, no Ray, no Grain processes")
+    parser.add_argument("--no-s3", dest="s3", action="store_false", help="leave out the object-storage rows")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if args.small:
@@ -304,6 +384,13 @@ def main() -> None:
             m = measure(make, args.seconds, B)
             runs[key].append(m)
             print(f"repeat {r + 1}/{args.repeats}  {key:20s} {m['samples_per_s']:10.0f} samples/s {m['mb_per_s']:8.1f} MB/s", file=sys.stderr)
+
+    s3 = None
+    if args.s3:
+        import tempfile
+
+        with tempfile.TemporaryDirectory(dir=args.dir, prefix="s3-") as tmp:
+            s3 = s3_rows(tok_path, pq_path, args, Path(tmp))
 
     rows: dict[str, dict[str, Any]] = {}
     for key, name, source, threads, _ in loaders:
@@ -347,6 +434,28 @@ def main() -> None:
     for row in rows.values():
         print(f"| {row['loader']} | {row['source']} | {row['threads_or_workers']} | {row['samples_per_s']:,.0f} | {row['mb_per_s']:,.1f} |")
     print()
+    s3_lines = []
+    if s3:
+        local_tok, local_pq = rows["meshrun_tokens_t2"]["mb_per_s"], rows["meshrun_parquet_t2"]["mb_per_s"]
+        result["s3"] = s3 | {
+            "warm_over_local_tokens": s3["tok_warm"] / local_tok,
+            "cold_fetch_over_get": s3["tok_cold_fetch"] / s3["get"],
+            "warm_over_local_parquet": s3["pq_warm"] / local_pq,
+            "parquet_fetch_over_get": s3["pq_fetch"] / s3["get"],
+        }
+        print("object storage (SeaweedFS on loopback), meshrun, 2 threads, medians:")
+        print("| source | cold: first epoch / open | cold: fetched MB/s | warm: MB/s delivered | local: MB/s delivered |")
+        print("| --- | ---: | ---: | ---: | ---: |")
+        print(f"| token file | {s3['tok_cold_s']:.2f} s epoch | {s3['tok_cold_fetch']:,.0f} | {s3['tok_warm']:,.0f} | {local_tok:,.0f} |")
+        print(f"| Parquet | {s3['pq_open_s']:.2f} s open | {s3['pq_fetch']:,.0f} | {s3['pq_warm']:,.0f} | {local_pq:,.0f} |")
+        print(f"| raw GET, one object of the token file's size | | {s3['get']:,.0f} | | |")
+        print()
+        s3_lines = [
+            ("S3 warm / local, token file (MB/s delivered)", f"{result['s3']['warm_over_local_tokens']:.2f}x"),
+            ("S3 cold fetch rate / raw GET bandwidth, token file", f"{result['s3']['cold_fetch_over_get']:.2f}x"),
+            ("S3 warm / local, Parquet (MB/s delivered)", f"{result['s3']['warm_over_local_parquet']:.2f}x"),
+            ("S3 Parquet open fetch rate / raw GET bandwidth", f"{result['s3']['parquet_fetch_over_get']:.2f}x"),
+        ]
     publish(
         "summary",
         ("measure", "value"),
@@ -354,6 +463,7 @@ def main() -> None:
             ("meshrun 2 threads / numpy memmap loop (token file, MB/s)", f"{ratio:.2f}x"),
             ("meshrun 2 threads reached 1 GB/s (token file)", "yes" if reached else "no"),
             *[(f"meshrun Parquet open (decode), {t} thread(s) run, median s", f"{v:.2f}") for t, v in open_s.items()],
+            *s3_lines,
         ],
         f"meshrun 2 threads: {rows['meshrun_tokens_t2']['mb_per_s']:,.0f} MB/s; numpy memmap loop: {rows['numpy_memmap']['mb_per_s']:,.0f} MB/s",
         result,

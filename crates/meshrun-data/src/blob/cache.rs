@@ -11,11 +11,12 @@
 //! generation, odd while it is being rewritten; a reader notes it before
 //! copying and checks it after, and treats a change as a miss.
 
+use std::collections::HashSet;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex};
 
 use lru::LruCache;
 
@@ -31,6 +32,8 @@ pub struct BlockCache {
     block: u64,
     slots: usize,
     inner: Mutex<Inner>,
+    /// Signalled when blocks being fetched land (or their fetch fails).
+    landed: Condvar,
     next_object: AtomicU64,
     /// Bytes fetched from storage (for benchmarks and the cache's report).
     pub fetched: AtomicU64,
@@ -38,6 +41,9 @@ pub struct BlockCache {
 
 struct Inner {
     map: LruCache<BlockId, usize>,
+    /// Blocks some thread is fetching now: others wait for them rather
+    /// than fetch them again.
+    fetching: HashSet<BlockId>,
     generation: Vec<u64>,
     free: Vec<usize>,
 }
@@ -77,9 +83,11 @@ impl BlockCache {
             slots,
             inner: Mutex::new(Inner {
                 map: LruCache::unbounded(),
+                fetching: HashSet::new(),
                 generation: vec![0; slots],
                 free: (0..slots).rev().collect(),
             }),
+            landed: Condvar::new(),
             next_object: AtomicU64::new(0),
             fetched: AtomicU64::new(0),
         })
@@ -100,6 +108,46 @@ impl BlockCache {
 
     pub fn contains(&self, id: BlockId) -> bool {
         self.inner.lock().expect("cache lock").map.contains(&id)
+    }
+
+    /// Of `blocks`, those neither cached nor being fetched, now marked as
+    /// being fetched by the caller (who must [`BlockCache::landed`] them),
+    /// and those another thread is fetching.
+    pub fn claim(&self, object: u32, blocks: &[u64]) -> (Vec<u64>, Vec<u64>) {
+        let mut inner = self.inner.lock().expect("cache lock");
+        let (mut mine, mut theirs) = (Vec::new(), Vec::new());
+        for &b in blocks {
+            let id = (object, b);
+            if inner.map.contains(&id) {
+                continue;
+            }
+            if inner.fetching.insert(id) {
+                mine.push(b);
+            } else {
+                theirs.push(b);
+            }
+        }
+        (mine, theirs)
+    }
+
+    /// The claimed `blocks` are in the cache (or their fetch failed).
+    pub fn landed(&self, object: u32, blocks: &[u64]) {
+        let mut inner = self.inner.lock().expect("cache lock");
+        for &b in blocks {
+            inner.fetching.remove(&(object, b));
+        }
+        self.landed.notify_all();
+    }
+
+    /// Waits until none of `blocks` is being fetched.
+    pub fn wait(&self, object: u32, blocks: &[u64]) {
+        let mut inner = self.inner.lock().expect("cache lock");
+        while blocks
+            .iter()
+            .any(|&b| inner.fetching.contains(&(object, b)))
+        {
+            inner = self.landed.wait(inner).expect("cache lock");
+        }
     }
 
     /// Copies `out.len()` bytes from `offset` within block `id`; `false` if

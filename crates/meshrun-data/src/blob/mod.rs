@@ -157,6 +157,14 @@ impl Blob {
         }
     }
 
+    /// Bytes the block cache holds (unbounded for a local file).
+    pub fn cache_room(&self) -> u64 {
+        match self {
+            Self::Local { .. } => u64::MAX,
+            Self::Remote(r) => r.cache.capacity(),
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -173,11 +181,7 @@ impl Blob {
                     .collect();
                 blocks.sort_unstable();
                 blocks.dedup();
-                blocks.retain(|b| !r.cache.contains((r.id, *b)));
-                for round in blocks.chunks(BLOCKS_PER_ROUND) {
-                    r.fetch(round)?;
-                }
-                Ok(())
+                r.fetch_missing(&blocks)
             }
         }
     }
@@ -226,14 +230,24 @@ impl Remote {
     }
 
     fn prefetch_range(&self, range: Range<u64>) -> Result<(), DataError> {
-        let blocks: Vec<u64> = self
-            .blocks(&range)
-            .filter(|b| !self.cache.contains((self.id, *b)))
-            .collect();
-        for round in blocks.chunks(BLOCKS_PER_ROUND) {
-            self.fetch(round)?;
+        let blocks: Vec<u64> = self.blocks(&range).collect();
+        self.fetch_missing(&blocks)
+    }
+
+    /// Fetches those of `blocks` that are neither cached nor being fetched
+    /// by another thread, then waits for the ones that are: two loader
+    /// threads that need the same block fetch it once.
+    fn fetch_missing(&self, blocks: &[u64]) -> Result<(), DataError> {
+        let (mine, theirs) = self.cache.claim(self.id, blocks);
+        let mut result = Ok(());
+        for round in mine.chunks(BLOCKS_PER_ROUND) {
+            if result.is_ok() {
+                result = self.fetch(round).map(drop);
+            }
+            self.cache.landed(self.id, round);
         }
-        Ok(())
+        self.cache.wait(self.id, &theirs);
+        result
     }
 
     /// Fetches `blocks` (many requests in flight) into the cache, and

@@ -61,6 +61,7 @@ pub fn tokens(
     let mut groups = Vec::with_capacity(expected);
     let mut total = 0;
     for (f, file) in files.iter().enumerate() {
+        file.prefetch_all()?;
         for g in 0..file.groups() {
             let mut out = vec![Vec::new()];
             file.decode_group(g, kinds, columns, &mut out)?;
