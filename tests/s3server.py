@@ -63,7 +63,9 @@ class S3Server:
             # Like AWS: a bucket that does not exist is an error, not made on upload.
             "-s3.autoCreateBucket=false",
             f"-master.port={m}", f"-master.port.grpc={mg}", "-master.volumeSizeLimitMB=1024",
-            f"-volume.port={v}", f"-volume.port.grpc={vg}", "-volume.max=32",
+            # Each bucket is a collection that takes 7 volumes as it grows;
+            # the suite's buckets share one server (volumes are not preallocated).
+            f"-volume.port={v}", f"-volume.port.grpc={vg}", "-volume.max=400",
             f"-filer.port={f}", f"-filer.port.grpc={fg}", f"-filer.localSocket={self.workdir / 'filer.sock'}",
         ]  # fmt: skip
         self.log = self.workdir / "weed.log"

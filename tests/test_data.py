@@ -114,13 +114,22 @@ def test_npy_rows_are_records(tmp_path):
 
 
 
-def test_ctrl_c_during_iteration_returns_promptly(tmp_path):
+def test_ctrl_c_during_iteration_returns_promptly(tmp_path, capsys):
     # Batches big enough that the consumer waits on the reader threads.
     big = tmp_path / "big.bin"
     np.zeros(64 * 1024 * 1024, dtype=np.uint16).tofile(big)
     script = tmp_path / "iterate.py"
     script.write_text(textwrap.dedent(f"""
         import faulthandler, signal, sys, time
+        # What this process inherited for SIGINT (bit 1 of the masks): a
+        # child started while the parent blocks or ignores SIGINT keeps it
+        # blocked or ignored, and no Ctrl-C would ever reach it. Reported,
+        # then set as a terminal would have it.
+        masks = dict(line.split(":") for line in open("/proc/self/status") if line.startswith(("SigBlk", "SigIgn")))
+        inherited = {{k: (int(v, 16) >> 1) & 1 for k, v in masks.items()}}
+        print("inherited SIGINT", inherited, file=sys.stderr, flush=True)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {{signal.SIGINT}})
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         from meshrun import data
         faulthandler.register(signal.SIGUSR1)
         loader = data.Loader(data.tokens({str(big)!r}, "uint16", 1024), 8192, threads=1, prefetch=1)
@@ -139,7 +148,7 @@ def test_ctrl_c_during_iteration_returns_promptly(tmp_path):
         t0 = time.monotonic()
         proc.send_signal(signal.SIGINT)
         try:
-            out, _ = proc.communicate(timeout=10)
+            out, err = proc.communicate(timeout=10)
         except subprocess.TimeoutExpired:
             # Where it is stuck, for the failure message.
             proc.send_signal(signal.SIGUSR1)
@@ -152,6 +161,10 @@ def test_ctrl_c_during_iteration_returns_promptly(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+    if "'SigBlk': 1" in err or "'SigIgn': 1" in err:
+        # Not the loader's doing, but worth knowing: said past the capture.
+        with capsys.disabled():
+            print(f"\nnote: the Ctrl-C test's child inherited a blocked or ignored SIGINT: {err.splitlines()[0]}")
     assert proc.returncode == 0 and "interrupted" in out
     assert elapsed < 2.0, f"took {elapsed:.2f}s to stop"
 

@@ -173,25 +173,28 @@ print(cols.records, packed.records, base, rss("VmHWM"))
 
 def test_parquet_four_times_the_memory_budget_is_read_within_it(tmp_path):
     budget = 16 << 20
-    rows = 40_000  # 4 KiB each: 164 MB decoded, 10x the budget
+    rows = 61_440  # 4 KiB each (a multiple of the batch): 252 MB decoded, 15x the budget
     x = np.full((rows, 1024), 0.5, dtype=np.float32)
     x[:, 0] = np.arange(rows)
     column = pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), 1024)
     pq.write_table(pa.table({"x": column}), tmp_path / "cols.parquet", row_group_size=4096, data_page_size=64 << 10, compression="none", write_page_index=True)
     del x, column
-    # 72M tokens (144 MB decoded, 9x), row groups of 1M tokens.
-    stream = (np.arange(72 * 2**20) % 65536).astype(np.uint16)
+    # 96M tokens (201 MB decoded, 12x), row groups of 1M tokens.
+    stream = (np.arange(96 * 2**20) % 65536).astype(np.uint16)
     lists = pa.ListArray.from_arrays(pa.array(np.arange(0, len(stream) + 1, 4096, dtype=np.int32)), pa.array(stream))
     pq.write_table(pa.table({"tokens": lists}), tmp_path / "packed.parquet", row_group_size=256)
     del stream, lists
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(LARGE), str(tmp_path), str(budget)], capture_output=True, text=True, timeout=280)
     assert out.returncode == 0, out.stderr[-3000:]
     records, windows, base, peak = map(int, out.stdout.split())
-    assert records == rows and windows == (72 * 2**20 - 1) // 1023
-    # What the loader holds besides the budget, whatever the data's size:
+    assert records == rows and windows == (96 * 2**20 - 1) // 1023
+    # What the process holds besides the budget, whatever the data's size:
     # batches in flight, each thread's row group being decoded (its pages,
-    # the decoded values and levels), and what the allocator keeps of them
-    # (measured 35-75 MiB with 2 threads; it does not grow with the data).
-    # Holding either data set decoded would exceed it.
-    margin = 96 << 20
+    # decoded values and levels), and what the allocator keeps of them once
+    # freed (with MALLOC_TRIM_THRESHOLD_=0 the same run peaks some 30 MiB
+    # lower). Measured 90-97 MiB in all on a quiet machine; it does not
+    # grow with the data, and holding either data set decoded would exceed
+    # budget + margin.
+    margin = 128 << 20
+    print(f"peak {(peak - base) / 2**20:.0f} MiB above the start")
     assert peak - base < budget + margin, f"peak {(peak - base) / 2**20:.0f} MiB above the start, budget {budget >> 20} MiB + {margin >> 20}"

@@ -307,6 +307,50 @@ impl Client {
         })
     }
 
+    /// Byte ranges of any objects, `CONCURRENCY` requests in flight, each
+    /// handed to `each` (with its index in `requests`) on the calling thread
+    /// as soon as it arrives, so that what the caller does with one (write
+    /// it to a cache) overlaps the fetching of the others. An error from
+    /// `each` stops the fetching. Not for use inside an async context (it
+    /// blocks the thread while it waits).
+    pub fn get_each<E: From<StoreError>>(
+        &self,
+        requests: Vec<(Key, Range<u64>)>,
+        mut each: impl FnMut(usize, Bytes) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let (tx, mut rx) = tokio::sync::mpsc::channel(CONCURRENCY);
+        let store = self.store();
+        runtime().spawn(async move {
+            let mut arrivals = futures::stream::iter(requests.into_iter().enumerate())
+                .map(|(i, (k, r))| {
+                    let store = Arc::clone(&store);
+                    async move { (i, store.get_range(&k, r).await.map_err(|e| (k, e))) }
+                })
+                .buffer_unordered(CONCURRENCY);
+            while let Some(item) = arrivals.next().await {
+                // The caller gave up (its own error): stop fetching.
+                if tx.send(item).await.is_err() {
+                    return;
+                }
+            }
+        });
+        while let Some((i, got)) = rx.blocking_recv() {
+            match got {
+                Ok(body) => each(i, body)?,
+                Err((key, e)) => {
+                    return Err(match e {
+                        object_store::Error::NotFound { .. } => StoreError::NotFound {
+                            url: self.url(&key),
+                        },
+                        e => self.fail("cannot read", &key)(e),
+                    }
+                    .into())
+                }
+            }
+        }
+        Ok(())
+    }
+
     pub fn put(&self, key: &Key, data: Bytes) -> Result<(), StoreError> {
         let store = self.store();
         let k = key.clone();

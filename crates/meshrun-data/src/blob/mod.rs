@@ -24,10 +24,6 @@ use cache::BlockCache;
 
 pub use meshrun_store::is_url;
 
-/// Blocks fetched in one go: requests in flight times a few, so that a
-/// prefetch holds a bounded amount in memory before it lands in the cache.
-const BLOCKS_PER_ROUND: usize = 4 * meshrun_store::remote::CONCURRENCY;
-
 pub enum Blob {
     /// A local file: mapped for record reads (token windows and rows are
     /// copied straight out of the page cache), read with `pread` for
@@ -38,7 +34,7 @@ pub enum Blob {
         file: std::fs::File,
         mmap: Mmap,
     },
-    Remote(Remote),
+    Remote(Arc<Remote>),
 }
 
 pub struct Remote {
@@ -48,6 +44,11 @@ pub struct Remote {
     size: u64,
     id: u32,
     cache: Arc<BlockCache>,
+    /// The whole data set fits in the cache: from the first read on, the
+    /// file is streamed into it in the background, in order, since an
+    /// epoch reads every byte of it anyway ([`Remote::sweep`]).
+    sweep: bool,
+    sweep_started: std::sync::Once,
 }
 
 /// How remote data is cached: made on the first remote file a source opens.
@@ -89,14 +90,18 @@ impl CacheConfig {
     }
 }
 
+const LARGE_BLOCK: u64 = 4 << 20;
+
+/// Blocks the background sweep asks for at a time.
+const SWEEP_ROUND: u64 = 2 * meshrun_store::remote::CONCURRENCY as u64;
+
 /// Block size: large blocks (few requests, full bandwidth) when the data
 /// fits in a cache of many of them, so that each byte is fetched once;
 /// smaller ones when it does not, so that a shuffled read of a small record
 /// does not fetch megabytes it will not use before they are evicted.
 pub fn block_size(total: u64, capacity: u64) -> u64 {
-    const LARGE: u64 = 4 << 20;
-    if total <= capacity && capacity / LARGE >= 64 {
-        LARGE
+    if total <= capacity && capacity / LARGE_BLOCK >= 64 {
+        LARGE_BLOCK
     } else {
         256 << 10
     }
@@ -115,14 +120,17 @@ impl Blob {
                     .size(&dir.key)?
                     .ok_or_else(|| DataError::Missing(url.clone()))?;
                 let cache = cache.get(block_size(total.max(size), cache.bytes()))?;
-                Ok(Self::Remote(Remote {
+                let sweep = cache.block() >= LARGE_BLOCK && total.max(size) <= cache.capacity();
+                Ok(Self::Remote(Arc::new(Remote {
                     client: dir.client,
                     key: dir.key,
                     url,
                     size,
                     id: cache.object_id(),
                     cache,
-                }))
+                    sweep,
+                    sweep_started: std::sync::Once::new(),
+                })))
             }
         }
     }
@@ -169,8 +177,19 @@ impl Blob {
         self.len() == 0
     }
 
-    /// Fetches what `ranges` need that is not cached (a no-op locally).
+    /// Fetches what `ranges` need that is not cached (a no-op locally), as
+    /// a batch about to be built needs it: the first such call on a file
+    /// that fits in the cache also starts streaming the rest of it in.
     pub fn prefetch(&self, ranges: &[Range<u64>]) -> Result<(), DataError> {
+        if let Self::Remote(r) = self {
+            Remote::start_sweep(r);
+        }
+        self.fetch(ranges)
+    }
+
+    /// Fetches what `ranges` need that is not cached (a no-op locally),
+    /// and nothing more.
+    pub fn fetch(&self, ranges: &[Range<u64>]) -> Result<(), DataError> {
         match self {
             Self::Local { .. } => Ok(()),
             Self::Remote(r) => {
@@ -219,6 +238,40 @@ impl Blob {
 }
 
 impl Remote {
+    fn start_sweep(me: &Arc<Self>) {
+        if !me.sweep {
+            return;
+        }
+        me.sweep_started.call_once(|| {
+            let weak = Arc::downgrade(me);
+            // A thread that cannot start only costs the read-ahead.
+            let _ = std::thread::Builder::new()
+                .name("meshrun-data-sweep".into())
+                .spawn(move || Self::sweep(&weak));
+        });
+    }
+
+    /// Streams every block of the file into the cache, in order, a round
+    /// of requests at a time, skipping what the loader's threads have
+    /// fetched or are fetching; ends with the file, or when the source is
+    /// dropped. Its errors are left to the reads that need the blocks.
+    fn sweep(weak: &std::sync::Weak<Self>) {
+        block_signals();
+        let mut next = 0;
+        loop {
+            let Some(me) = weak.upgrade() else { return };
+            let blocks = me.size.div_ceil(me.cache.block());
+            if next >= blocks {
+                return;
+            }
+            let round: Vec<u64> = (next..(next + SWEEP_ROUND).min(blocks)).collect();
+            next += SWEEP_ROUND;
+            if me.fetch_missing(&round).is_err() {
+                return;
+            }
+        }
+    }
+
     fn blocks(&self, range: &Range<u64>) -> Range<u64> {
         let b = self.cache.block();
         range.start / b..range.end.min(self.size).div_ceil(b)
@@ -236,16 +289,33 @@ impl Remote {
 
     /// Fetches those of `blocks` that are neither cached nor being fetched
     /// by another thread, then waits for the ones that are: two loader
-    /// threads that need the same block fetch it once.
+    /// threads that need the same block fetch it once. Each block goes into
+    /// the cache as it arrives, and whoever waits for it goes on.
     fn fetch_missing(&self, blocks: &[u64]) -> Result<(), DataError> {
         let (mine, theirs) = self.cache.claim(self.id, blocks);
-        let mut result = Ok(());
-        for round in mine.chunks(BLOCKS_PER_ROUND) {
-            if result.is_ok() {
-                result = self.fetch(round).map(drop);
-            }
-            self.cache.landed(self.id, round);
-        }
+        let mut landed = vec![false; mine.len()];
+        let requests = mine
+            .iter()
+            .map(|&b| (self.key.clone(), self.block_range(b)))
+            .collect();
+        let result = self.client.get_each(requests, |i, body: Bytes| {
+            self.cache
+                .fetched
+                .fetch_add(body.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            let stored = self.cache.insert((self.id, mine[i]), &body);
+            landed[i] = true;
+            self.cache.landed(self.id, &mine[i..=i]);
+            stored
+        });
+        // A failed fetch releases the blocks it claimed: their waiters
+        // fetch them themselves (and meet the error, if it lasts).
+        let failed: Vec<u64> = mine
+            .iter()
+            .zip(&landed)
+            .filter(|(_, done)| !**done)
+            .map(|(&b, _)| b)
+            .collect();
+        self.cache.landed(self.id, &failed);
         self.cache.wait(self.id, &theirs);
         result
     }
@@ -289,6 +359,13 @@ impl Remote {
         }
         Ok(())
     }
+}
+
+/// In a Python process, signals are for Python's main thread to take (see
+/// the binding's `signals` module).
+fn block_signals() {
+    use nix::sys::signal::{pthread_sigmask, SigSet, SigmaskHow};
+    let _ = pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&SigSet::all()), None);
 }
 
 /// A `Read + Seek` over a blob (for header parsers and Parquet's footer).

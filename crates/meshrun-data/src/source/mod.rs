@@ -139,7 +139,7 @@ pub(crate) fn fingerprint(description: &str, files: &[&Blob]) -> Result<String, 
         if size > EDGE {
             ranges.push(size - EDGE..size);
         }
-        blob.prefetch(&ranges)?;
+        blob.fetch(&ranges)?;
         for range in ranges {
             let mut buf = vec![0u8; (range.end - range.start) as usize];
             blob.read_at(range.start, &mut buf)?;

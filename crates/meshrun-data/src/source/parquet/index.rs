@@ -57,7 +57,13 @@ pub fn tokens(
             return Ok((Counted::Groups(groups), total));
         }
     }
-    let mut held = Some(Vec::new());
+    // Known from the metadata to be larger than the budget: count only,
+    // without holding tokens that would be dropped.
+    let at_least: u64 = files
+        .iter()
+        .map(|f| (0..f.groups()).map(|g| f.min_values(g)).sum::<u64>())
+        .sum();
+    let mut held = (at_least * itemsize <= max_memory).then(Vec::new);
     let mut groups = Vec::with_capacity(expected);
     let mut total = 0;
     for (f, file) in files.iter().enumerate() {

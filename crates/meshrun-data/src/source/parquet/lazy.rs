@@ -152,7 +152,11 @@ impl Lazy {
             return Ok(Arc::clone(t));
         }
         let group = &self.groups[g];
-        let mut out = vec![Vec::new()];
+        // The exact size, known from the index: one allocation, not a
+        // doubling series the allocator would keep around.
+        let mut out = vec![Vec::with_capacity(
+            usize::try_from(group.count * packed.itemsize).expect("a row group fits in memory"),
+        )];
         self.files[group.file].decode_group(group.index, &self.kinds, &self.columns, &mut out)?;
         let tokens = Arc::new(out.pop().expect("one column"));
         let mut held = packed.held.lock().expect("lru lock");

@@ -83,11 +83,11 @@ impl File {
         out: &mut [Vec<u8>],
     ) -> Result<u64, DataError> {
         let ranges = io::chunk_ranges(self.meta.metadata(), group, &self.leaves);
-        self.reader.0.prefetch(&ranges)?;
+        self.reader.0.fetch(&ranges)?;
         let reader = self
             .builder()
             .with_row_groups(vec![group])
-            .with_batch_size(64 * 1024)
+            .with_batch_size(self.batch_rows(group))
             .build()
             .map_err(|e| parquet_error(&self.name, e))?;
         let mut rows = 0;
@@ -119,7 +119,34 @@ impl File {
         let ranges: Vec<_> = (0..self.groups())
             .flat_map(|g| io::chunk_ranges(self.meta.metadata(), g, &self.leaves))
             .collect();
-        self.reader.0.prefetch(&ranges)
+        self.reader.0.fetch(&ranges)
+    }
+
+    /// Rows decoded at a time: about 1 MiB of the chosen columns, so that
+    /// decoding a row group holds little besides its output.
+    fn batch_rows(&self, group: usize) -> usize {
+        let rg = self.meta.metadata().row_group(group);
+        let bytes: i64 = self
+            .leaves
+            .iter()
+            .map(|&c| rg.column(c).uncompressed_size())
+            .sum();
+        let per_row = (bytes.max(1) as u64).div_ceil(rg.num_rows().max(1) as u64);
+        usize::try_from((1u64 << 20) / per_row)
+            .unwrap_or(usize::MAX)
+            .clamp(16, 64 * 1024)
+    }
+
+    /// At least how many values the chosen columns hold in row group
+    /// `group`, from the metadata alone: each row's levels count one
+    /// value even when its list is empty.
+    fn min_values(&self, group: usize) -> u64 {
+        let rg = self.meta.metadata().row_group(group);
+        let rows = rg.num_rows().max(0) as u64;
+        self.leaves
+            .iter()
+            .map(|&c| (rg.column(c).num_values().max(0) as u64).saturating_sub(rows))
+            .sum()
     }
 
     fn groups(&self) -> usize {
