@@ -27,6 +27,8 @@ samples/s and MB/s delivered (MB = bytes of the batches / 1e6) are reported:
 Object storage (``--s3``, on by default; SeaweedFS on loopback, started and
 stopped by the benchmark, the same files uploaded into it):
 
+  - before each measurement the benchmark waits until the server is idle
+    (SeaweedFS works on its volumes for a while after uploads and deletes)
   - raw GET bandwidth: one object the size of the token file downloaded by
     meshrun's storage client (ranged GETs of 8 MiB, 16 in flight), median
   - meshrun, token file in S3, cold: a fresh source (empty block cache),
@@ -281,6 +283,27 @@ def upload(server, local: Path, key: str) -> None:
             dst.write(chunk)
 
 
+def wait_quiet(pid: int, limit_s: float = 60.0) -> float:
+    """Waits until process ``pid`` (the S3 server) uses under 5% of a CPU
+    over half a second, at most ``limit_s``: after uploads and deletes
+    SeaweedFS works on its volumes for a while, on the same 2 cores the
+    loader is measured on. Returns the seconds waited."""
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def cpu() -> float:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / tick
+
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < limit_s:
+        before = cpu()
+        time.sleep(0.5)
+        if cpu() - before < 0.025:
+            break
+    return time.perf_counter() - t0
+
+
 def epoch_bytes(source, batch: int) -> int:
     import meshrun.data as md
 
@@ -307,8 +330,10 @@ def s3_rows(tok_path: Path, pq_path: Path, args: argparse.Namespace, folder: Pat
             size = tok_path.stat().st_size
             runs: dict[str, list[float]] = {k: [] for k in ("get", "tok_cold_s", "tok_cold_fetch", "tok_cold_mb", "tok_warm", "pq_open_s", "pq_fetch", "pq_warm")}
             for r in range(args.repeats):
+                wait_quiet(server.proc.pid)
                 _, down = _native.storage_roundtrip(f"{bucket}/raw", size)
                 runs["get"].append(size / down / 1e6)
+                wait_quiet(server.proc.pid)
                 t0 = time.perf_counter()
                 src = md.tokens(f"{bucket}/{TOKEN_FILE}", "uint16", SEQ_LEN)
                 delivered = epoch_bytes(src, B)
@@ -317,15 +342,18 @@ def s3_rows(tok_path: Path, pq_path: Path, args: argparse.Namespace, folder: Pat
                 runs["tok_cold_fetch"].append(src.fetched_bytes / cold / 1e6)
                 runs["tok_cold_mb"].append(delivered / cold / 1e6)
                 fetched = src.fetched_bytes
+                wait_quiet(server.proc.pid)
                 warm = measure(lambda: (iter(b["tokens"] for b in md.Loader(src, B, seed=1, shuffle=True, threads=2, rank=0, num_processes=1)), lambda: None), args.seconds, B)
                 assert src.fetched_bytes == fetched, "the warm epoch fetched from the server"
                 runs["tok_warm"].append(warm["mb_per_s"])
                 del src
+                wait_quiet(server.proc.pid)
                 t0 = time.perf_counter()
                 pq = md.parquet(f"{bucket}/{PARQUET_FILE}", ["tokens"], seq_len=SEQ_LEN)
                 opened = time.perf_counter() - t0
                 runs["pq_open_s"].append(opened)
                 runs["pq_fetch"].append(pq.fetched_bytes / opened / 1e6)
+                wait_quiet(server.proc.pid)
                 warm = measure(lambda: (iter(b["tokens"] for b in md.Loader(pq, B, seed=1, shuffle=True, threads=2, rank=0, num_processes=1)), lambda: None), args.seconds, B)
                 runs["pq_warm"].append(warm["mb_per_s"])
                 del pq
