@@ -121,10 +121,12 @@ def test_ctrl_c_during_iteration_returns_promptly(tmp_path, capsys):
     script = tmp_path / "iterate.py"
     script.write_text(textwrap.dedent(f"""
         import faulthandler, signal, sys, time
-        # What this process inherited for SIGINT (bit 1 of the masks): a
-        # child started while the parent blocks or ignores SIGINT keeps it
-        # blocked or ignored, and no Ctrl-C would ever reach it. Reported,
-        # then set as a terminal would have it.
+        # What this process inherited for SIGINT (bit 1 of the masks). A
+        # suite started in the background by a non-interactive shell runs
+        # with SIGINT ignored (POSIX: asynchronous commands ignore SIGINT
+        # when job control is off), its children inherit that, and Python
+        # leaves an inherited ignored SIGINT ignored: no Ctrl-C would ever
+        # reach this process. Reported, then set as a terminal has it.
         masks = dict(line.split(":") for line in open("/proc/self/status") if line.startswith(("SigBlk", "SigIgn")))
         inherited = {{k: (int(v, 16) >> 1) & 1 for k, v in masks.items()}}
         print("inherited SIGINT", inherited, file=sys.stderr, flush=True)
@@ -162,7 +164,8 @@ def test_ctrl_c_during_iteration_returns_promptly(tmp_path, capsys):
             proc.kill()
             proc.communicate()
     if "'SigBlk': 1" in err or "'SigIgn': 1" in err:
-        # Not the loader's doing, but worth knowing: said past the capture.
+        # Not the loader's doing (see the child's comment): said past the
+        # capture, so that a run in the background shows why it passes.
         with capsys.disabled():
             print(f"\nnote: the Ctrl-C test's child inherited a blocked or ignored SIGINT: {err.splitlines()[0]}")
     assert proc.returncode == 0 and "interrupted" in out
