@@ -4,7 +4,7 @@
 //! it. `CPython`'s C handler then only marks the signal pending, and in 3.11
 //! it makes the main thread look at it promptly only when the handler ran
 //! on the main thread itself: a Ctrl-C taken by a loader thread could wait
-//! for seconds (it did, in the Ctrl-C test, once in a while). Threads
+//! until something else made the main thread look. Threads
 //! inherit their creator's signal mask, so they are made with every signal
 //! blocked.
 
