@@ -304,6 +304,35 @@ def wait_quiet(pid: int, limit_s: float = 60.0) -> float:
     return time.perf_counter() - t0
 
 
+def scratch_write_mb_s(size: int) -> float:
+    """MB/s of writing ``size`` bytes of new data into the scratch folder
+    the block cache lives in, as the cache writes it (4 MiB pieces, two
+    threads, each its own file, no fsync): a cold epoch must write every
+    byte it fetches there, so this is the machine's own bound on it."""
+    import tempfile
+    import threading
+
+    piece = os.urandom(4 << 20)
+    scratch = os.environ.get("MESHRUN_SCRATCH") or tempfile.gettempdir()
+    files = [tempfile.TemporaryFile(dir=scratch) for _ in range(2)]
+
+    def write(f, n: int) -> None:
+        for i in range(n):
+            os.pwrite(f.fileno(), piece, i * len(piece))
+
+    per = size // len(piece) // 2
+    threads = [threading.Thread(target=write, args=(f, per)) for f in files]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    for f in files:
+        f.close()
+    return 2 * per * len(piece) / elapsed / 1e6
+
+
 def epoch_bytes(source, batch: int) -> int:
     import meshrun.data as md
 
@@ -328,11 +357,8 @@ def s3_rows(tok_path: Path, pq_path: Path, args: argparse.Namespace, folder: Pat
             upload(server, tok_path, f"{bucket[5:]}/{TOKEN_FILE}")
             upload(server, pq_path, f"{bucket[5:]}/{PARQUET_FILE}")
             size = tok_path.stat().st_size
-            runs: dict[str, list[float]] = {k: [] for k in ("get", "tok_cold_s", "tok_cold_fetch", "tok_cold_mb", "tok_warm", "pq_open_s", "pq_fetch", "pq_warm")}
+            runs: dict[str, list[float]] = {k: [] for k in ("get", "scratch_write", "tok_cold_s", "tok_cold_fetch", "tok_cold_mb", "tok_warm", "pq_open_s", "pq_fetch", "pq_warm")}
             for r in range(args.repeats):
-                wait_quiet(server.proc.pid)
-                _, down = _native.storage_roundtrip(f"{bucket}/raw", size)
-                runs["get"].append(size / down / 1e6)
                 wait_quiet(server.proc.pid)
                 t0 = time.perf_counter()
                 src = md.tokens(f"{bucket}/{TOKEN_FILE}", "uint16", SEQ_LEN)
@@ -357,7 +383,13 @@ def s3_rows(tok_path: Path, pq_path: Path, args: argparse.Namespace, folder: Pat
                 warm = measure(lambda: (iter(b["tokens"] for b in md.Loader(pq, B, seed=1, shuffle=True, threads=2, rank=0, num_processes=1)), lambda: None), args.seconds, B)
                 runs["pq_warm"].append(warm["mb_per_s"])
                 del pq
-                print(f"repeat {r + 1}/{args.repeats}  s3: GET {runs['get'][-1]:.0f} MB/s, tokens cold fetch {runs['tok_cold_fetch'][-1]:.0f} MB/s, warm {runs['tok_warm'][-1]:.0f} MB/s", file=sys.stderr)
+                # Last: its upload and delete leave the server busy for a while.
+                wait_quiet(server.proc.pid)
+                _, down = _native.storage_roundtrip(f"{bucket}/raw", size)
+                runs["get"].append(size / down / 1e6)
+                wait_quiet(server.proc.pid)
+                runs["scratch_write"].append(scratch_write_mb_s(size))
+                print(f"repeat {r + 1}/{args.repeats}  s3: GET {runs['get'][-1]:.0f} MB/s, scratch write {runs['scratch_write'][-1]:.0f} MB/s, tokens cold fetch {runs['tok_cold_fetch'][-1]:.0f} MB/s, warm {runs['tok_warm'][-1]:.0f} MB/s", file=sys.stderr)
         finally:
             for k in [k for k in os.environ if k.startswith("AWS_")]:
                 del os.environ[k]
@@ -468,6 +500,7 @@ def main() -> None:
         result["s3"] = s3 | {
             "warm_over_local_tokens": s3["tok_warm"] / local_tok,
             "cold_fetch_over_get": s3["tok_cold_fetch"] / s3["get"],
+            "cold_fetch_over_scratch_write": s3["tok_cold_fetch"] / s3["scratch_write"],
             "warm_over_local_parquet": s3["pq_warm"] / local_pq,
             "parquet_fetch_over_get": s3["pq_fetch"] / s3["get"],
         }
@@ -477,10 +510,12 @@ def main() -> None:
         print(f"| token file | {s3['tok_cold_s']:.2f} s epoch | {s3['tok_cold_fetch']:,.0f} | {s3['tok_warm']:,.0f} | {local_tok:,.0f} |")
         print(f"| Parquet | {s3['pq_open_s']:.2f} s open | {s3['pq_fetch']:,.0f} | {s3['pq_warm']:,.0f} | {local_pq:,.0f} |")
         print(f"| raw GET, one object of the token file's size | | {s3['get']:,.0f} | | |")
+        print(f"| writing as much new data into the scratch folder | | {s3['scratch_write']:,.0f} | | |")
         print()
         s3_lines = [
             ("S3 warm / local, token file (MB/s delivered)", f"{result['s3']['warm_over_local_tokens']:.2f}x"),
             ("S3 cold fetch rate / raw GET bandwidth, token file", f"{result['s3']['cold_fetch_over_get']:.2f}x"),
+            ("S3 cold fetch rate / scratch folder write rate, token file", f"{result['s3']['cold_fetch_over_scratch_write']:.2f}x"),
             ("S3 warm / local, Parquet (MB/s delivered)", f"{result['s3']['warm_over_local_parquet']:.2f}x"),
             ("S3 Parquet open fetch rate / raw GET bandwidth", f"{result['s3']['parquet_fetch_over_get']:.2f}x"),
         ]

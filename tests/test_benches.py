@@ -40,7 +40,7 @@ def test_data_bench_short(tmp_path):
     # The object-storage rows: a real server, cold and warm.
     assert "object storage (SeaweedFS on loopback)" in text
     s3 = result["s3"]
-    assert s3["get"] > 0 and s3["tok_cold_fetch"] > 0 and s3["tok_warm"] > 0 and s3["pq_warm"] > 0
+    assert s3["get"] > 0 and s3["scratch_write"] > 0 and s3["tok_cold_fetch"] > 0 and s3["tok_warm"] > 0 and s3["pq_warm"] > 0
     assert not [p for p in (tmp_path / "files").iterdir() if p.name.startswith("s3-")], "the server's data was left behind"
 
 

@@ -1,11 +1,12 @@
 //! The block cache of remote data on the host's scratch disk.
 //!
-//! One file of fixed-size slots, created unlinked in the scratch folder (so
-//! nothing is left behind, whatever ends the process), holds the blocks
+//! Fixed-size slots in a few files, created unlinked in the scratch folder
+//! (so nothing is left behind, whatever ends the process), hold the blocks
 //! fetched from object storage; an LRU map says which block sits in which
-//! slot. Reads copy out of the file (the page cache keeps hot blocks in
-//! memory without the process holding them), so the cache's size is a bound
-//! on disk, not on the loader's memory.
+//! slot. Reads copy out of a read-only mapping of the files (the page cache
+//! keeps hot blocks in memory without the process holding them, and a warm
+//! read is a copy, as out of a local file, not a system call), so the
+//! cache's size is a bound on disk, not on the loader's memory.
 //!
 //! Slots are reused without a lock held over the I/O: each slot has a
 //! generation, odd while it is being rewritten; a reader notes it before
@@ -19,6 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 
 use lru::LruCache;
+use memmap2::Mmap;
 
 use crate::error::DataError;
 
@@ -26,8 +28,17 @@ use crate::error::DataError;
 /// block's index in the object.
 pub type BlockId = (u32, u64);
 
+/// Files the slots are spread over.
+const FILES: usize = 8;
+
 pub struct BlockCache {
-    file: File,
+    /// Slot `s` lives in `files[s % FILES]`: writers of different slots
+    /// rarely meet on one file's inode lock, which a buffered write holds
+    /// for the whole copy (three fetchers writing one file spent a sixth of
+    /// a cold epoch's CPU spinning on it).
+    files: Vec<File>,
+    /// The same files mapped, for reads.
+    maps: Vec<Mmap>,
     dir: PathBuf,
     block: u64,
     slots: usize,
@@ -74,10 +85,30 @@ impl BlockCache {
             });
         }
         std::fs::create_dir_all(dir).map_err(DataError::io("cannot create", dir))?;
-        let file = tempfile::tempfile_in(dir)
+        let files = (0..FILES)
+            .map(|_| tempfile::tempfile_in(dir))
+            .collect::<Result<Vec<_>, _>>()
             .map_err(DataError::io("cannot create the data cache in", dir))?;
+        // Sparse files of their full size, so that one mapping covers every
+        // slot; the disk is used as blocks are written.
+        let per_file = (slots.div_ceil(FILES) as u64) * block;
+        let maps = files
+            .iter()
+            .map(|f| {
+                f.set_len(per_file)?;
+                // SAFETY: the files are this cache's own, unlinked, so no
+                // other process can change them; a slot rewritten while it
+                // is copied from is caught by its generation (see `read`).
+                #[allow(unsafe_code)]
+                unsafe {
+                    Mmap::map(f)
+                }
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(DataError::io("cannot map the data cache in", dir))?;
         Ok(Self {
-            file,
+            files,
+            maps,
             dir: dir.to_path_buf(),
             block,
             slots,
@@ -91,6 +122,12 @@ impl BlockCache {
             next_object: AtomicU64::new(0),
             fetched: AtomicU64::new(0),
         })
+    }
+
+    /// The file that holds `slot`, and where in it.
+    fn place(&self, slot: usize) -> (&File, u64) {
+        let n = self.files.len();
+        (&self.files[slot % n], (slot / n) as u64 * self.block)
     }
 
     pub fn block(&self) -> u64 {
@@ -152,19 +189,29 @@ impl BlockCache {
 
     /// Copies `out.len()` bytes from `offset` within block `id`; `false` if
     /// the block is not (or no longer) cached.
-    pub fn read(&self, id: BlockId, offset: u64, out: &mut [u8]) -> Result<bool, DataError> {
+    pub fn read(&self, id: BlockId, offset: u64, out: &mut [u8]) -> bool {
         let (slot, generation) = {
             let mut inner = self.inner.lock().expect("cache lock");
             let Some(&slot) = inner.map.get(&id) else {
-                return Ok(false);
+                return false;
             };
             (slot, inner.generation[slot])
         };
-        self.file
-            .read_exact_at(out, slot as u64 * self.block + offset)
-            .map_err(DataError::io("cannot read the data cache in", &self.dir))?;
+        let n = self.files.len();
+        let at =
+            usize::try_from((slot / n) as u64 * self.block + offset).expect("a mapped offset fits");
+        let map = &self.maps[slot % n];
+        // A copy through a raw pointer, not a slice: the bytes may be
+        // rewritten meanwhile by `insert` (then the generation differs and
+        // the copy is thrown away).
+        assert!(at + out.len() <= map.len(), "a read within its slot");
+        #[allow(unsafe_code)]
+        // SAFETY: in bounds (checked above); `out` is the caller's own buffer.
+        unsafe {
+            std::ptr::copy_nonoverlapping(map.as_ptr().add(at), out.as_mut_ptr(), out.len());
+        }
         let inner = self.inner.lock().expect("cache lock");
-        Ok(inner.generation[slot] == generation)
+        inner.generation[slot] == generation
     }
 
     /// Stores block `id`, evicting the least recently used one if full.
@@ -182,7 +229,8 @@ impl BlockCache {
             inner.generation[slot] += 1;
             slot
         };
-        let written = self.file.write_all_at(data, slot as u64 * self.block);
+        let (file, at) = self.place(slot);
+        let written = file.write_all_at(data, at);
         let mut inner = self.inner.lock().expect("cache lock");
         inner.generation[slot] += 1;
         if let Err(e) = written {
@@ -211,13 +259,13 @@ mod tests {
             c.insert((0, u64::from(b)), &[b; 16]).unwrap();
         }
         let mut out = [0u8; 4];
-        assert!(c.read((0, 3), 2, &mut out).unwrap());
+        assert!(c.read((0, 3), 2, &mut out));
         assert_eq!(out, [3; 4]);
         // Block 0 is the least recently used (3 was just read): it goes.
         c.insert((1, 0), &[9; 16]).unwrap();
-        assert!(!c.read((0, 0), 0, &mut out).unwrap());
-        assert!(c.read((0, 3), 0, &mut out).unwrap());
-        assert!(c.read((1, 0), 12, &mut out).unwrap());
+        assert!(!c.read((0, 0), 0, &mut out));
+        assert!(c.read((0, 3), 0, &mut out));
+        assert!(c.read((1, 0), 12, &mut out));
         assert_eq!(out, [9; 4]);
         assert!(BlockCache::new(dir.path(), 7 * 16, 16).is_err());
     }

@@ -354,7 +354,7 @@ impl Remote {
             let (block, within) = (at / b, at % b);
             let n = ((b - within) as usize).min(out.len() - done);
             let dst = &mut out[done..done + n];
-            if !self.cache.read((self.id, block), within, dst)? {
+            if !self.cache.read((self.id, block), within, dst) {
                 // Not cached (never fetched, or evicted since): fetch it
                 // now and copy from what came back.
                 let body = self.fetch(&[block])?.remove(0);
