@@ -66,7 +66,7 @@ def exits(row: str, proc: subprocess.CompletedProcess | object) -> None:
 
 def raises(row: str, fn) -> None:
     """``fn()`` raises exactly the row's exception, with its message."""
-    kind = {"ConfigError": mr.ConfigError, "DataError": mr.DataError, "CheckpointError": mr.CheckpointError, "StorageError": mr.StorageError, "TypeError": TypeError}[CATALOGUE[row][1]]
+    kind = {"ConfigError": mr.ConfigError, "DataError": mr.DataError, "CheckpointError": mr.CheckpointError, "StorageError": mr.StorageError, "TrainingFailedError": mr.TrainingFailedError, "TypeError": TypeError}[CATALOGUE[row][1]]
     with pytest.raises(Exception) as caught:
         fn()
     assert type(caught.value) is kind, f"row {row}: raised {type(caught.value).__name__}: {caught.value}"

@@ -63,12 +63,17 @@ def test_fit_with_two_hosts(tmp_path):
     assert result.metrics["sum"] == 3 and result.metrics["devices"] == 2
 
 
-def test_failure_is_returned_as_result_error(tmp_path):
-    result = meshrun.Trainer(
-        failing_fn,
-        scaling_config=meshrun.ScalingConfig(num_workers=2),
-        run_config=meshrun.RunConfig(name="bad", storage_path=str(tmp_path / "runs"), tee="none"),
-    ).fit()
+def test_a_failed_fit_raises_with_the_result_attached(tmp_path):
+    # As Ray Train's fit() does: a script (or CI) that runs it exits non-zero.
+    with pytest.raises(meshrun.TrainingFailedError) as info:
+        meshrun.Trainer(
+            failing_fn,
+            scaling_config=meshrun.ScalingConfig(num_workers=2),
+            run_config=meshrun.RunConfig(name="bad", storage_path=str(tmp_path / "runs"), tee="none"),
+        ).fit()
+    assert isinstance(info.value, meshrun.RunFailedError)
+    assert "rank 1 raised KeyError: 'missing from rank 1'" in str(info.value)
+    result = info.value.result
     assert result.status == "failed"
     assert isinstance(result.error, meshrun.RunFailedError)
     assert isinstance(result.error, meshrun.MeshrunError)
@@ -199,10 +204,10 @@ def test_train_fn_that_cannot_be_pickled(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
-@covers("py-report-not-a-dict", "py-report-checkpoint-without-step", "py-report-total-steps-negative")
+@covers("py-report-not-a-dict", "py-report-step-negative", "py-report-total-steps-negative")
 def test_report_arguments():
     raises("py-report-not-a-dict", lambda: meshrun.report([1]))
-    raises("py-report-checkpoint-without-step", lambda: meshrun.report({"loss": 1.0}, checkpoint={"w": np.zeros(2)}))
+    raises("py-report-step-negative", lambda: meshrun.report({"loss": 1.0}, step=-1))
     raises("py-report-total-steps-negative", lambda: meshrun.report({"loss": 1.0}, total_steps=-1))
 
 

@@ -86,12 +86,14 @@ def test_function_mode_traceback_names_the_users_file_and_line(tmp_path):
         raise ValueError(f"bad learning rate {config['lr']}")
 
     raise_line = train.__code__.co_firstlineno + 1
-    result = mr.Trainer(
-        train,
-        train_loop_config={"lr": -1},
-        scaling_config=mr.ScalingConfig(num_workers=1),
-        run_config=mr.RunConfig(name="fn", storage_path=str(tmp_path / "runs"), progress=False),
-    ).fit()
+    with pytest.raises(mr.TrainingFailedError) as info:
+        mr.Trainer(
+            train,
+            train_loop_config={"lr": -1},
+            scaling_config=mr.ScalingConfig(num_workers=1),
+            run_config=mr.RunConfig(name="fn", storage_path=str(tmp_path / "runs"), progress=False),
+        ).fit()
+    result = info.value.result
     assert result.status == "failed"
     where = f'{__file__}", line {raise_line}, in train'
     assert where in str(result.error), str(result.error)

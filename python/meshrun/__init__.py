@@ -7,7 +7,7 @@ The package stays light on import (no JAX), because every worker and the
 from meshrun._native import __version__
 from meshrun.context import Context, get_context, init
 from meshrun.checkpoint import Checkpoint, get_checkpoint, restore, save
-from meshrun.errors import CheckpointError, ConfigError, ControlError, DataError, MeshrunError, RunFailedError, StorageError
+from meshrun.errors import CheckpointError, ConfigError, ControlError, DataError, MeshrunError, RunFailedError, StorageError, TrainingFailedError
 from meshrun.ray_data import get_dataset_shard
 from meshrun.reporting import report
 from meshrun.trainer import CheckpointConfig, FailureConfig, Result, RunConfig, ScalingConfig, Trainer
@@ -28,6 +28,7 @@ __all__ = [
     "ScalingConfig",
     "StorageError",
     "Trainer",
+    "TrainingFailedError",
     "__version__",
     "get_checkpoint",
     "get_context",

@@ -17,12 +17,23 @@ first; :func:`wait` waits for the last one.
 ``jax.ShapeDtypeStruct`` s with a sharding), exactly the region each local
 device needs, from whichever stored shards overlap it, so a checkpoint
 restores onto another process count, mesh or partitioning.
+
+A folder the program wrote itself (with Orbax, say) is checkpointed Ray
+Train's way: ``report(metrics, checkpoint=Checkpoint.from_directory(d))``
+from one rank or several copies it into the step's folder before
+``report`` returns (rank 0's files at the top, rank R's under
+``rank-R/``); the step commits once every rank has reported it, and
+``get_checkpoint().as_directory()`` gives the folder back.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +43,7 @@ from meshrun import _connection, _goodput, _native, _values
 from meshrun.context import get_context
 from meshrun.errors import CheckpointError, ConfigError, StorageError
 
-__all__ = ["Checkpoint", "get_checkpoint", "restore", "save", "wait"]
+__all__ = ["Checkpoint", "get_checkpoint", "restore", "save", "save_directory", "wait"]
 
 _writer: threading.Thread | None = None
 _writer_error: BaseException | None = None
@@ -40,14 +51,53 @@ _writer_error: BaseException | None = None
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """A committed checkpoint: its folder (a path, or a URL such as
-    ``s3://bucket/prefix/NAME/checkpoints/step-40``) and step."""
+    """A checkpoint: a committed step of a run (its folder, a path or a URL
+    such as ``s3://bucket/prefix/NAME/checkpoints/step-40``, and its step),
+    or a local folder to hand to :func:`meshrun.report`
+    (:meth:`from_directory`; its ``step`` is ``None``)."""
 
     path: str
-    step: int
+    step: int | None = None
+
+    @classmethod
+    def from_directory(cls, path: str | os.PathLike[str]) -> Checkpoint:
+        """The local folder ``path`` (written by the program, e.g. with
+        Orbax), to pass to ``report(checkpoint=...)``, as in Ray Train."""
+        folder = os.fspath(path)
+        if "://" in folder:
+            raise ConfigError(f"Checkpoint.from_directory takes a local folder, got the URL {folder!r}; write the checkpoint into a local (temporary) folder and meshrun copies it into the run's storage")
+        if not os.path.isdir(folder):
+            raise ConfigError(f"Checkpoint.from_directory: {folder!r} is not a folder")
+        return cls(os.path.abspath(folder))
 
     def manifest(self) -> dict[str, Any]:
+        if self.step is None:
+            raise CheckpointError(f"{self.path} is a folder to hand to report(), not a committed checkpoint: it has no manifest")
         return _native.CheckpointReader(self.path).manifest()
+
+    @contextmanager
+    def as_directory(self) -> Iterator[str]:
+        """A local folder with the checkpoint's files, for as long as the
+        ``with`` block lasts: the checkpoint's own folder when it is on
+        this host's disk (do not change it), else a copy fetched from the
+        run's storage (into the scratch folder) and removed afterwards."""
+        if "://" not in self.path:
+            yield self.path
+            return
+        with tempfile.TemporaryDirectory(prefix="meshrun-checkpoint-", dir=_scratch()) as folder:
+            _native.fetch_directory(self.path, folder)
+            yield folder
+
+    def to_directory(self, path: str | os.PathLike[str] | None = None) -> str:
+        """Copies the checkpoint's files into ``path`` (default: a new
+        temporary folder) and returns it."""
+        dest = tempfile.mkdtemp(prefix="meshrun-checkpoint-", dir=_scratch()) if path is None else os.fspath(path)
+        os.makedirs(dest, exist_ok=True)
+        if self.step is None:
+            shutil.copytree(self.path, dest, dirs_exist_ok=True)
+        else:
+            _native.fetch_directory(self.path, dest)
+        return dest
 
     @property
     def metrics(self) -> dict[str, Any]:
@@ -58,6 +108,12 @@ class Checkpoint:
     def extra(self) -> dict[str, Any]:
         """What was passed as ``extra=`` when saving (e.g. the loader's state)."""
         return (self.manifest().get("extra") or {}).get("user", {})
+
+
+def _scratch() -> str | None:
+    """The host's scratch folder, where a fetched checkpoint goes."""
+    scratch = os.environ.get("MESHRUN_SCRATCH")
+    return scratch if scratch and os.path.isdir(scratch) else None
 
 
 def _root() -> str:
@@ -164,6 +220,28 @@ def save(step: int, state: Any, *, metrics: dict[str, Any] | None = None, extra:
     _writer.start()
 
 
+@_goodput.counts_as("checkpoint")
+def save_directory(step: int, folder: str, *, metrics: dict[str, Any] | None = None, extra: dict[str, Any] | None = None) -> bool:
+    """Copies the local ``folder`` as this rank's part of checkpoint
+    ``step`` and tells the controller; returns once the copy is in the
+    run's storage (the folder may be deleted then), ``False`` when the
+    storage failed and the run's policy is to train on."""
+    root = _root()
+    ctx = get_context()
+    wait()
+    client = _connection.client()
+    try:
+        written = _native.write_directory(root, step, ctx.rank, folder)
+    except StorageError as exc:
+        if client is not None and os.environ.get("MESHRUN_ON_SAVE_ERROR", "continue") == "continue":
+            client.save_failed(step, str(exc))
+            return False
+        raise
+    if client is not None:
+        client.checkpoint_written(step, written, _values.plain({"metrics": metrics or {}, "user": extra or {}}))
+    return True
+
+
 def get_checkpoint() -> Checkpoint | None:
     """The checkpoint to resume from, or None: the one the controller chose
     for this attempt (the newest that verifies, or ``--resume-from``), or a
@@ -191,6 +269,8 @@ def restore(target: Any, checkpoint: Checkpoint | str | os.PathLike | None = Non
             raise CheckpointError(f"no committed checkpoint in {_root()}")
     path = checkpoint.path if isinstance(checkpoint, Checkpoint) else os.fspath(checkpoint)
     reader = _native.CheckpointReader(path)
+    if reader.manifest().get("files"):
+        raise CheckpointError(f"{path} holds a folder a rank handed over (Checkpoint.from_directory), not a sharded state: open it with `with checkpoint.as_directory() as folder:` and load it as it was written")
     saved = {leaf["path"]: leaf for leaf in reader.manifest()["leaves"]}
     from meshrun.sharding import _path_str
 

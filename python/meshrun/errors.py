@@ -12,6 +12,7 @@ from meshrun._native import (
     MeshrunError,
     RunFailedError,
     StorageError,
+    TrainingFailedError,
 )
 
-__all__ = ["CheckpointError", "ConfigError", "ControlError", "DataError", "MeshrunError", "RunFailedError", "StorageError"]
+__all__ = ["CheckpointError", "ConfigError", "ControlError", "DataError", "MeshrunError", "RunFailedError", "StorageError", "TrainingFailedError"]

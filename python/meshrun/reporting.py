@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 from meshrun import _cluster, _connection, _goodput, _values, checkpoint as ckpt
 from meshrun.context import get_context
+from meshrun.errors import ConfigError, MeshrunError
 
 __all__ = ["report"]
 
@@ -36,6 +37,30 @@ class _Record(NamedTuple):
 _queue: deque[_Record] = deque()
 _lock = threading.Lock()
 _warned = False
+# The step of the next report that names none (Ray Train's programs rarely
+# do): one more than the last step reported, starting after the step this
+# attempt resumed from, so that every rank numbers its reports alike.
+_next_step: int | None = None
+
+
+def _step_of(step: int | None, metrics: Mapping[str, Any]) -> int:
+    global _next_step
+    if step is None and isinstance(metrics.get("step"), int) and not isinstance(metrics.get("step"), bool):
+        step = metrics["step"]
+    if step is None:
+        if _next_step is None:
+            _next_step = _first_step()
+        step = _next_step
+    _next_step = step + 1
+    return step
+
+
+def _first_step() -> int:
+    try:
+        resumed = ckpt.get_checkpoint()
+    except MeshrunError:  # no run's storage to look in
+        return 0
+    return 0 if resumed is None or resumed.step is None else resumed.step + 1
 
 
 def _ready(value: Any) -> bool:
@@ -85,11 +110,17 @@ def report(
     total_steps: int | None = None,
 ) -> None:
     """Records ``metrics`` (rank 0's go to ``metrics.jsonl``). Returns without
-    waiting for the device; ``step`` defaults to ``metrics["step"]``.
+    waiting for the device; ``step`` defaults to ``metrics["step"]``, else
+    to one more than the step reported before (the first report of an
+    attempt: one more than the step it resumed from, or 0).
 
     With ``checkpoint`` (a pytree), also saves it as that step, with the
     metrics and ``extra`` (for example the data loader's state) in its
-    manifest: see :func:`meshrun.save`. With a checkpoint interval
+    manifest: see :func:`meshrun.save`. Every rank passes its state. With
+    ``checkpoint=Checkpoint.from_directory(folder)`` (Ray Train's way), the
+    folder is copied into the run's storage before ``report`` returns, from
+    whichever ranks pass one; the step commits once every rank has
+    reported it. With a checkpoint interval
     (``--checkpoint-every N`` / ``CheckpointConfig(every_n_steps=N)``) only
     steps divisible by N are saved, so the state can be passed at every
     step; then a preempted run (SIGTERM to ``meshrun``) saves at its next
@@ -100,18 +131,35 @@ def report(
         raise TypeError(f"meshrun.report expects a dict of metrics, got {type(metrics).__name__}")
     if total_steps is not None and (isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 0):
         raise TypeError(f"meshrun.report(total_steps=...) must be a non-negative integer, got {total_steps!r}")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+        raise TypeError(f"meshrun.report(step=...) must be a non-negative integer, got {step!r}")
+    folder = None
+    if isinstance(checkpoint, ckpt.Checkpoint):
+        if checkpoint.step is not None:
+            raise ConfigError(
+                f"meshrun.report(checkpoint=...) got committed checkpoint step {checkpoint.step} of the run ({checkpoint.path}); "
+                "pass the state to save, or a new folder with meshrun.Checkpoint.from_directory(path)"
+            )
+        folder = checkpoint.path
+    elif type(checkpoint).__name__ == "Checkpoint" and hasattr(checkpoint, "as_directory"):
+        raise ConfigError(
+            f"meshrun.report(checkpoint=...) got a {type(checkpoint).__module__}.Checkpoint; "
+            "use meshrun.Checkpoint.from_directory(path) for the folder, or pass the state (a pytree) itself"
+        )
+    at = _step_of(step, metrics)
     saving = preempting = False
     if checkpoint is not None:
-        at = step if step is not None else metrics.get("step")
-        if not isinstance(at, int):
-            raise TypeError("meshrun.report(checkpoint=...) needs the step: pass step= or a metrics['step'] integer")
         if _checkpoint_due(at):
             client = _connection.client()
             preempting = client is not None and client.checkpoint_requested()
             if preempting:
                 client.preempt_save(at)
-            ckpt.save(at, checkpoint, metrics=_values.plain(dict(metrics)), extra=extra)
-            saving = True
+            plain = _values.plain(dict(metrics))
+            if folder is not None:
+                saving = ckpt.save_directory(at, folder, metrics=plain, extra=extra)
+            else:
+                ckpt.save(at, checkpoint, metrics=plain, extra=extra)
+                saving = True
     if _connection.client() is None:
         if not _warned:
             _warned = True
@@ -120,9 +168,7 @@ def report(
     # A cheap flag once it has decided; the first report is where a user
     # who forgot jax.distributed.initialize() can first be told.
     _cluster.warn_if_not_joined()
-    if step is None and isinstance(metrics.get("step"), int):
-        step = metrics["step"]
-    record = _Record(step, dict(metrics), checkpoint is not None, saving, _goodput.due(saving), total_steps)
+    record = _Record(at, dict(metrics), checkpoint is not None, saving, _goodput.due(saving), total_steps)
     with _lock:
         _queue.append(record)
     _send_ready(wait=False)

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from meshrun import _native, ray_data
-from meshrun.errors import ConfigError, RunFailedError
+from meshrun.checkpoint import Checkpoint
+from meshrun.errors import ConfigError, MeshrunError, RunFailedError, TrainingFailedError
 
 __all__ = ["CheckpointConfig", "FailureConfig", "Result", "RunConfig", "ScalingConfig", "Trainer"]
 
@@ -114,7 +115,10 @@ class RunConfig:
 @dataclass
 class Result:
     """How a run ended: rank 0's last reported metrics, the run directory,
-    and the error when it failed (``None`` on success)."""
+    the error when it failed (``None`` on success), and its committed
+    checkpoints: the newest (``checkpoint``) and every one kept, with the
+    metrics saved with it (``best_checkpoints``, oldest first), as in Ray
+    Train."""
 
     metrics: dict[str, Any] | None
     path: str
@@ -122,6 +126,30 @@ class Result:
     status: str
     failure: dict[str, Any] | None = None
     attempts: int = 1
+    checkpoint: Checkpoint | None = None
+    best_checkpoints: list[tuple[Checkpoint, dict[str, Any]]] = field(default_factory=list)
+
+    @property
+    def metrics_dataframe(self) -> Any:
+        """Rank 0's reports as a pandas ``DataFrame`` (one row a report:
+        its metrics, ``step``, ``attempt`` and ``time``); needs pandas."""
+        try:
+            import pandas as pd
+        except ImportError as exc:
+            raise ConfigError("Result.metrics_dataframe needs pandas: pip install pandas") from exc
+        records, _ = _native.read_metrics(self.path, 0)
+        return pd.DataFrame([{**r["metrics"], "step": r["step"], "attempt": r["attempt"], "time": r["time"]} for r in records])
+
+
+def _checkpoints(root: str) -> list[tuple[Checkpoint, dict[str, Any]]]:
+    """The committed checkpoints under ``root``, oldest first, with their
+    metrics; none when the storage cannot be read (the run's result is
+    still given)."""
+    try:
+        found = [Checkpoint(path, step) for path, step in _native.committed_checkpoints(root)]
+        return [(c, c.metrics) for c in found]
+    except MeshrunError:
+        return []
 
 
 def _dumps_keeping_file_names(obj: Any) -> bytes:
@@ -193,7 +221,10 @@ class Trainer:
             ) from exc
 
     def fit(self) -> Result:
-        """Runs to the end and returns the result; Ctrl-C stops every worker."""
+        """Runs to the end and returns the result; Ctrl-C stops every
+        worker. A run that failed (its restarts used up) raises
+        :class:`meshrun.TrainingFailedError`, whose ``result`` is the
+        :class:`Result`, as Ray Train's ``fit()`` does."""
         # Workers import what this process can import.
         paths = [p for p in sys.path if p and os.path.isdir(p)]
         env = dict(self.run.env)
@@ -218,11 +249,19 @@ class Trainer:
         finally:
             if host is not None:
                 host.close()
-        return Result(
+        kept = _checkpoints(plan.checkpoints_dir)
+        result = Result(
             metrics=out.metrics,
             path=os.fspath(out.run_dir),
             error=None if out.succeeded else RunFailedError(out.summary or f"run {out.name} {out.status}"),
             status=out.status,
             failure=out.failure,
             attempts=out.attempts,
+            checkpoint=kept[-1][0] if kept else None,
+            best_checkpoints=kept,
         )
+        if out.status == "failed":
+            error = TrainingFailedError(f"run {out.name} failed after {out.attempts} attempt(s): {out.summary or 'see ' + result.path}")
+            error.result = result
+            raise error
+        return result

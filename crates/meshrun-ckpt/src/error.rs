@@ -52,6 +52,26 @@ pub enum CkptError {
     Store(meshrun_store::StoreError),
     #[error("checkpoint step {step} is already committed at '{url}'; it was not replaced")]
     AlreadyCommitted { step: u64, url: String },
+    #[error("'{0}' is not a folder: Checkpoint.from_directory(...) takes the local folder the checkpoint was written into")]
+    NotADirectory(PathBuf),
+    #[error("'{0}' is neither a file nor a folder (a socket, a pipe or a device): a checkpoint folder may hold files and folders only")]
+    NotAFile(PathBuf),
+    #[error(
+        "'{0}': a file name that is not UTF-8 cannot be kept in a checkpoint's manifest; rename it"
+    )]
+    FileName(PathBuf),
+    #[error("'{path}' holds '{name}' at its top, a name meshrun keeps beside rank 0's files in a checkpoint (manifest.json, rank-N/ for rank N's files); move it into a subfolder or rename it")]
+    ReservedName { path: PathBuf, name: String },
+    #[error("'{path}' has {size} bytes or a checksum that differs from what was saved ({expected} bytes): the checkpoint is damaged, restore another one (`meshrun ckpt ls` lists them)")]
+    FileChanged {
+        path: PathBuf,
+        size: u64,
+        expected: u64,
+    },
+    #[error("'{0}' holds a sharded state, not a folder: restore it with meshrun.restore(target, checkpoint)")]
+    NotADirectoryCheckpoint(PathBuf),
+    #[error("'{0}' holds a folder a rank handed over (Checkpoint.from_directory), not a sharded state: open it with `with checkpoint.as_directory() as path:`")]
+    DirectoryCheckpoint(PathBuf),
     #[error("shard of leaf '{leaf}' has {got} bytes, expected {expected} for region {region:?}")]
     ShardSize {
         leaf: String,

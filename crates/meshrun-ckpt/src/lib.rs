@@ -13,6 +13,7 @@
 
 pub mod boxes;
 pub mod commit;
+pub mod directory;
 pub mod error;
 pub mod manifest;
 pub mod read;

@@ -32,6 +32,10 @@ pub struct Manifest {
     pub format: u32,
     pub step: u64,
     pub leaves: Vec<Leaf>,
+    /// A directory checkpoint's files (see [`crate::directory`]); then
+    /// `leaves` is empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<crate::directory::FileRecord>,
     /// Everything else the run saves with the step (tree structure,
     /// metrics, loader state, RNG), as the Python layer gives it.
     pub extra: serde_json::Value,
@@ -61,6 +65,11 @@ impl Manifest {
             path: dir.join(MANIFEST).as_path(),
             message: e.to_string(),
         })
+    }
+
+    /// Whether it records folders the ranks handed over, not shards.
+    pub fn is_directory(&self) -> bool {
+        !self.files.is_empty()
     }
 
     pub fn leaf(&self, path: &str) -> Result<&Leaf, CkptError> {

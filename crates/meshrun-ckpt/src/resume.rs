@@ -229,6 +229,7 @@ mod tests {
                 shape: vec![4],
                 shards: shards.into_iter().map(|(_, s)| s).collect(),
             }],
+            files: vec![],
             extra: serde_json::json!({}),
             attempt,
         };

@@ -219,16 +219,19 @@ impl WorkerClient {
         let _ = self.tx.send(Outgoing::Msg(Message::Timing { timing }));
     }
 
-    /// Tells the controller this rank's shards of checkpoint `step` are on disk.
+    /// Tells the controller this rank's shards of checkpoint `step` are on
+    /// disk (`leaves`), or its copy of the folder it handed over (`files`).
     pub fn checkpoint_written(
         &self,
         step: u64,
         leaves: Vec<meshrun_ckpt::manifest::Leaf>,
+        files: Option<Vec<meshrun_ckpt::directory::FileRecord>>,
         extra: Option<serde_json::Value>,
     ) {
         let _ = self.tx.send(Outgoing::Msg(Message::CheckpointWritten {
             step,
             leaves,
+            files,
             extra,
         }));
     }

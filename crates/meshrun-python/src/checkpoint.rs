@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use meshrun_ckpt::commit::committed;
+use meshrun_ckpt::directory::FileRecord;
 use meshrun_ckpt::manifest::Leaf;
 use meshrun_ckpt::read::{Reader, Request};
 use meshrun_ckpt::resume::{for_attempt, CHECKPOINTS};
@@ -38,17 +39,70 @@ pub fn checkpoints_dir(run_dir: &Bound<'_, PyAny>) -> PyResult<String> {
     Ok(location(run_dir)?.join(CHECKPOINTS).to_string())
 }
 
-/// What one rank wrote of a checkpoint: its leaves and their shard
-/// records, for `WorkerClient.checkpoint_written`.
+/// What one rank wrote of a checkpoint, for
+/// `WorkerClient.checkpoint_written`: its leaves and their shard records,
+/// or the records of the files of the folder it handed over.
 #[pyclass(frozen, module = "meshrun._native")]
-pub struct WrittenShards(pub Vec<Leaf>);
+pub struct WrittenShards {
+    pub leaves: Vec<Leaf>,
+    pub files: Option<Vec<FileRecord>>,
+}
 
 #[pymethods]
 impl WrittenShards {
-    /// How many leaves this rank wrote shards of.
+    /// How many leaves (or files) this rank wrote.
     fn __len__(&self) -> usize {
-        self.0.len()
+        self.files.as_ref().map_or(self.leaves.len(), Vec::len)
     }
+}
+
+/// Copies the local folder `src` as rank `rank`'s part of checkpoint
+/// `step` under the checkpoints folder `root` (a path, synced, or a URL:
+/// uploaded); returns the records of its files for the controller.
+#[pyfunction]
+pub fn write_directory(
+    py: Python<'_>,
+    root: &Bound<'_, PyAny>,
+    step: u64,
+    rank: u32,
+    src: std::path::PathBuf,
+) -> PyResult<WrittenShards> {
+    let root = location(root)?;
+    let files = py
+        .detach(|| meshrun_ckpt::directory::write_directory(&root, step, rank, &src))
+        .map_err(|e| to_py(&e))?;
+    Ok(WrittenShards {
+        leaves: Vec::new(),
+        files: Some(files),
+    })
+}
+
+/// The committed checkpoints under the checkpoints folder `root`, oldest
+/// first, as (folder, step).
+#[pyfunction]
+pub fn committed_checkpoints(
+    py: Python<'_>,
+    root: &Bound<'_, PyAny>,
+) -> PyResult<Vec<(String, u64)>> {
+    let root = location(root)?;
+    let found = py.detach(|| committed(&root)).map_err(|e| to_py(&e))?;
+    Ok(found
+        .into_iter()
+        .map(|(step, dir)| (dir.to_string(), step))
+        .collect())
+}
+
+/// Copies the files of the directory checkpoint `dir` (a path or a URL)
+/// into the local folder `dest`, each checked; returns how many.
+#[pyfunction]
+pub fn fetch_directory(
+    py: Python<'_>,
+    dir: &Bound<'_, PyAny>,
+    dest: std::path::PathBuf,
+) -> PyResult<usize> {
+    let dir = location(dir)?;
+    py.detach(|| meshrun_ckpt::directory::fetch_directory(&dir, &dest))
+        .map_err(|e| to_py(&e))
 }
 
 /// One shard from Python: (leaf path, dtype, global shape, region, bytes).
@@ -135,7 +189,10 @@ pub fn write_shards(
             l.shards.push(record);
         }
     }
-    Ok(WrittenShards(leaves.into_values().collect()))
+    Ok(WrittenShards {
+        leaves: leaves.into_values().collect(),
+        files: None,
+    })
 }
 
 /// The checkpoint `meshrun.get_checkpoint()` gives, as (path, step), from

@@ -31,6 +31,12 @@ create_exception!(
 );
 create_exception!(
     meshrun,
+    TrainingFailedError,
+    RunFailedError,
+    "Raised by `Trainer.fit()` when the run failed, as Ray Train's is; its `result` is the run's `Result`."
+);
+create_exception!(
+    meshrun,
     DataError,
     MeshrunError,
     "A data file is missing, truncated, corrupt or does not match the request."
@@ -60,6 +66,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ConfigError", py.get_type::<ConfigError>())?;
     m.add("ControlError", py.get_type::<ControlError>())?;
     m.add("RunFailedError", py.get_type::<RunFailedError>())?;
+    m.add("TrainingFailedError", py.get_type::<TrainingFailedError>())?;
     m.add("DataError", py.get_type::<DataError>())?;
     m.add("CheckpointError", py.get_type::<CheckpointError>())?;
     m.add("StorageError", py.get_type::<StorageError>())?;
@@ -99,6 +106,11 @@ pub fn usage_to_py(err: &UsageError) -> PyErr {
 pub fn ckpt_to_py(err: &CkptError) -> PyErr {
     match err {
         CkptError::Io { .. } | CkptError::Store(_) => StorageError::new_err(err.to_string()),
+        // A folder handed to `report` that cannot be a checkpoint as it is.
+        CkptError::NotADirectory(_)
+        | CkptError::NotAFile(_)
+        | CkptError::FileName(_)
+        | CkptError::ReservedName { .. } => ConfigError::new_err(err.to_string()),
         _ => CheckpointError::new_err(err.to_string()),
     }
 }

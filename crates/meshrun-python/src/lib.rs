@@ -41,6 +41,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<checkpoint::WrittenShards>()?;
     m.add_function(wrap_pyfunction!(checkpoint::checkpoints_dir, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint::write_shards, m)?)?;
+    m.add_function(wrap_pyfunction!(checkpoint::write_directory, m)?)?;
+    m.add_function(wrap_pyfunction!(checkpoint::fetch_directory, m)?)?;
+    m.add_function(wrap_pyfunction!(checkpoint::committed_checkpoints, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint::resume_checkpoint, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint::storage_roundtrip, m)?)?;
     errors::register(m)?;

@@ -37,6 +37,15 @@ impl Plan {
     fn run_dir(&self) -> PathBuf {
         self.plan.run_dir.clone()
     }
+
+    /// Where the run's checkpoints are: a path, or a URL.
+    #[getter]
+    fn checkpoints_dir(&self) -> String {
+        self.plan
+            .storage_dir()
+            .join(meshrun_ckpt::resume::CHECKPOINTS)
+            .to_string()
+    }
 }
 
 /// Checks a `Trainer`'s request: the configuration objects' types here,

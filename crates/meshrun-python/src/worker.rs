@@ -144,7 +144,9 @@ impl WorkerClient {
         let extra = extra.map(|e| to_value("extra", e)).transpose()?;
         // The records travel in one control frame; a tree too large for it
         // is refused here, loudly, instead of a frame the connection drops.
-        let size = json_size(&shards.0) + extra.as_ref().map_or(0, json_size);
+        let size = json_size(&shards.leaves)
+            + json_size(&shards.files)
+            + extra.as_ref().map_or(0, json_size);
         if size + FRAME_HEADROOM > MAX_FRAME_BYTES {
             return Err(CheckpointError::new_err(format!(
                 "step {step}: this rank's shard list and metadata take {size} bytes, over the \
@@ -153,7 +155,8 @@ impl WorkerClient {
                 MAX_FRAME_BYTES - FRAME_HEADROOM
             )));
         }
-        self.0.checkpoint_written(step, shards.0.clone(), extra);
+        self.0
+            .checkpoint_written(step, shards.leaves.clone(), shards.files.clone(), extra);
         Ok(())
     }
 

@@ -42,6 +42,7 @@ fn resharded_reads_and_crc_detection() {
         format: FORMAT_VERSION,
         step: 7,
         leaves: vec![leaf],
+        files: vec![],
         extra: serde_json::json!({}),
         attempt: None,
     };

@@ -1,12 +1,11 @@
 //! The controller's part of checkpointing: choose the checkpoint each
-//! attempt resumes from, collect every rank's `CheckpointWritten`, and when
-//! all have written, commit the step (write the manifest, rename
-//! `tmp-<step>` to `step-<step>`). Uncommitted folders left by a crash are
-//! removed when a run (re)starts.
-
-use std::collections::{BTreeMap, BTreeSet};
+//! attempt resumes from, gather the ranks' parts of each step (see
+//! [`super::gather`]), and when a step is complete, commit it (write the
+//! manifest, rename `tmp-<step>` to `step-<step>`). Uncommitted folders
+//! left by a crash are removed when a run (re)starts.
 
 use meshrun_ckpt::commit::{clean_uncommitted, commit, committed, delete, set_aside, step_at};
+use meshrun_ckpt::directory::FileRecord;
 use meshrun_ckpt::manifest::{Leaf, Manifest, FORMAT_VERSION};
 use meshrun_ckpt::resume::{
     newest_verified, supersede_newer, verify, Skipped, CHECKPOINTS, DAMAGED,
@@ -16,22 +15,35 @@ use meshrun_ckpt::store::Location;
 use meshrun_ckpt::CkptError;
 use meshrun_record::Event;
 
+pub use super::gather::Part;
+use super::gather::{Decided, Gather};
 use super::terminal::terminal;
 use crate::error::CoreError;
 use crate::rundir::RunDir;
 
-#[derive(Default)]
-struct Pending {
-    ranks: BTreeSet<u32>,
-    leaves: BTreeMap<String, Leaf>,
-    extra: Option<serde_json::Value>,
+/// What became of a step the ranks' parts completed.
+#[derive(Debug)]
+pub enum Done {
+    Committed {
+        step: u64,
+        path: Location,
+    },
+    Failed {
+        step: u64,
+        error: CkptError,
+    },
+    /// It cannot be committed, for a reason the user must fix.
+    Refused {
+        step: u64,
+        rank: u32,
+        error: String,
+    },
 }
 
 pub struct Checkpoints {
     root: Location,
-    world: u32,
     retention: Option<Retention>,
-    pending: BTreeMap<u64, Pending>,
+    gather: Gather,
     attempt: u32,
     /// The step this attempt resumes from.
     resume: Option<u64>,
@@ -72,9 +84,8 @@ impl Checkpoints {
         let removed = clean_uncommitted(&root)?;
         let mut me = Self {
             root,
-            world,
             retention,
-            pending: BTreeMap::new(),
+            gather: Gather::new(world),
             attempt,
             resume: None,
             requested: requested.is_some(),
@@ -167,39 +178,62 @@ impl Checkpoints {
         Ok(())
     }
 
-    /// Records one rank's shards; commits when every rank has written.
-    /// Returns the committed folder then.
+    /// Records one rank's part of `step`; commits what that completes.
     pub fn written(
         &mut self,
         rank: u32,
         step: u64,
-        leaves: Vec<Leaf>,
+        part: Part,
         extra: Option<serde_json::Value>,
-    ) -> Result<Option<Location>, CkptError> {
-        let p = self.pending.entry(step).or_default();
-        if !p.ranks.insert(rank) {
-            return Ok(None);
-        }
-        for leaf in leaves {
-            match p.leaves.get_mut(&leaf.path) {
-                Some(known) => known.shards.extend(leaf.shards),
-                None => {
-                    p.leaves.insert(leaf.path.clone(), leaf);
-                }
-            }
-        }
-        if extra.is_some() {
-            p.extra = extra;
-        }
-        if p.ranks.len() < self.world as usize {
-            return Ok(None);
-        }
-        let p = self.pending.remove(&step).expect("present");
+    ) -> Vec<Done> {
+        let decided = self.gather.written(rank, step, part, extra);
+        self.settle(decided)
+    }
+
+    /// Records one rank's report of `step`; commits what that completes
+    /// (a folder from another rank waits for every rank's report).
+    pub fn reported(&mut self, rank: u32, step: u64, passed: bool, saving: bool) -> Vec<Done> {
+        let decided = self.gather.reported(rank, step, passed, saving);
+        self.settle(decided)
+    }
+
+    /// A rank's save of `step` failed: the step is never committed.
+    pub fn abandon(&mut self, step: u64) {
+        self.gather.abandon(step);
+    }
+
+    fn settle(&mut self, decided: Vec<Decided>) -> Vec<Done> {
+        decided
+            .into_iter()
+            .filter_map(|d| match d {
+                Decided::Complete {
+                    step,
+                    leaves,
+                    files,
+                    extra,
+                } => Some(match self.commit_step(step, leaves, files, extra) {
+                    Ok(path) => Done::Committed { step, path },
+                    Err(error) => Done::Failed { step, error },
+                }),
+                Decided::Refused { step, rank, error } => Some(Done::Refused { step, rank, error }),
+                Decided::Dropped { .. } => None,
+            })
+            .collect()
+    }
+
+    fn commit_step(
+        &mut self,
+        step: u64,
+        leaves: Vec<Leaf>,
+        files: Vec<FileRecord>,
+        extra: Option<serde_json::Value>,
+    ) -> Result<Location, CkptError> {
         let manifest = Manifest {
             format: FORMAT_VERSION,
             step,
-            leaves: p.leaves.into_values().collect(),
-            extra: p.extra.unwrap_or(serde_json::Value::Null),
+            leaves,
+            files,
+            extra: extra.unwrap_or(serde_json::Value::Null),
             attempt: Some(self.attempt),
         };
         let local = !self.root.is_remote();
@@ -212,7 +246,7 @@ impl Checkpoints {
                 "meshrun: damaged checkpoint step-{step} set aside as '{to}', so that step {step} saved again does not replace it"
             ));
         }
-        commit(&self.root, &manifest).map(Some)
+        commit(&self.root, &manifest)
     }
 }
 
@@ -309,10 +343,10 @@ mod tests {
         let (mut first, _) = Checkpoints::open(&loc(run), 1, None, 1, None).unwrap();
         assert_eq!(first.resume_step(), None);
         for step in [10, 20, 30] {
-            assert!(first
-                .written(0, step, shards(run, step), None)
-                .unwrap()
-                .is_some());
+            assert!(matches!(
+                first.written(0, step, Part::Shards(shards(run, step)), None)[..],
+                [Done::Committed { .. }]
+            ));
         }
         let file = shard_file(run, "step-30");
         let mut raw = std::fs::read(&file).unwrap();
@@ -330,11 +364,11 @@ mod tests {
         assert_eq!(second.skipped.len(), 1);
         // Counted, the damaged step 30 would be "the newest" and the good
         // ones would all go.
-        second.written(0, 25, shards(run, 25), None).unwrap();
+        second.written(0, 25, Part::Shards(shards(run, 25)), None);
         assert_eq!(second.retain().unwrap(), vec![10, 20]);
         assert_eq!(steps(run), vec![25, 30]);
         // Step 30 saved again: the damaged copy is set aside, as it was.
-        second.written(0, 30, shards(run, 30), None).unwrap();
+        second.written(0, 30, Part::Shards(shards(run, 30)), None);
         assert_eq!(
             std::fs::read(shard_file(run, "damaged-step-30")).unwrap(),
             raw
@@ -356,7 +390,7 @@ mod tests {
         let run = tmp.path();
         let (mut first, _) = Checkpoints::open(&loc(run), 1, None, 1, None).unwrap();
         for step in [1, 2, 3] {
-            first.written(0, step, shards(run, step), None).unwrap();
+            first.written(0, step, Part::Shards(shards(run, step)), None);
         }
         let (second, _) = Checkpoints::open(&loc(run), 1, None, 2, Some(1)).unwrap();
         assert_eq!(second.resume_step(), Some(1));

@@ -12,7 +12,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 
 use super::agents::Agents;
-use super::checkpoints::Checkpoints;
+use super::checkpoints::{Checkpoints, Done};
 use super::machine::{Action, Conn, Input, Machine};
 use super::output::Output;
 use super::progress::Progress;
@@ -261,22 +261,22 @@ impl<'a> Driver<'a> {
                 Action::Commit {
                     rank,
                     step,
-                    leaves,
+                    part,
                     extra,
                 } => {
-                    let input = match self.checkpoints.written(rank, step, leaves, extra) {
-                        Ok(Some(path)) => Input::Committed {
-                            step,
-                            path: path.to_string(),
-                        },
-                        Ok(None) => continue,
-                        Err(e) => Input::CommitFailed {
-                            step,
-                            error: e.to_string(),
-                        },
-                    };
-                    self.input(input)?;
+                    let done = self.checkpoints.written(rank, step, part, extra);
+                    self.settled(done)?;
                 }
+                Action::Reported {
+                    rank,
+                    step,
+                    passed,
+                    saving,
+                } => {
+                    let done = self.checkpoints.reported(rank, step, passed, saving);
+                    self.settled(done)?;
+                }
+                Action::Abandon { step } => self.checkpoints.abandon(step),
                 Action::WriteStacks { rank, text } => {
                     let dir = meshrun_record::names::stacks_dir(&self.plan.run_dir, self.attempt);
                     let path = meshrun_record::names::stack_file(&dir, rank);
@@ -295,6 +295,25 @@ impl<'a> Driver<'a> {
                     })?,
                 },
             }
+        }
+        Ok(())
+    }
+
+    /// Tells the machine what became of the steps a part completed.
+    fn settled(&mut self, done: Vec<Done>) -> Result<(), CoreError> {
+        for d in done {
+            let input = match d {
+                Done::Committed { step, path } => Input::Committed {
+                    step,
+                    path: path.to_string(),
+                },
+                Done::Failed { step, error } => Input::CommitFailed {
+                    step,
+                    error: error.to_string(),
+                },
+                Done::Refused { step, rank, error } => Input::CommitRefused { step, rank, error },
+            };
+            self.input(input)?;
         }
         Ok(())
     }

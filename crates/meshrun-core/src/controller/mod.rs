@@ -12,6 +12,7 @@
 mod agents;
 mod checkpoints;
 mod driver;
+pub mod gather;
 mod launch;
 pub mod machine;
 mod output;

@@ -211,10 +211,14 @@ pub enum Message {
         traceback: String,
     },
     /// This rank has written and synced its shards of checkpoint `step`
-    /// into `checkpoints/tmp-<step>`; `extra` comes from rank 0 only.
+    /// into `checkpoints/tmp-<step>` (`leaves`), or a copy of the folder it
+    /// handed over (`files`, a directory checkpoint); `extra`: its metrics
+    /// and info (rank 0's for a sharded state).
     CheckpointWritten {
         step: u64,
         leaves: Vec<meshrun_ckpt::manifest::Leaf>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        files: Option<Vec<meshrun_ckpt::directory::FileRecord>>,
         extra: Option<serde_json::Value>,
     },
     /// This rank could not write its shards of checkpoint `step` (the

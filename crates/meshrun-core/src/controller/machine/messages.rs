@@ -5,6 +5,7 @@ use std::time::Instant;
 use meshrun_record::{Cause, Event};
 
 use super::{Action, Conn, Machine};
+use crate::controller::gather::Part;
 use crate::protocol::Message;
 
 impl Machine {
@@ -94,6 +95,14 @@ impl Machine {
                     state.timing = Some(t);
                 }
                 self.checkpointing |= checkpoint;
+                if let Some(s) = step {
+                    self.push(Action::Reported {
+                        rank,
+                        step: s,
+                        passed: checkpoint,
+                        saving,
+                    });
+                }
                 // A rank that saved this step for the preemption waits for
                 // its commit, which cannot come now: let it go on (it may
                 // hold the others in a collective).
@@ -121,14 +130,16 @@ impl Machine {
             Message::CheckpointWritten {
                 step,
                 leaves,
+                files,
                 extra,
             } => self.push(Action::Commit {
                 rank,
                 step,
-                leaves,
+                part: files.map_or(Part::Shards(leaves), Part::Files),
                 extra,
             }),
             Message::SaveFailed { step, error } => {
+                self.push(Action::Abandon { step });
                 self.record(Event::CheckpointFailed {
                     attempt: self.attempt(),
                     step,

@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 use meshrun_record::{Cause, Event, FailureRecord};
 use serde_json::Value;
 
+use super::gather::Part;
 use super::launch::host_launches;
 use crate::error::CoreError;
 use crate::plan::RunPlan;
@@ -143,6 +144,14 @@ pub enum Input {
         step: u64,
         error: String,
     },
+    /// The ranks' parts of `step` can never make a checkpoint (a sharded
+    /// state that rank `rank` passed and others did not): the attempt
+    /// fails, naming them.
+    CommitRefused {
+        step: u64,
+        rank: u32,
+        error: String,
+    },
 }
 
 /// What the driver is to do, in order.
@@ -169,13 +178,24 @@ pub enum Action {
     /// A save began (`Some(step)`) or its commit came (`None`).
     Saving { step: Option<u64> },
     /// Rank `rank` wrote its part of checkpoint `step`: commit the step
-    /// once every rank has, and answer [`Input::Committed`].
+    /// once it is complete (see `gather`), and answer [`Input::Committed`].
     Commit {
         rank: u32,
         step: u64,
-        leaves: Vec<meshrun_ckpt::manifest::Leaf>,
+        part: Part,
         extra: Option<Value>,
     },
+    /// Rank `rank` reported `step` (`passed`: with something to
+    /// checkpoint; `saving`: its save began): a step another rank saved
+    /// may be complete now.
+    Reported {
+        rank: u32,
+        step: u64,
+        passed: bool,
+        saving: bool,
+    },
+    /// A rank's save of `step` failed: it will never be complete.
+    Abandon { step: u64 },
     /// A step was committed: apply the retention policy.
     ApplyRetention,
     /// Rank `rank`'s stacks, as its agent sent them: into the run folder.
@@ -403,6 +423,22 @@ impl Machine {
                 step,
                 error,
             }),
+            Input::CommitRefused { step, rank, error } => {
+                self.record(Event::CheckpointFailed {
+                    attempt: self.attempt(),
+                    step,
+                    error: error.clone(),
+                });
+                self.fail(
+                    now,
+                    rank,
+                    Cause::Exception {
+                        exception: "meshrun.CheckpointError".into(),
+                        message: error,
+                        traceback: String::new(),
+                    },
+                );
+            }
         }
         Ok(())
     }

@@ -199,6 +199,7 @@ fn a_preemption_that_commits_stops_at_its_checkpoint() {
         Message::CheckpointWritten {
             step: 5,
             leaves: vec![],
+            files: None,
             extra: None,
         },
     );

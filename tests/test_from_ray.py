@@ -1,0 +1,180 @@
+"""Programs written for Ray Train's ``JaxTrainer``, run by ``meshrun.Trainer``
+with their imports changed: folders handed to ``report`` by one rank
+(``Checkpoint.from_directory``), a loop without a config argument, a failed
+``fit()`` that raises, the checkpoints on the ``Result``. Real workers,
+real ``jax.distributed``, a real SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+from errors_page import covers, raises, says
+
+import meshrun
+
+pytestmark = pytest.mark.slow
+
+STEPS, KILL_AT = 8, 5
+
+
+def ray_style_loop():
+    """Rank 0 writes a folder of its own every other step and hands it to
+    ``report``; the other rank reports metrics only. Rank 0 is SIGKILLed at
+    step 5 of the first attempt."""
+    import signal
+    import tempfile
+
+    import jax.numpy as jnp
+    from jax.experimental import multihost_utils
+
+    ctx = meshrun.get_context()
+    w, start = np.zeros(4, np.float32), 0
+    checkpoint = meshrun.get_checkpoint()
+    if checkpoint:
+        with checkpoint.as_directory() as folder:
+            w = np.load(os.path.join(folder, "w.npy"))
+            with open(os.path.join(folder, "meta.json")) as f:
+                start = json.load(f)["step"] + 1
+    for step in range(start, STEPS):
+        # A collective each step, so the ranks move together as SPMD ones do.
+        w = w + np.asarray(multihost_utils.process_allgather(jnp.ones(4)).sum(axis=0))
+        if ctx.attempt == 1 and ctx.rank == 0 and step == KILL_AT:
+            os.kill(os.getpid(), signal.SIGKILL)
+        metrics = {"train_loss": 1.0 / (step + 1), "attempt": ctx.attempt, "start": start}
+        if ctx.rank == 0 and step % 2 == 1:
+            with tempfile.TemporaryDirectory() as folder:
+                np.save(os.path.join(folder, "w.npy"), w)
+                with open(os.path.join(folder, "meta.json"), "w") as f:
+                    json.dump({"step": step}, f)
+                meshrun.report(metrics, checkpoint=meshrun.Checkpoint.from_directory(folder))
+        else:
+            meshrun.report(metrics)
+
+
+def test_a_folder_from_rank_0_alone_commits_and_a_killed_run_resumes_from_it(tmp_path):
+    result = meshrun.Trainer(
+        ray_style_loop,
+        scaling_config=meshrun.ScalingConfig(num_workers=2),
+        run_config=meshrun.RunConfig(
+            name="ray", storage_path=str(tmp_path / "runs"), tee="none", progress=False,
+            failure_config=meshrun.FailureConfig(max_failures=1),
+        ),
+    ).fit()  # fmt: skip
+    assert result.status == "succeeded" and result.attempts == 2, result.error
+    # Steps 1 and 3 committed before the kill at 5; the restart resumed
+    # after step 3 and committed 5 and 7.
+    assert result.metrics["start"] == 4, result.metrics
+    steps = [c.step for c, _ in result.best_checkpoints]
+    assert steps == [1, 3, 5, 7], steps
+    assert result.best_checkpoints[-1][1]["train_loss"] == pytest.approx(1 / 8)
+    assert result.checkpoint.step == 7
+    with result.checkpoint.as_directory() as folder:
+        # 2 ranks add 1 each step: 8 steps.
+        np.testing.assert_array_equal(np.load(os.path.join(folder, "w.npy")), np.full(4, 16.0))
+    copy = result.checkpoint.to_directory(tmp_path / "copy")
+    assert sorted(os.listdir(copy)) == ["meta.json", "w.npy"]
+    with open(os.path.join(result.path, "events.jsonl")) as f:
+        events = [json.loads(line) for line in f]
+    assert [e["step"] for e in events if e["event"] == "resuming"] == [3]
+    assert not list((tmp_path / "runs" / "ray" / "checkpoints").glob("tmp-*"))
+
+
+def folders_from_both_ranks():
+    import tempfile
+
+    ctx = meshrun.get_context()
+    with tempfile.TemporaryDirectory() as folder:
+        with open(os.path.join(folder, "mine.txt"), "w") as f:
+            f.write(f"rank {ctx.rank}")
+        meshrun.report({"step": 0}, checkpoint=meshrun.Checkpoint.from_directory(folder))
+
+
+@covers("py-checkpoint-directory-restore")
+def test_folders_from_every_rank_are_kept_rank_0_at_the_top_others_under_rank_r(tmp_path):
+    result = meshrun.Trainer(
+        folders_from_both_ranks,
+        scaling_config=meshrun.ScalingConfig(num_workers=2),
+        run_config=meshrun.RunConfig(name="both", storage_path=str(tmp_path / "runs"), tee="none", progress=False),
+    ).fit()
+    with result.checkpoint.as_directory() as folder:
+        for name, text in [("mine.txt", "rank 0"), ("rank-1/mine.txt", "rank 1")]:
+            with open(os.path.join(folder, name)) as f:
+                assert f.read() == text
+    manifest = result.checkpoint.manifest()
+    assert sorted(f["path"] for f in manifest["files"]) == ["mine.txt", "rank-1/mine.txt"]
+    raises("py-checkpoint-directory-restore", lambda: meshrun.restore({"w": np.zeros(2)}, result.checkpoint))
+
+
+def pytree_from_rank_0_alone():
+    import jax.numpy as jnp
+
+    ctx = meshrun.get_context()
+    for step in range(3):
+        state = {"w": jnp.ones(2) * step}  # every rank has it; only rank 0 passes it
+        meshrun.report({"step": step}, checkpoint=state if ctx.rank == 0 else None)
+
+
+@covers("py-checkpoint-pytree-on-some-ranks")
+def test_a_pytree_passed_by_rank_0_alone_fails_the_run_naming_the_ranks(tmp_path):
+    with pytest.raises(meshrun.TrainingFailedError) as info:
+        meshrun.Trainer(
+            pytree_from_rank_0_alone,
+            scaling_config=meshrun.ScalingConfig(num_workers=2),
+            run_config=meshrun.RunConfig(name="half", storage_path=str(tmp_path / "runs"), tee="none", progress=False),
+        ).fit()
+    says("py-checkpoint-pytree-on-some-ranks", str(info.value))
+    assert info.value.result.checkpoint is None
+
+
+def orbax_loop():
+    import jax.numpy as jnp
+    import orbax.checkpoint as ocp
+
+    checkpoint = meshrun.get_checkpoint()
+    if checkpoint is None:
+        import tempfile
+
+        state = {"w": jnp.arange(6.0).reshape(2, 3), "b": jnp.float32(0.5)}
+        with tempfile.TemporaryDirectory() as folder:
+            with ocp.StandardCheckpointer() as saver:
+                saver.save(os.path.join(folder, "state"), state)
+            meshrun.report({"step": 0, "fresh": True}, checkpoint=meshrun.Checkpoint.from_directory(folder))
+        raise RuntimeError("once")
+    with checkpoint.as_directory() as folder:
+        with ocp.StandardCheckpointer() as loader:
+            state = loader.restore(os.path.join(folder, "state"))
+    meshrun.report({"step": 1, "w": np.asarray(state["w"]).tolist(), "b": float(state["b"])})
+
+
+def test_an_orbax_folder_is_kept_unchanged_and_restores(tmp_path):
+    result = meshrun.Trainer(
+        orbax_loop,
+        run_config=meshrun.RunConfig(
+            name="orbax", storage_path=str(tmp_path / "runs"), tee="none", progress=False,
+            failure_config=meshrun.FailureConfig(max_failures=1),
+        ),
+    ).fit()  # fmt: skip
+    assert result.metrics["w"] == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]] and result.metrics["b"] == 0.5, result.metrics
+
+
+@covers("py-checkpoint-folder-missing", "py-checkpoint-folder-url", "py-checkpoint-folder-reserved-name", "py-report-committed-checkpoint", "py-report-ray-checkpoint")
+def test_what_report_refuses_as_a_checkpoint(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    raises("py-checkpoint-folder-missing", lambda: meshrun.Checkpoint.from_directory("out/ckpt"))
+    raises("py-checkpoint-folder-url", lambda: meshrun.Checkpoint.from_directory("s3://bucket/ckpt"))
+    committed = meshrun.Checkpoint(str(tmp_path / "runs/x/checkpoints/step-3"), 3)
+    raises("py-report-committed-checkpoint", lambda: meshrun.report({"loss": 1.0}, checkpoint=committed))
+    from ray.train import Checkpoint as RayCheckpoint
+
+    raises("py-report-ray-checkpoint", lambda: meshrun.report({"loss": 1.0}, checkpoint=RayCheckpoint.from_directory(str(tmp_path))))
+    # A folder whose top holds a name meshrun keeps beside rank 0's files:
+    # refused before anything is copied.
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "manifest.json").write_text("{}")
+    monkeypatch.setenv("MESHRUN_STORAGE_DIR", str(tmp_path / "storage"))
+    raises("py-checkpoint-folder-reserved-name", lambda: meshrun.report({"step": 1}, checkpoint=meshrun.Checkpoint.from_directory(folder)))
+    assert not (tmp_path / "storage" / "checkpoints" / "tmp-1").exists()
