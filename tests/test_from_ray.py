@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -16,6 +18,7 @@ from errors_page import covers, raises, says
 import meshrun
 
 pytestmark = pytest.mark.slow
+MESHRUN = os.path.join(os.path.dirname(sys.executable), "meshrun")
 
 STEPS, KILL_AT = 8, 5
 
@@ -80,6 +83,14 @@ def test_a_folder_from_rank_0_alone_commits_and_a_killed_run_resumes_from_it(tmp
         events = [json.loads(line) for line in f]
     assert [e["step"] for e in events if e["event"] == "resuming"] == [3]
     assert not list((tmp_path / "runs" / "ray" / "checkpoints").glob("tmp-*"))
+    # The report draws the program's `train_loss` as the run's loss.
+    page = (tmp_path / "runs" / "ray" / "report.html").read_text()
+    assert 'class="series" data-name="train_loss"' in page
+    # So do `meshrun ls` and the Result's metrics table.
+    listed = subprocess.run([MESHRUN, "ls", "--runs-dir", str(tmp_path / "runs")], capture_output=True, text=True, check=True).stdout
+    assert listed.split("\n")[1].split()[4] == "0.1250", listed
+    frame = result.metrics_dataframe
+    assert list(frame[frame["attempt"] == 2]["step"]) == [4, 5, 6, 7]
 
 
 def folders_from_both_ranks():

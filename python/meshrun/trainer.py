@@ -110,6 +110,10 @@ class RunConfig:
     #: Resume run ``name`` from its checkpoint of this step instead of the
     #: newest that verifies; the newer ones are set aside (``--resume-from``).
     resume_from: int | None = None
+    #: The metric shown as the run's loss in the progress line, ``meshrun
+    #: ls``/``status`` and the report (``--loss-metric``; default ``loss``,
+    #: else the first metric whose name ends in ``loss``, e.g. ``train_loss``).
+    loss_metric: str | None = None
 
 
 @dataclass

@@ -117,6 +117,8 @@ pub struct RunSpec {
     pub on_save_error: SaveErrorPolicy,
     /// Write rank 0's metrics as `TensorBoard` event files under the run.
     pub tensorboard: bool,
+    /// The metric shown as the run's loss (see `meshrun_record::loss_key`).
+    pub loss_metric: Option<String>,
     /// Restarts and hang detection.
     pub failure: FailurePolicy,
     /// Place the agents on this Ray cluster instead of this machine.
@@ -203,6 +205,8 @@ pub struct RunPlan {
     pub on_save_error: SaveErrorPolicy,
     #[serde(default)]
     pub tensorboard: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_metric: Option<String>,
     pub failure: FailurePolicy,
     pub ray: Option<RayTarget>,
     pub control_host: IpAddr,
@@ -441,6 +445,7 @@ impl RunSpec {
             checkpoint_every: self.checkpoint_every,
             on_save_error: self.on_save_error,
             tensorboard: self.tensorboard,
+            loss_metric: self.loss_metric,
             failure: self.failure,
             control_host,
             control_port,

@@ -27,6 +27,7 @@ fn spec(dir: &Path) -> RunSpec {
         checkpoint_every: None,
         on_save_error: crate::plan::SaveErrorPolicy::Continue,
         tensorboard: false,
+        loss_metric: None,
         failure: FailurePolicy::default(),
         ray: None,
         control_host: None,

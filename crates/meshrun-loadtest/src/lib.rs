@@ -46,6 +46,7 @@ pub fn spec(
         checkpoint_every: None,
         on_save_error: meshrun_core::plan::SaveErrorPolicy::Continue,
         tensorboard: false,
+        loss_metric: None,
         failure: FailurePolicy::default(),
         ray: None,
         control_host: None,

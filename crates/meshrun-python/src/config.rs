@@ -308,6 +308,7 @@ pub fn run_spec(
             &[],
         )?,
         tensorboard: r.truthy("tensorboard")?,
+        loss_metric: r.text("loss_metric")?,
         failure: FailurePolicy {
             max_failures: failure.required_uint("max_failures")?,
             hang_timeout_s: failure.seconds("hang_timeout_s")?,

@@ -24,7 +24,7 @@ pub mod run;
 pub use event::{Event, EventLine};
 pub use failure::{Cause, ExitInfo, FailureRecord};
 pub use goodput::{Goodput, Part, Timing};
-pub use metrics::MetricsRecord;
+pub use metrics::{loss_key, MetricsRecord};
 pub use run::{AttemptRecord, RunRecord, RunState};
 
 /// Seconds since the Unix epoch, as events and metrics record time.

@@ -192,13 +192,14 @@ fn step_charts(s: &mut String, run: &Run) {
         }
         .render()
     };
-    let loss = series::by_step(&run.records, "loss");
+    let key = run.loss_key.as_deref().unwrap_or("loss");
+    let loss = series::by_step(&run.records, key);
     let body = if run.records.is_empty() {
         empty("no metrics recorded (metrics.jsonl is missing or empty)")
     } else if loss.is_empty() {
-        empty("no \"loss\" metric with a step was reported")
+        empty("no loss metric with a step was reported (`loss`, a name ending in `loss`, or the run's --loss-metric)")
     } else {
-        chart("chart-loss", "loss", &[loss])
+        chart("chart-loss", key, &[loss])
     };
     figure(s, "Loss", &body);
     let val: Vec<Series> = series::validation_keys(&run.records)

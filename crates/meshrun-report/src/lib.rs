@@ -302,4 +302,29 @@ mod tests {
         let loss = element(&page, r#"<path class="series" data-name="loss""#, "/>");
         assert!(loss.matches('L').count() <= series::MAX_POINTS, "thinned");
     }
+
+    #[test]
+    fn the_loss_chart_finds_the_loss_by_name_or_as_the_run_was_told() {
+        let dir = tempfile::TempDir::new().unwrap();
+        synthetic(dir.path(), false);
+        let mut text = String::new();
+        for step in 1..=20u32 {
+            let _ = writeln!(
+                text,
+                r#"{{"time": {}, "attempt": 1, "step": {step}, "metrics": {{"train_loss": {}, "val_loss": 2.0, "nll": 3.0}}}}"#,
+                T0 + f64::from(step) * 0.1,
+                1.0 / f64::from(step)
+            );
+        }
+        fs::write(dir.path().join("metrics.jsonl"), &text).unwrap();
+        let page = fs::read_to_string(write(dir.path()).unwrap()).unwrap();
+        element(&page, r#"<path class="series" data-name="train_loss""#, "/>");
+        // Told which (`--loss-metric nll`): that one.
+        let record = fs::read_to_string(dir.path().join("run.json"))
+            .unwrap()
+            .replace(r#""nprocs": 2,"#, r#""nprocs": 2, "loss_metric": "nll","#);
+        fs::write(dir.path().join("run.json"), record).unwrap();
+        let page = fs::read_to_string(write(dir.path()).unwrap()).unwrap();
+        element(&page, r#"<path class="series" data-name="nll""#, "/>");
+    }
 }

@@ -95,13 +95,13 @@ impl Record {
 
     /// The charted numbers of a metrics line; the step is the line's, or
     /// else the one the program put among its metrics.
-    fn reduce(m: &MetricsRecord) -> Record {
+    fn reduce(m: &MetricsRecord, loss_metric: Option<&str>) -> Record {
         let metrics = m.metrics.as_object();
         let step = m.step.map(|s| s as f64).or_else(|| m.number("step"));
         let values = metrics
             .into_iter()
             .flatten()
-            .filter(|(k, _)| is_charted(k))
+            .filter(|(k, _)| is_charted(k) || Some(k.as_str()) == loss_metric)
             .filter_map(|(k, v)| Some((k.clone(), v.as_f64().filter(|x| x.is_finite())?)))
             .collect();
         Record {
@@ -134,6 +134,8 @@ pub struct Run {
     pub attempts: Vec<Attempt>,
     pub commits: Vec<Commit>,
     pub records: Vec<Record>,
+    /// The metric shown as the loss, if the run reported one.
+    pub loss_key: Option<String>,
     pub goodput: Goodput,
     /// Unix seconds of the run's first and last known moments.
     pub start: Option<f64>,
@@ -142,20 +144,24 @@ pub struct Run {
     pub skipped_lines: usize,
 }
 
-/// Whether a metric is one the report draws.
+/// Whether a metric is one the report draws (the loss is found among
+/// those whose names end in `loss`, see `meshrun_record::loss_key`).
 pub fn is_charted(key: &str) -> bool {
-    key == "loss" || key == "tokens_per_s" || key.starts_with("val")
+    key.ends_with("loss") || key == "tokens_per_s" || key.starts_with("val")
 }
 
 impl Run {
     pub fn load(dir: &Path) -> Result<Run, ReportError> {
         let record = read::run_record(dir)?;
+        let configured = record
+            .as_ref()
+            .and_then(|r| r.plan["loss_metric"].as_str().map(str::to_string));
         let (events, bad_events) = read::jsonl::<EventLine>(&dir.join(names::EVENTS))?;
         // Reduced line by line: a long run has millions of lines, and whole
         // JSON values of them all would take about a kilobyte each.
         let mut records = Vec::new();
         let bad_metrics = read::jsonl_each(&dir.join(names::METRICS), |m: MetricsRecord| {
-            records.push(Record::reduce(&m));
+            records.push(Record::reduce(&m, configured.as_deref()));
         })?;
         let goodput = match read::json_file(&dir.join(names::GOODPUT)) {
             Ok(Some(g)) => Goodput::Data(g),
@@ -196,6 +202,12 @@ impl Run {
                 })
                 .collect(),
             commits: Vec::new(),
+            loss_key: meshrun_record::loss_key(
+                configured.as_deref(),
+                records
+                    .iter()
+                    .flat_map(|r| r.values.iter().map(|(k, _)| k.as_str())),
+            ),
             records,
             goodput,
             start: None,
@@ -282,7 +294,8 @@ impl Run {
     }
 
     pub fn last_loss(&self) -> Option<f64> {
-        self.records.iter().rev().find_map(|r| r.get("loss"))
+        let key = self.loss_key.as_deref()?;
+        self.records.iter().rev().find_map(|r| r.get(key))
     }
 }
 

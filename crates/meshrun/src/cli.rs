@@ -231,6 +231,12 @@ pub struct RunArgs {
     #[arg(long)]
     pub tensorboard: bool,
 
+    /// The metric shown as the run's loss in the progress line, `ls`,
+    /// `status` and the report (default: `loss`, else the first reported
+    /// metric whose name ends in `loss`, such as `train_loss`).
+    #[arg(long, value_name = "NAME")]
+    pub loss_metric: Option<String>,
+
     /// Restart from the newest checkpoint after up to N failed attempts.
     #[arg(long, default_value_t = 0, value_name = "N")]
     pub max_failures: u32,

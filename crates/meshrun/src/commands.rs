@@ -127,6 +127,7 @@ pub fn spec(args: RunArgs, launcher: &Launcher) -> RunSpec {
             SaveErrorArg::Fail => SaveErrorPolicy::Fail,
         },
         tensorboard: args.tensorboard,
+        loss_metric: args.loss_metric.clone(),
         failure: FailurePolicy {
             max_failures: args.max_failures,
             hang_timeout_s: args.hang_timeout,

@@ -239,7 +239,11 @@ impl RunView {
             problem: None,
             attempts: record.attempts.len(),
             step: last.and_then(|r| r.step),
-            loss: tail.iter().find_map(|r| r.number("loss")),
+            loss: meshrun_record::loss_key(
+                record.plan["loss_metric"].as_str(),
+                tail.iter().flat_map(MetricsRecord::names),
+            )
+            .and_then(|key| tail.iter().find_map(|r| r.number(&key))),
             last: last.map(|r| r.metrics.clone()),
             duration,
             goodput,

@@ -48,6 +48,9 @@ pub struct Progress {
     started: Instant,
     step: Option<u64>,
     total: Option<u64>,
+    /// The metric shown as the loss: the run's `--loss-metric`, else found
+    /// by name in the first report that has one.
+    loss_key: Option<String>,
     loss: Option<f64>,
     tokens_per_s: Option<f64>,
     saving: Option<u64>,
@@ -57,6 +60,12 @@ pub struct Progress {
 }
 
 impl Progress {
+    /// Shows `loss_metric` as the loss, when given.
+    pub fn with_loss_metric(mut self, loss_metric: Option<String>) -> Self {
+        self.loss_key = loss_metric;
+        self
+    }
+
     pub fn new(mode: ProgressMode, attempt: u32) -> Self {
         let mode = mode.resolve();
         let bar = (mode == ProgressMode::Bar).then(|| {
@@ -78,6 +87,7 @@ impl Progress {
             started: now,
             step: None,
             total: None,
+            loss_key: None,
             loss: None,
             tokens_per_s: None,
             saving: None,
@@ -109,7 +119,15 @@ impl Progress {
                 self.samples.pop_front();
             }
         }
-        if let Some(loss) = metrics["loss"].as_f64() {
+        if self.loss_key.is_none() {
+            let names = metrics
+                .as_object()
+                .into_iter()
+                .flatten()
+                .map(|(k, _)| k.as_str());
+            self.loss_key = meshrun_record::loss_key(None, names);
+        }
+        if let Some(loss) = self.loss_key.as_ref().and_then(|k| metrics[k].as_f64()) {
             self.loss = Some(loss);
         }
         if let Some(t) = metrics["tokens_per_s"].as_f64() {

@@ -291,7 +291,7 @@ async fn attempt(
         first_joined_host: u32::from(plan.rendezvous),
     };
     let machine = Machine::new(plan.clone(), setup, Instant::now());
-    let progress = Progress::new(opts.progress, attempt);
+    let progress = Progress::new(opts.progress, attempt).with_loss_metric(plan.loss_metric.clone());
     let mut driver = Driver::new(machine, plan, attempt, rundir, checkpoints, progress);
     let result = driver
         .run(&mut events, &mut agent_procs, opts.stop.as_ref(), signals)

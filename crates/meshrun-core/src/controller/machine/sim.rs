@@ -36,6 +36,7 @@ pub fn plan(nprocs: u32) -> RunPlan {
         checkpoint_every: None,
         on_save_error: crate::plan::SaveErrorPolicy::Continue,
         tensorboard: false,
+        loss_metric: None,
         failure: FailurePolicy::default(),
         ray: None,
         control_host: std::net::Ipv4Addr::LOCALHOST.into(),
