@@ -61,6 +61,7 @@ pub struct Progress {
 
 impl Progress {
     /// Shows `loss_metric` as the loss, when given.
+    #[must_use]
     pub fn with_loss_metric(mut self, loss_metric: Option<String>) -> Self {
         self.loss_key = loss_metric;
         self
