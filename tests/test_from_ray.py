@@ -189,3 +189,77 @@ def test_what_report_refuses_as_a_checkpoint(tmp_path, monkeypatch):
     monkeypatch.setenv("MESHRUN_STORAGE_DIR", str(tmp_path / "storage"))
     raises("py-checkpoint-folder-reserved-name", lambda: meshrun.report({"step": 1}, checkpoint=meshrun.Checkpoint.from_directory(folder)))
     assert not (tmp_path / "storage" / "checkpoints" / "tmp-1").exists()
+
+
+def nnx_state(seed: int, epoch: int):
+    """Real training state: an NNX model whose state holds typed PRNG keys
+    (its Dropout's) and int paths (an nnx.List), an optax state with
+    hyperparameters injected, Python numbers and a None."""
+    import flax.nnx as nnx
+    import optax
+
+    class Model(nnx.Module):
+        def __init__(self, rngs):
+            self.lin = nnx.Linear(2, 3, rngs=rngs)
+            self.drop = nnx.Dropout(0.1, rngs=rngs)
+            self.layers = nnx.List([nnx.Linear(3, 3, rngs=rngs) for _ in range(2)])
+
+    module = Model(nnx.Rngs(seed))
+    tx = optax.inject_hyperparams(optax.adam)(learning_rate=0.1 * (seed + 1))
+    opt = tx.init(nnx.state(module, nnx.Param))
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    # Keys sharded over the process's 2 devices, one row each.
+    sharding = NamedSharding(jax.make_mesh((2,), ("x",), axis_types=(jax.sharding.AxisType.Auto,)), PartitionSpec("x"))
+    keys = jax.device_put(jax.random.split(jax.random.key(seed), 2), sharding)
+    return {"model": nnx.state(module), "opt": opt, "keys": keys, "epoch": epoch, "lr": 0.5 * seed, "nothing": None}
+
+
+def digest(state) -> str:
+    import hashlib
+
+    import jax
+
+    h = hashlib.sha256()
+    for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
+        if jax.dtypes.issubdtype(getattr(leaf, "dtype", np.float32), jax.dtypes.prng_key):
+            h.update(b"key" + np.asarray(jax.random.key_data(leaf)).tobytes())
+        else:
+            h.update(repr((jax.tree_util.keystr(path), type(leaf).__name__)).encode() + np.asarray(leaf).tobytes())
+    return h.hexdigest()
+
+
+def nnx_roundtrip():
+    checkpoint = meshrun.get_checkpoint()
+    if checkpoint is None:
+        meshrun.report({"step": 0}, checkpoint=nnx_state(seed=1, epoch=3))
+        raise RuntimeError("once, to restore in a fresh process")
+    import jax
+
+    target = nnx_state(seed=7, epoch=0)
+    # A target may give a leaf's shape, dtype and sharding only.
+    target["keys"] = jax.ShapeDtypeStruct(target["keys"].shape, target["keys"].dtype, sharding=target["keys"].sharding)
+    restored = meshrun.restore(target, checkpoint)
+    key = restored["model"]["drop"]["rngs"]["key"].value
+    meshrun.report({"step": 1, "same": digest(restored) == digest(nnx_state(seed=1, epoch=3)), "key_dtype": str(key.dtype), "keys_sharding": str(restored["keys"].sharding.spec), "epoch": restored["epoch"], "epoch_type": type(restored["epoch"]).__name__, "lr_type": type(restored["lr"]).__name__})
+
+
+def test_an_nnx_state_with_prng_keys_and_python_numbers_restores_bitwise(tmp_path):
+    result = meshrun.Trainer(
+        nnx_roundtrip,
+        scaling_config=meshrun.ScalingConfig(num_workers=1, devices_per_worker=2),
+        run_config=meshrun.RunConfig(
+            name="nnx", storage_path=str(tmp_path / "runs"), tee="none", progress=False,
+            failure_config=meshrun.FailureConfig(max_failures=1),
+        ),
+    ).fit()  # fmt: skip
+    m = result.metrics
+    assert m["same"] is True and m["key_dtype"] == "key<fry>" and m["keys_sharding"] == "P('x',)", m
+    assert (m["epoch"], m["epoch_type"], m["lr_type"]) == (3, "int", "float"), m
+
+
+@covers("py-save-unsupported-leaf")
+def test_a_leaf_that_is_not_an_array_or_a_number_is_refused_naming_its_path(tmp_path, monkeypatch):
+    monkeypatch.setenv("MESHRUN_STORAGE_DIR", str(tmp_path / "storage"))
+    raises("py-save-unsupported-leaf", lambda: meshrun.save(1, {"opt": {"schedule": "cosine"}, "w": np.zeros(2)}))

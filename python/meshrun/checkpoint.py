@@ -145,6 +145,41 @@ def _region(index: tuple[slice, ...], shape: tuple[int, ...]) -> list[tuple[int,
     return [(s.start or 0, dim if s.stop is None else s.stop) for s, dim in zip(index, shape)]
 
 
+_NUMBERS = (bool, int, float, complex, np.generic)
+
+
+def _is_key(leaf: Any) -> bool:
+    """A typed PRNG key array (``jax.random.key``; NNX keeps them in its
+    state): stored as its key data, restored as keys of the same kind."""
+    import jax
+
+    dtype = getattr(leaf, "dtype", None)
+    return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+
+
+def _key_impl(leaf: Any) -> str:
+    import jax
+
+    return str(jax.random.key_impl(leaf))
+
+
+def _storable(path: str, leaf: Any) -> Any:
+    """The leaf as it is stored: key data for PRNG keys; refused, naming
+    the path, when it is neither an array nor a number."""
+    import jax
+
+    if _is_key(leaf):
+        return jax.random.key_data(leaf)
+    if isinstance(leaf, jax.Array) or isinstance(leaf, _NUMBERS):
+        return leaf
+    if isinstance(leaf, np.ndarray) and leaf.dtype != object:
+        return leaf
+    raise CheckpointError(
+        f"leaf '{path}' of the state is a {type(leaf).__module__}.{type(leaf).__qualname__}: a checkpoint holds arrays "
+        "(jax, numpy, PRNG keys) and Python or numpy numbers; leave it out of the state (or keep it in extra=, if it is plain data)"
+    )
+
+
 def _owned_shards(tree: Any, rank: int) -> list[tuple[str, str, list[int], list[tuple[int, int]], np.ndarray]]:
     """(leaf, dtype, global shape, region, host bytes) of every shard this
     process writes. Device-to-host copies happen here, before save returns."""
@@ -152,6 +187,7 @@ def _owned_shards(tree: Any, rank: int) -> list[tuple[str, str, list[int], list[
 
     out = []
     for path, leaf in _leaf_paths(tree):
+        leaf = _storable(path, leaf)
         if isinstance(leaf, jax.Array):
             shape = tuple(leaf.shape)
             for shard in leaf.addressable_shards:
@@ -192,7 +228,9 @@ def save(step: int, state: Any, *, metrics: dict[str, Any] | None = None, extra:
     shards = _owned_shards(state, ctx.rank)
     info = None
     if ctx.rank == 0:
-        info = _values.plain({"paths": [p for p, _ in _leaf_paths(state)], "metrics": metrics or {}, "user": extra or {}})
+        leaves = _leaf_paths(state)
+        keys = {p: _key_impl(leaf) for p, leaf in leaves if _is_key(leaf)}
+        info = _values.plain({"paths": [p for p, _ in leaves], "keys": keys, "metrics": metrics or {}, "user": extra or {}})
     client = _connection.client()
 
     def write() -> None:
@@ -257,6 +295,21 @@ def get_checkpoint() -> Checkpoint | None:
     return None if found is None else Checkpoint(*found)
 
 
+def _key_data_target(leaf: Any) -> Any:
+    """What a PRNG key leaf of a restore target reads: its key data (an
+    array, or the shape, dtype and sharding of one)."""
+    import jax
+
+    if isinstance(leaf, jax.Array):
+        return jax.random.key_data(leaf)
+    data = jax.eval_shape(jax.random.key_data, leaf)
+    sharding = getattr(leaf, "sharding", None)
+    if isinstance(sharding, jax.sharding.NamedSharding):
+        spec = tuple(sharding.spec) + (None,) * (len(data.shape) - len(sharding.spec))
+        sharding = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(*spec))
+    return jax.ShapeDtypeStruct(data.shape, data.dtype, sharding=sharding)
+
+
 @_goodput.counts_as("restore")
 def restore(target: Any, checkpoint: Checkpoint | str | os.PathLike | None = None) -> Any:
     """``target``'s tree with every leaf read from the checkpoint (default:
@@ -269,9 +322,11 @@ def restore(target: Any, checkpoint: Checkpoint | str | os.PathLike | None = Non
             raise CheckpointError(f"no committed checkpoint in {_root()}")
     path = checkpoint.path if isinstance(checkpoint, Checkpoint) else os.fspath(checkpoint)
     reader = _native.CheckpointReader(path)
-    if reader.manifest().get("files"):
+    manifest = reader.manifest()
+    keys = (manifest.get("extra") or {}).get("keys") or {}
+    if manifest.get("files"):
         raise CheckpointError(f"{path} holds a folder a rank handed over (Checkpoint.from_directory), not a sharded state: open it with `with checkpoint.as_directory() as folder:` and load it as it was written")
-    saved = {leaf["path"]: leaf for leaf in reader.manifest()["leaves"]}
+    saved = {leaf["path"]: leaf for leaf in manifest["leaves"]}
     from meshrun.sharding import _path_str
 
     # Every region of every leaf is read in one call, so that what they
@@ -283,6 +338,14 @@ def restore(target: Any, checkpoint: Checkpoint | str | os.PathLike | None = Non
         entry = saved.get(name)
         if entry is None:
             raise CheckpointError(f"leaf '{name}' of the target is not in checkpoint {path}; it holds: {', '.join(sorted(saved)) or 'nothing'}")
+        scalar = type(leaf) if isinstance(leaf, (bool, int, float, complex)) else None
+        impl = None
+        if _is_key(leaf):
+            if name not in keys:
+                raise CheckpointError(f"leaf '{name}' of the target is a PRNG key, but checkpoint {path} holds plain {saved[name]['dtype']} there")
+            impl, leaf = keys[name], _key_data_target(leaf)
+        elif name in keys:
+            raise CheckpointError(f"leaf '{name}': checkpoint {path} holds a PRNG key ({keys[name]}) there, the target asks for {getattr(leaf, 'dtype', type(leaf).__name__)}")
         if not hasattr(leaf, "shape"):  # a Python scalar
             leaf = np.asarray(leaf)
         shape, dtype = tuple(leaf.shape), np.dtype(leaf.dtype)
@@ -297,13 +360,15 @@ def restore(target: Any, checkpoint: Checkpoint | str | os.PathLike | None = Non
             out = _host_buffer(int(np.prod([b - a for a, b in region], dtype=np.int64)) * dtype.itemsize)
             reads.append((name, region, out))
             parts.append((device, out.view(dtype).reshape([b - a for a, b in region])))
-        plans.append((shape, sharding, parts))
+        plans.append((shape, sharding, parts, scalar, impl))
     reader.read_many(reads)
     leaves = []
-    for shape, sharding, parts in plans:
+    for shape, sharding, parts, scalar, impl in plans:
         if sharding is None:
-            leaves.append(parts[0][1])
+            value = parts[0][1]
+            value = scalar(value.item()) if scalar is not None else value
         else:
             arrays = [jax.device_put(host, device) for device, host in parts]
-            leaves.append(jax.make_array_from_single_device_arrays(shape, sharding, arrays))
+            value = jax.make_array_from_single_device_arrays(shape, sharding, arrays)
+        leaves.append(value if impl is None else jax.random.wrap_key_data(value, impl=impl))
     return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(target), leaves)
