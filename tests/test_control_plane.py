@@ -27,7 +27,8 @@ from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from errors_page import covers, exits
 
-VERSION = 3
+# meshrun-core's PROTOCOL_VERSION: this test speaks the handshake itself.
+VERSION = 4
 PATTERN = b"Noise_NNpsk0_25519_ChaChaPoly_BLAKE2s"
 PROLOGUE = b"meshrun control protocol, version"
 
@@ -135,10 +136,14 @@ def handshake(address: tuple[str, int], token: bytes) -> tuple[socket.socket, No
     sock = socket.create_connection(address, timeout=5)
     noise = NoiseClient(token)
     first = noise.first_message()
-    sock.sendall(first)
-    head = _read_exact(sock, 2)
-    assert head is not None and struct.unpack(">H", head)[0] == 48, head
-    noise.read_answer(_read_exact(sock, 48))
+    try:
+        sock.sendall(first)
+        head = _read_exact(sock, 2)
+        assert head is not None and struct.unpack(">H", head)[0] == 48, f"the server answered {head!r} (is VERSION meshrun's protocol version?)"
+        noise.read_answer(_read_exact(sock, 48))
+    except BaseException:
+        sock.close()
+        raise
     return sock, noise, first
 
 

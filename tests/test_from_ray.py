@@ -263,3 +263,52 @@ def test_an_nnx_state_with_prng_keys_and_python_numbers_restores_bitwise(tmp_pat
 def test_a_leaf_that_is_not_an_array_or_a_number_is_refused_naming_its_path(tmp_path, monkeypatch):
     monkeypatch.setenv("MESHRUN_STORAGE_DIR", str(tmp_path / "storage"))
     raises("py-save-unsupported-leaf", lambda: meshrun.save(1, {"opt": {"schedule": "cosine"}, "w": np.zeros(2)}))
+
+
+def env_fn():
+    meshrun.report({"step": 0, "var": os.environ.get("FROM_RAY"), "mine": os.environ.get("MINE")})
+
+
+def test_rays_own_config_objects_and_names_are_taken_for_what_they_say(tmp_path, capfd):
+    import ray.train as rt
+
+    result = meshrun.Trainer(
+        env_fn,
+        scaling_config=rt.ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
+        run_config=rt.RunConfig(
+            name="rayconf", storage_path=str(tmp_path / "runs"),
+            worker_runtime_env={"env_vars": {"FROM_RAY": "yes", "MINE": "ray's"}},
+            failure_config=rt.FailureConfig(max_failures=1),
+            checkpoint_config=rt.CheckpointConfig(num_to_keep=2, checkpoint_score_attribute="loss", checkpoint_score_order="min"),
+        ),
+    ).fit()  # fmt: skip
+    assert result.metrics["var"] == "yes", result.metrics
+    err = capfd.readouterr().err
+    assert "took Ray's ray.train.ScalingConfig as ScalingConfig(num_workers=2" in err, err
+    with open(os.path.join(result.path, "run.json")) as f:
+        plan = json.load(f)["plan"]
+    assert plan["nprocs"] == 2 and plan["failure"]["max_failures"] == 1, plan
+    assert plan["retention"] == {"num_to_keep": 2, "keep_every_n_steps": None, "score_attribute": "loss", "score_order": "min"}, plan
+    # meshrun's own RunConfig(env=) wins over worker_runtime_env.
+    result = meshrun.Trainer(
+        env_fn,
+        run_config=meshrun.RunConfig(name="both", storage_path=str(tmp_path / "runs"), env={"MINE": "mine"}, worker_runtime_env={"env_vars": {"MINE": "ray's"}}),
+    ).fit()
+    assert result.metrics["mine"] == "mine", result.metrics
+
+
+@covers("py-resources-unknown", "py-resources-fractional-gpu", "py-resources-too-many-cpus", "py-runtime-env-other-keys", "py-ray-max-failures-forever", "py-ray-scaling-meaningless")
+def test_ray_names_that_cannot_mean_the_same_here_say_what_to_use(tmp_path):
+    import ray.train as rt
+
+    def fit(**kwargs):
+        run = kwargs.pop("run_config", meshrun.RunConfig(storage_path=str(tmp_path / "runs")))
+        return meshrun.Trainer(env_fn, run_config=run, **kwargs).fit()
+
+    raises("py-resources-unknown", lambda: fit(scaling_config=meshrun.ScalingConfig(resources_per_worker={"TPU": 4})))
+    raises("py-resources-fractional-gpu", lambda: fit(scaling_config=meshrun.ScalingConfig(resources_per_worker={"GPU": 0.5})))
+    raises("py-resources-too-many-cpus", lambda: fit(scaling_config=meshrun.ScalingConfig(num_workers=2, resources_per_worker={"CPU": 4096})))
+    raises("py-runtime-env-other-keys", lambda: fit(run_config=meshrun.RunConfig(storage_path=str(tmp_path / "runs"), worker_runtime_env={"pip": ["requests"], "env_vars": {}})))
+    raises("py-ray-max-failures-forever", lambda: fit(run_config=rt.RunConfig(storage_path=str(tmp_path / "runs"), failure_config=rt.FailureConfig(max_failures=-1))))
+    raises("py-ray-scaling-meaningless", lambda: fit(scaling_config=rt.ScalingConfig(num_workers=1, accelerator_type="A100")))
+    assert not (tmp_path / "runs").exists(), "refused before a run folder is made"

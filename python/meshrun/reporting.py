@@ -12,6 +12,7 @@ client then sends the record from a Rust thread.
 
 from __future__ import annotations
 
+import numbers
 import threading
 import warnings
 from collections import deque
@@ -45,8 +46,9 @@ _next_step: int | None = None
 
 def _step_of(step: int | None, metrics: Mapping[str, Any]) -> int:
     global _next_step
-    if step is None and isinstance(metrics.get("step"), int) and not isinstance(metrics.get("step"), bool):
-        step = metrics["step"]
+    named = metrics.get("step")
+    if step is None and isinstance(named, numbers.Integral) and not isinstance(named, bool):
+        step = int(named)
     if step is None:
         if _next_step is None:
             _next_step = _first_step()

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from meshrun import _native, ray_data
+from meshrun import _from_ray, _native, ray_data
 from meshrun.checkpoint import Checkpoint
 from meshrun.errors import ConfigError, MeshrunError, RunFailedError, TrainingFailedError
 
@@ -48,6 +48,13 @@ class ScalingConfig:
     control_port: int | None = None
     listen: str | None = None
     join_timeout_s: float | None = None
+    #: Ray's name: ``{"CPU": c, "GPU": g}`` per worker. GPUs are whole and
+    #: never shared (``gpus_per_worker``); CPUs are what each worker's Ray
+    #: bundle asks for (default 1), and on this machine they must fit in
+    #: its cores.
+    resources_per_worker: dict[str, float] | None = None
+    #: CPUs per worker (set from ``resources_per_worker``).
+    cpus_per_worker: float | None = None
 
 
 @dataclass
@@ -110,6 +117,9 @@ class RunConfig:
     #: Resume run ``name`` from its checkpoint of this step instead of the
     #: newest that verifies; the newer ones are set aside (``--resume-from``).
     resume_from: int | None = None
+    #: Ray's name: the ``env_vars`` of a Ray ``runtime_env`` are set in
+    #: every worker (``env`` wins where both name a variable).
+    worker_runtime_env: dict[str, Any] | None = None
     #: The metric shown as the run's loss in the progress line, ``meshrun
     #: ls``/``status`` and the report (``--loss-metric``; default ``loss``,
     #: else the first metric whose name ends in ``loss``, e.g. ``train_loss``).
@@ -154,6 +164,30 @@ def _checkpoints(root: str) -> list[tuple[Checkpoint, dict[str, Any]]]:
         return [(c, c.metrics) for c in found]
     except MeshrunError:
         return []
+
+
+def _resolved(s: ScalingConfig) -> ScalingConfig:
+    """``s`` with ``resources_per_worker`` turned into meshrun's fields;
+    CPUs asked for on this machine must fit in its cores."""
+    import dataclasses
+
+    cpus, gpus = _from_ray.resources(s)
+    if cpus is None and gpus is None:
+        return s
+    if cpus is not None and s.backend == "local":
+        per_host = -(-s.num_workers // max(s.num_hosts, 1))
+        have = os.cpu_count() or 1
+        if cpus * per_host > have:
+            raise ConfigError(
+                f"ScalingConfig.resources_per_worker asks for {cpus:g} CPU(s) for each of {per_host} worker(s) on this machine, "
+                f"which has {have}; lower it, or run on a Ray cluster (backend='ray')"
+            )
+    return dataclasses.replace(
+        s,
+        cpus_per_worker=cpus if cpus is not None else s.cpus_per_worker,
+        gpus_per_worker=gpus if gpus else s.gpus_per_worker,
+        use_gpu=s.use_gpu or bool(gpus),
+    )
 
 
 def _dumps_keeping_file_names(obj: Any) -> bytes:
@@ -211,8 +245,9 @@ class Trainer:
             raise ConfigError(f"train_loop_per_worker must be callable, got {type(train_loop_per_worker).__name__}")
         self.train_fn = train_loop_per_worker
         self.config = train_loop_config
-        self.scaling = scaling_config or ScalingConfig()
-        self.run = run_config or RunConfig()
+        # Ray Train's own config objects are taken for what they say.
+        self.scaling = _resolved(_from_ray.scaling(scaling_config or ScalingConfig()))
+        self.run = _from_ray.run(run_config or RunConfig())
         self.datasets = datasets
 
     def _payload(self) -> bytes:
@@ -231,14 +266,14 @@ class Trainer:
         :class:`Result`, as Ray Train's ``fit()`` does."""
         # Workers import what this process can import.
         paths = [p for p in sys.path if p and os.path.isdir(p)]
-        env = dict(self.run.env)
+        env = _from_ray.worker_env(self.run.worker_runtime_env) | dict(self.run.env)
         env["PYTHONPATH"] = os.pathsep.join(paths + [env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))]).rstrip(os.pathsep)
         # Every value is checked, by the engine, before anything starts.
         plan = _native.plan(
             self.scaling,
             self.run,
-            self.run.checkpoint_config or CheckpointConfig(),
-            self.run.failure_config or FailureConfig(),
+            _from_ray.checkpoint(self.run.checkpoint_config) or CheckpointConfig(),
+            _from_ray.failure(self.run.failure_config) or FailureConfig(),
             env=sorted(env.items()),
             python=sys.executable,
             agent_command=[sys.executable, "-m", "meshrun"],

@@ -98,6 +98,9 @@ pub struct RunSpec {
     pub hosts: u32,
     pub devices_per_proc: Option<u32>,
     pub gpus_per_proc: Option<u32>,
+    /// CPUs each worker asks Ray for (Ray's `resources_per_worker`;
+    /// default 1). A positive number, checked by the Python layer.
+    pub cpus_per_proc: Option<f64>,
     pub platform: PlatformChoice,
     pub name: Option<String>,
     pub runs_dir: PathBuf,
@@ -193,6 +196,9 @@ pub struct RunPlan {
     pub devices_per_proc: u32,
     /// GPUs per worker (cuda platform).
     pub gpus_per_proc: u32,
+    /// CPUs per worker in a Ray bundle (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus_per_proc: Option<f64>,
     pub tee: Tee,
     pub entry: Entry,
     pub cwd: PathBuf,
@@ -431,6 +437,7 @@ impl RunSpec {
             procs_per_host,
             platform,
             devices_per_proc: self.devices_per_proc.unwrap_or(1),
+            cpus_per_proc: self.cpus_per_proc,
             gpus_per_proc: match platform {
                 Platform::Cuda => self.gpus_per_proc.unwrap_or(1),
                 Platform::Cpu => 0,

@@ -12,6 +12,7 @@ fn spec(dir: &Path) -> RunSpec {
         hosts: 1,
         devices_per_proc: None,
         gpus_per_proc: None,
+        cpus_per_proc: None,
         platform: PlatformChoice::Cpu,
         name: Some("t".into()),
         runs_dir: dir.join("runs"),

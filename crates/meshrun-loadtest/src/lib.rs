@@ -30,6 +30,7 @@ pub fn spec(
         hosts: 1,
         devices_per_proc: None,
         gpus_per_proc: None,
+        cpus_per_proc: None,
         platform: PlatformChoice::Cpu,
         name: Some(name.into()),
         runs_dir: runs_dir.to_path_buf(),

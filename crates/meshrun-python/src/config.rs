@@ -277,6 +277,10 @@ pub fn run_spec(
         hosts: s.required_uint("num_hosts")?,
         devices_per_proc: s.uint("devices_per_worker")?,
         gpus_per_proc,
+        cpus_per_proc: s
+            .get("cpus_per_worker")?
+            .map(|v| v.extract::<f64>())
+            .transpose()?,
         platform,
         name: r.text("name")?,
         runs_dir: if remote {

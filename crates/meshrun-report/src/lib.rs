@@ -318,7 +318,11 @@ mod tests {
         }
         fs::write(dir.path().join("metrics.jsonl"), &text).unwrap();
         let page = fs::read_to_string(write(dir.path()).unwrap()).unwrap();
-        element(&page, r#"<path class="series" data-name="train_loss""#, "/>");
+        element(
+            &page,
+            r#"<path class="series" data-name="train_loss""#,
+            "/>",
+        );
         // Told which (`--loss-metric nll`): that one.
         let record = fs::read_to_string(dir.path().join("run.json"))
             .unwrap()

@@ -100,6 +100,7 @@ pub fn spec(args: RunArgs, launcher: &Launcher) -> RunSpec {
         hosts: args.hosts,
         devices_per_proc: args.devices_per_proc,
         gpus_per_proc: args.gpus_per_proc,
+        cpus_per_proc: None,
         platform: match args.platform {
             PlatformArg::Cpu => PlatformChoice::Cpu,
             PlatformArg::Cuda => PlatformChoice::Cuda,

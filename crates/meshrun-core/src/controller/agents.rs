@@ -110,7 +110,7 @@ fn start_on_ray(
     controller: SocketAddr,
     token: &Token,
 ) -> Result<Agents, CoreError> {
-    let cpus = plan.procs_per_host;
+    let cpus = f64::from(plan.procs_per_host) * plan.cpus_per_proc.unwrap_or(1.0);
     let gpus = plan.procs_per_host * plan.gpus_per_proc;
     let mut child = tokio::process::Command::new(&plan.python)
         .args(["-m", "meshrun._ray_agents"])

@@ -23,6 +23,7 @@ pub fn plan(nprocs: u32) -> RunPlan {
         platform: Platform::Cpu,
         devices_per_proc: 1,
         gpus_per_proc: 0,
+        cpus_per_proc: None,
         tee: Tee::Rank0,
         entry: Entry::Script {
             path: "train.py".into(),
