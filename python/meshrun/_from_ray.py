@@ -18,11 +18,11 @@ __all__: list[str] = []
 _noted: set[str] = set()
 
 
-def _is_ray(obj: Any) -> bool:
+def is_ray(obj: Any) -> bool:
     return type(obj).__module__.split(".")[0] == "ray"
 
 
-def _note(ray_name: str, ours: Any) -> None:
+def note(ray_name: str, ours: Any) -> None:
     if ray_name not in _noted:
         _noted.add(ray_name)
         print(f"meshrun: took Ray's {ray_name} as {ours!r}; meshrun's own class (meshrun.{ray_name.rsplit('.', 1)[-1]}) says the same", file=sys.stderr)
@@ -47,11 +47,8 @@ def _refuse(ray_name: str, obj: Any, names: dict[str, str]) -> None:
             raise ConfigError(f"{ray_name}.{name} has no meaning in meshrun ({getattr(obj, name)!r} given): {instead}")
 
 
-def scaling(s: Any) -> Any:
-    from meshrun.trainer import ScalingConfig
-
-    if not _is_ray(s):
-        return s
+def scaling_args(s: Any) -> dict[str, Any]:
+    """meshrun's ``ScalingConfig`` arguments for Ray's."""
     _refuse("ray.train.ScalingConfig", s, {
         "trainer_resources": "the driver (this process) runs the controller and needs no Ray resources",
         "accelerator_type": "place workers on such nodes with Ray labels or a cluster of those nodes",
@@ -60,50 +57,36 @@ def scaling(s: Any) -> Any:
     })  # fmt: skip
     import ray
 
-    ours = ScalingConfig(
-        num_workers=s.num_workers or 1,
-        use_gpu=bool(s.use_gpu),
-        resources_per_worker=dict(s.resources_per_worker) if s.resources_per_worker else None,
-        platform="tpu" if getattr(s, "use_tpu", False) else None,
-        backend="ray" if ray.is_initialized() else "local",
-        ray_address="auto" if ray.is_initialized() else None,
-        ray_strategy=str(s.placement_strategy or "PACK"),
-    )
-    _note("ray.train.ScalingConfig", ours)
-    return ours
+    return {
+        "num_workers": s.num_workers or 1,
+        "use_gpu": bool(s.use_gpu),
+        "resources_per_worker": dict(s.resources_per_worker) if s.resources_per_worker else None,
+        "platform": "tpu" if getattr(s, "use_tpu", False) else None,
+        "backend": "ray" if ray.is_initialized() else "local",
+        "ray_address": "auto" if ray.is_initialized() else None,
+        "ray_strategy": str(s.placement_strategy or "PACK"),
+    }
 
 
-def failure(f: Any) -> Any:
-    from meshrun.trainer import FailureConfig
-
-    if f is None or not _is_ray(f):
-        return f
+def failure_args(f: Any) -> dict[str, Any]:
+    """meshrun's ``FailureConfig`` arguments for Ray's."""
     if f.max_failures is not None and f.max_failures < 0:
         raise ConfigError("ray.train.FailureConfig(max_failures=-1) (retry forever) has no meshrun equivalent: give the number of restarts allowed")
-    ours = FailureConfig(max_failures=f.max_failures or 0)
-    _note("ray.train.FailureConfig", ours)
-    return ours
+    return {"max_failures": f.max_failures or 0}
 
 
-def checkpoint(c: Any) -> Any:
-    from meshrun.trainer import CheckpointConfig
-
-    if c is None or not _is_ray(c):
-        return c
+def checkpoint_args(c: Any) -> dict[str, Any]:
+    """meshrun's ``CheckpointConfig`` arguments for Ray's."""
     _refuse("ray.train.CheckpointConfig", c, {
         "checkpoint_frequency": "checkpoints are what report(checkpoint=...) is given; CheckpointConfig(every_n_steps=N) thins them",
         "checkpoint_at_end": "report a checkpoint at the last step",
     })  # fmt: skip
-    ours = CheckpointConfig(num_to_keep=c.num_to_keep, score_attribute=c.checkpoint_score_attribute, score_order=str(c.checkpoint_score_order or "max").lower())
-    _note("ray.train.CheckpointConfig", ours)
-    return ours
+    return {"num_to_keep": c.num_to_keep, "score_attribute": c.checkpoint_score_attribute, "score_order": str(c.checkpoint_score_order or "max").lower()}
 
 
-def run(r: Any) -> Any:
-    from meshrun.trainer import RunConfig
-
-    if not _is_ray(r):
-        return r
+def run_args(r: Any) -> dict[str, Any]:
+    """meshrun's ``RunConfig`` arguments for Ray's (its failure and
+    checkpoint configs stay Ray's, to be converted in turn)."""
     _refuse("ray.train.RunConfig", r, {
         "storage_filesystem": "give storage_path as a URL (s3://bucket/prefix); credentials come from AWS_* variables or a profile",
         "callbacks": "meshrun writes metrics.jsonl, events.jsonl and report.html; RunConfig(tensorboard=True) writes TensorBoard files",
@@ -111,15 +94,13 @@ def run(r: Any) -> Any:
         "sync_config": "checkpoints go straight to storage_path",
         "progress_reporter": "RunConfig(progress=...) turns the progress line on or off",
     })  # fmt: skip
-    ours = RunConfig(
-        name=r.name,
-        storage_path=os.fspath(r.storage_path) if r.storage_path else "runs",
-        failure_config=failure(r.failure_config),
-        checkpoint_config=checkpoint(r.checkpoint_config),
-        worker_runtime_env=dict(r.worker_runtime_env) if getattr(r, "worker_runtime_env", None) else None,
-    )
-    _note("ray.train.RunConfig", ours)
-    return ours
+    return {
+        "name": r.name,
+        "storage_path": os.fspath(r.storage_path) if r.storage_path else "runs",
+        "failure_config": r.failure_config,
+        "checkpoint_config": r.checkpoint_config,
+        "worker_runtime_env": dict(r.worker_runtime_env) if getattr(r, "worker_runtime_env", None) else None,
+    }
 
 
 def worker_env(runtime_env: dict[str, Any] | None) -> dict[str, str]:

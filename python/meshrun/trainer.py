@@ -166,6 +166,16 @@ def _checkpoints(root: str) -> list[tuple[Checkpoint, dict[str, Any]]]:
         return []
 
 
+def _ours(obj: Any, cls: type, args: Callable[[Any], dict[str, Any]]) -> Any:
+    """``obj``, or meshrun's ``cls`` made from it when it is Ray Train's own
+    (said once on stderr)."""
+    if obj is None or not _from_ray.is_ray(obj):
+        return obj
+    ours = cls(**args(obj))
+    _from_ray.note(f"ray.train.{cls.__name__}", ours)
+    return ours
+
+
 def _resolved(s: ScalingConfig) -> ScalingConfig:
     """``s`` with ``resources_per_worker`` turned into meshrun's fields;
     CPUs asked for on this machine must fit in its cores."""
@@ -246,8 +256,8 @@ class Trainer:
         self.train_fn = train_loop_per_worker
         self.config = train_loop_config
         # Ray Train's own config objects are taken for what they say.
-        self.scaling = _resolved(_from_ray.scaling(scaling_config or ScalingConfig()))
-        self.run = _from_ray.run(run_config or RunConfig())
+        self.scaling = _resolved(_ours(scaling_config, ScalingConfig, _from_ray.scaling_args) or ScalingConfig())
+        self.run = _ours(run_config, RunConfig, _from_ray.run_args) or RunConfig()
         self.datasets = datasets
 
     def _payload(self) -> bytes:
@@ -272,8 +282,8 @@ class Trainer:
         plan = _native.plan(
             self.scaling,
             self.run,
-            _from_ray.checkpoint(self.run.checkpoint_config) or CheckpointConfig(),
-            _from_ray.failure(self.run.failure_config) or FailureConfig(),
+            _ours(self.run.checkpoint_config, CheckpointConfig, _from_ray.checkpoint_args) or CheckpointConfig(),
+            _ours(self.run.failure_config, FailureConfig, _from_ray.failure_args) or FailureConfig(),
             env=sorted(env.items()),
             python=sys.executable,
             agent_command=[sys.executable, "-m", "meshrun"],
