@@ -8,7 +8,9 @@ every such test names a row. The tests themselves sit beside their feature:
 - ``status`` and ``logs``: test_cli_states.py;
 - checkpoints and ``ckpt``: test_checkpoint.py; resuming from a given step:
   test_ckpt_fallback.py; object storage: test_s3.py;
-- Python configuration, ``report`` and ``save``: test_trainer.py;
+- Python configuration, ``report`` and ``save``: test_trainer.py; Ray
+  Train's names, folder checkpoints and the leaves a state may hold:
+  test_from_ray.py;
 - meshes and sharding rules: test_sharding.py;
 - data: test_data.py.
 
