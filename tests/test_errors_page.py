@@ -4,7 +4,8 @@ every such test names a row. The tests themselves sit beside their feature:
 - ``meshrun run`` and ``meshrun join``: test_launcher.py (usage, runs
   directory, a failed worker), test_hosts_apart.py (storage, joining hosts),
   test_control_plane.py (control port), test_cli_states.py (a name in use),
-  test_ray.py (a Ray address that does not answer);
+  test_ray.py (a Ray address that does not answer, a cluster that holds
+  back resources past the start timeout);
 - ``status`` and ``logs``: test_cli_states.py;
 - checkpoints and ``ckpt``: test_checkpoint.py; resuming from a given step:
   test_ckpt_fallback.py; object storage: test_s3.py;

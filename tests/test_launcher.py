@@ -284,6 +284,7 @@ USAGE = {
     "run-score-order-unknown": ["--checkpoint-score-order", "best", HELLO],
     "run-hang-timeout-zero": ["--hang-timeout", "0", HELLO],
     "run-hang-timeout-nan": ["--hang-timeout", "nan", HELLO],
+    "run-start-timeout-zero": ["--start-timeout", "0", HELLO],
     "run-max-failures-negative": ["--max-failures", "-1", HELLO],
     "run-ray-strategy-unknown": ["--ray", "auto", "--ray-strategy", "FOO", HELLO],
     "run-control-host-not-an-ip": ["--control-host", "nothost", HELLO],

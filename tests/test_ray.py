@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import pytest
 from conftest import HELLO, MESHRUN, ROOT, SCRIPTS, alive, assert_none_left, cli, meshrun, read_jsonl, start, stop, wait_for
-from errors_page import covers, exits
+from errors_page import covers, exits, says
 from nshosts import NsHosts, nshosts_unavailable
 
 DIGITS = str(ROOT / "examples" / "digits_dp.py")
@@ -473,6 +474,70 @@ def test_ray_data_shards_reach_every_worker_once(driver_on, storage):
     assert sorted(parts[0]["ids"] + parts[1]["ids"]) == list(range(rows)), "every row once"
     assert result.metrics["total"] == sum(range(rows))
     assert_none_left(run_dir)
+
+
+def wait_for_rows_fn():
+    import meshrun
+
+    for _ in meshrun.get_dataset_shard("train").iter_batches(batch_size=8):
+        meshrun.report({"step": 0})
+
+
+@pytest.mark.slow
+@covers("run-ray-data-starved")
+def test_ray_data_that_cannot_get_a_cpu_shows_and_ends_at_the_start_timeout(driver_on, storage, capfd):
+    """The workers' bundles take every CPU of the cluster, so the Ray Data
+    tasks feeding them can never run: the progress line says so, with what
+    the cluster has free, and the start timeout ends the attempt."""
+    import ray
+
+    import meshrun
+
+    t0 = time.monotonic()
+    with pytest.raises(meshrun.TrainingFailedError) as info:
+        meshrun.Trainer(
+            wait_for_rows_fn,
+            datasets={"train": ray.data.range(100).map_batches(lambda b: {"id": b["id"]})},
+            scaling_config=meshrun.ScalingConfig(num_workers=2, num_hosts=2, backend="ray", ray_address=driver_on.address, ray_strategy="STRICT_SPREAD", control_host=driver_on.head_ip, resources_per_worker={"CPU": 2}),
+            run_config=meshrun.RunConfig(name="starved", storage_path=str(storage), tee="none", failure_config=meshrun.FailureConfig(start_timeout_s=20)),
+        ).fit()
+    waited = time.monotonic() - t0
+    err = capfd.readouterr().err
+    # Ray Data asks for as many read tasks as it thinks it has CPUs.
+    assert re.search(r"starting \(\d+s\) · waiting for Ray: \d+ Ray tasks? or actors? of \{'CPU': 1.0\} \(free: CPU 0 of 4\)", err), err[-3000:]
+    says("run-ray-data-starved", str(info.value))
+    assert "reported no step in 2" in str(info.value)
+    assert waited < 90, f"the attempt ended {waited:.0f} s after fit() began"
+    events = read_jsonl(storage / "starved" / "events.jsonl")
+    assert any(e["event"] == "waiting_for_resources" and e["what"] for e in events)
+    assert_none_left(storage / "starved")
+
+
+@pytest.mark.slow
+@covers("run-ray-start-timeout")
+def test_a_placement_group_that_waits_shows_and_ends_at_the_start_timeout(driver_on, tmp_path):
+    """An actor of this driver holds one node's CPUs: STRICT_SPREAD can
+    place nothing until it goes, and the run says so, then gives up."""
+    import ray
+
+    @ray.remote(num_cpus=2)
+    class Hold:
+        def node(self) -> str:
+            return ray.util.get_node_ip_address()
+
+    hold = Hold.remote()
+    try:
+        ray.get(hold.node.remote(), timeout=60)
+        t0 = time.monotonic()
+        proc = subprocess.run(
+            [str(MESHRUN), "run", "--runs-dir", str(tmp_path / "runs"), *on_ray(driver_on, "-n", "2", "--hosts", "2", "--ray-strategy", "STRICT_SPREAD", "--start-timeout", "10"), "--platform", "cpu", str(SCRIPTS / "hello.py")],
+            capture_output=True, text=True, timeout=120, cwd=ROOT,
+        )  # fmt: skip
+    finally:
+        ray.kill(hold)
+    exits("run-ray-start-timeout", proc)
+    assert "waiting for Ray: a placement group of 2 x {'CPU': 1.0} (STRICT_SPREAD) (free: CPU 2 of 4)" in proc.stderr, proc.stderr[-3000:]
+    assert time.monotonic() - t0 < 60
 
 
 def test_get_dataset_shard_without_datasets_names_the_fix(monkeypatch):

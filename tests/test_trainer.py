@@ -170,6 +170,7 @@ PY_CONFIGS = {
     "py-ray-without-address": dict(scaling_config=meshrun.ScalingConfig(backend="ray")),
     "py-control-port-out-of-range": dict(scaling_config=meshrun.ScalingConfig(control_port=70000)),
     "py-hang-timeout-not-a-number": dict(run={"failure_config": meshrun.FailureConfig(hang_timeout_s="10s")}),
+    "py-start-timeout-zero": dict(run={"failure_config": meshrun.FailureConfig(start_timeout_s=0)}),
     "py-score-order-unknown": dict(run={"checkpoint_config": meshrun.CheckpointConfig(score_order="best")}),
 }
 covers(*PY_CONFIGS)

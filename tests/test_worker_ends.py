@@ -121,3 +121,26 @@ def test_local_device_ids_outside_the_workers_gpus_are_replaced(monkeypatch):
     # On CPU, JAX ignores local_device_ids: nothing to replace.
     monkeypatch.delenv("MESHRUN_GPUS")
     assert _cluster._contradictions({**run, "local_device_ids": [7]}) == []
+
+
+def test_the_compilation_cache_hook_leaves_a_jax_of_another_shape_alone(monkeypatch):
+    """JAX 0.11 calls its cache writer with other arguments than 0.10: the
+    hook that lets every rank write cache entries must then stay out, or
+    every compile fails (seen on a GPU machine with JAX 0.11.2)."""
+    from jax._src import compiler
+
+    from meshrun import _cluster
+
+    def newer(cache_key, compile_time_secs, module_name, backend, executable):
+        return "newer"
+
+    monkeypatch.setattr(compiler, "_cache_write", newer)
+    _cluster._cache_from_every_process()
+    assert compiler._cache_write is newer
+
+    def current(cache_key, compile_time_secs, module_name, backend, executable, host_callbacks):
+        return "current"
+
+    monkeypatch.setattr(compiler, "_cache_write", current)
+    _cluster._cache_from_every_process()
+    assert compiler._cache_write is not current and compiler._cache_write._meshrun

@@ -230,6 +230,9 @@ def warn_if_not_joined() -> None:
     sys.stderr.flush()
 
 
+_CACHE_WRITE_ARGS = ("cache_key", "compile_time_secs", "module_name", "backend", "executable", "host_callbacks")
+
+
 def _cache_from_every_process() -> None:
     """Lets every process write its own persistent compilation cache entries
     on CPU.
@@ -250,6 +253,10 @@ def _cache_from_every_process() -> None:
         return
     original = getattr(compiler, "_cache_write", None)
     if original is None or getattr(original, "_meshrun", False):
+        return
+    # The wrapper below calls it as JAX 0.10 declares it; another JAX may
+    # take other arguments (0.11 does), and is then left as it is.
+    if list(inspect.signature(original).parameters) != list(_CACHE_WRITE_ARGS):
         return
 
     def cache_write(cache_key, compile_time_secs, module_name, backend, executable, host_callbacks):

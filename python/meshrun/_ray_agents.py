@@ -8,7 +8,8 @@ Rust agent as the local backend, which dials the controller, proves the run
 token and starts its workers. The agent dies with its actor (parent-death
 signal), so a dead actor or node is a lost agent to the controller, which
 restarts the attempt. This process lives as long as the attempt; when it
-exits, Ray releases the actors and the bundles.
+exits, Ray releases the actors and the bundles. Meanwhile it tells the
+controller what the cluster holds back (see ``_ray_waiting``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ import signal
 import socket
 import subprocess
 import sys
+import time
+
+from meshrun._ray_waiting import POLL_S, Watch
 
 PR_SET_PDEATHSIG = 1
 
@@ -58,7 +62,7 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--gpus", type=float, default=0)
     ap.add_argument("--controller", required=True, help="HOST:PORT the controller listens on")
     ap.add_argument("--run-dir", required=True)
-    ap.add_argument("--timeout", type=float, default=60.0)
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the placement group (--start-timeout)")
     args = ap.parse_args(argv)
     token = os.environ["MESHRUN_TOKEN"]
     _check_reachable(args.address)
@@ -97,15 +101,19 @@ def main(argv: list[str]) -> None:
             f"no way to place {args.hosts} host(s) of {bundle} each ({args.strategy}) on this Ray cluster: "
             f"its nodes have {[{k: r.get(k, 0) for k in bundle} for r in nodes]}; lower -n per host, raise --hosts, or add nodes"
         )
+    watch = Watch(ray.get_runtime_context().gcs_address)
     pg = placement_group([dict(bundle) for _ in range(args.hosts)], strategy=args.strategy)
-    try:
-        ray.get(pg.ready(), timeout=args.timeout)
-    except Exception:
-        remove_placement_group(pg)
-        _die(
-            f"the Ray cluster cannot place {args.hosts} bundle(s) of {bundle} with strategy {args.strategy} "
-            f"within {args.timeout:.0f} s; it has {ray.available_resources()} available; lower -n or --hosts, or add nodes"
-        )
+    deadline = time.monotonic() + args.timeout
+    ready = pg.ready()
+    while not ray.wait([ready], timeout=max(0.0, min(POLL_S, deadline - time.monotonic())))[0]:
+        if time.monotonic() >= deadline:
+            remove_placement_group(pg)
+            _die(
+                f"the Ray cluster cannot place {args.hosts} bundle(s) of {bundle} with strategy {args.strategy} "
+                f"within {args.timeout:g} s (--start-timeout); it has {ray.available_resources()} available; "
+                "lower -n or --hosts, free resources or add nodes"
+            )
+        watch.check()
     controller_host, port = args.controller.rsplit(":", 1)
     if controller_host in ("0.0.0.0", "[::]", "::"):
         # The controller listens everywhere: agents dial this machine as Ray knows it.
@@ -131,10 +139,12 @@ def main(argv: list[str]) -> None:
     with open(os.path.join(args.run_dir, "ray-placement.json"), "w") as f:
         json.dump(record, f, indent=2)
 
-    # Until every agent has exited (the attempt is over) or its actor died.
+    # Until every agent has exited (the attempt is over) or its actor died;
+    # meanwhile the workers' own Ray work (Ray Data) may wait for resources.
     pending = {a.wait.remote(): h for h, a in enumerate(agents)}
     while pending:
-        done, _ = ray.wait(list(pending), num_returns=1)
+        watch.check()
+        done, _ = ray.wait(list(pending), num_returns=1, timeout=POLL_S)
         for ref in done:
             host = pending.pop(ref)
             try:

@@ -89,6 +89,8 @@ pub enum UsageError {
     },
     #[error("--finish-timeout must be a positive number of seconds, got {0}")]
     BadFinishTimeout(f64),
+    #[error("--start-timeout must be a positive number of seconds, got {0}")]
+    BadStartTimeout(f64),
     #[error("--ray-strategy '{0}' is not a Ray placement strategy; use one of PACK, SPREAD, STRICT_PACK, STRICT_SPREAD")]
     BadRayStrategy(String),
     #[error("--ray needs the cluster's address (HOST:PORT of the head node) or 'auto'")]

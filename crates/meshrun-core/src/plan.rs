@@ -169,17 +169,30 @@ pub struct FailurePolicy {
     /// [`DEFAULT_FINISH_TIMEOUT_S`]).
     #[serde(default)]
     pub finish_timeout_s: Option<f64>,
+    /// How long an attempt may wait for cluster resources (a Ray placement
+    /// group, the workers' Ray tasks) before its first step (`None`:
+    /// [`DEFAULT_START_TIMEOUT_S`]).
+    #[serde(default)]
+    pub start_timeout_s: Option<f64>,
 }
 
 /// JAX holds a finished rank in its shutdown barrier for 300 s, then
 /// aborts it; a rank that has not caught up after a minute is stuck.
 pub const DEFAULT_FINISH_TIMEOUT_S: f64 = 60.0;
 
+/// Ten minutes: a cluster that has not found the resources by then is
+/// not about to.
+pub const DEFAULT_START_TIMEOUT_S: f64 = 600.0;
+
 impl FailurePolicy {
     pub fn finish_timeout(&self) -> std::time::Duration {
         std::time::Duration::from_secs_f64(
             self.finish_timeout_s.unwrap_or(DEFAULT_FINISH_TIMEOUT_S),
         )
+    }
+
+    pub fn start_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs_f64(self.start_timeout_s.unwrap_or(DEFAULT_START_TIMEOUT_S))
     }
 }
 
@@ -269,6 +282,10 @@ impl RunPlan {
         match self.join_timeout_s {
             Some(s) => std::time::Duration::from_secs_f64(s),
             None if self.rendezvous => DEFAULT_JOIN_TIMEOUT,
+            // The placing process waits up to the start timeout for its
+            // placement group, then gives up in its own words: the agents
+            // are given that long and a minute more.
+            None if self.ray.is_some() => self.failure.start_timeout() + AGENT_JOIN_TIMEOUT,
             None => AGENT_JOIN_TIMEOUT,
         }
     }
@@ -333,6 +350,11 @@ impl RunSpec {
         if let Some(t) = self.failure.finish_timeout_s {
             if !(t.is_finite() && t > 0.0) {
                 return Err(UsageError::BadFinishTimeout(t));
+            }
+        }
+        if let Some(t) = self.failure.start_timeout_s {
+            if !(t.is_finite() && t > 0.0) {
+                return Err(UsageError::BadStartTimeout(t));
             }
         }
         if let Some(t) = self.join_timeout_s {

@@ -317,6 +317,7 @@ pub fn run_spec(
             max_failures: failure.required_uint("max_failures")?,
             hang_timeout_s: failure.seconds("hang_timeout_s")?,
             finish_timeout_s: None,
+            start_timeout_s: failure.seconds("start_timeout_s")?,
         },
         ray,
         control_host,

@@ -61,6 +61,9 @@ pub fn python_words(err: &UsageError) -> String {
         UsageError::BadHangTimeout(t) => {
             format!("FailureConfig.hang_timeout_s must be a positive number of seconds, got {t}")
         }
+        UsageError::BadStartTimeout(t) => {
+            format!("FailureConfig.start_timeout_s must be a positive number of seconds, got {t}")
+        }
         UsageError::BadRayStrategy(s) => format!(
             "ScalingConfig.ray_strategy '{s}' is not a Ray placement strategy; use one of {}",
             RAY_STRATEGIES.join(", ")

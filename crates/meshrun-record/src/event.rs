@@ -83,6 +83,12 @@ pub enum Event {
         attempt: u32,
         waited_s: u64,
     },
+    /// The cluster holds back resources the run asked for (`what`, as the
+    /// cluster describes it); `None` when nothing waits any more.
+    WaitingForResources {
+        attempt: u32,
+        what: Option<String>,
+    },
     Stopping {
         attempt: u32,
         reason: String,
@@ -176,6 +182,7 @@ impl Event {
             | Event::StopRequested { attempt, .. }
             | Event::Preempting { attempt, .. }
             | Event::PreemptTimeout { attempt, .. }
+            | Event::WaitingForResources { attempt, .. }
             | Event::Stopping { attempt, .. }
             | Event::StacksDumped { attempt, .. }
             | Event::CheckpointCommitted { attempt, .. }

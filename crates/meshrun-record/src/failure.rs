@@ -70,6 +70,9 @@ pub enum Cause {
     /// Its host went silent, agent and workers alike: the host is cut off
     /// from the controller (its network down, its machine gone).
     HostUnreachable { host: u32, ip: String, secs: f64 },
+    /// No step reported within the start timeout while the cluster held
+    /// back resources the run asked for (`waiting`, as Ray described it).
+    StartTimeout { secs: f64, waiting: String },
 }
 
 impl Cause {
@@ -114,6 +117,10 @@ impl Cause {
             Cause::HostUnreachable { host, ip, secs } => {
                 format!("is on host {host} ({ip}), unreachable for {secs:.0} s")
             }
+            Cause::StartTimeout { secs, waiting } => format!(
+                "reported no step in {secs:.0} s while the cluster held back resources: \
+                 {waiting}; free them or add nodes, or raise --start-timeout"
+            ),
         }
     }
 }

@@ -259,6 +259,13 @@ pub struct RunArgs {
     #[arg(long, value_name = "S")]
     pub finish_timeout: Option<f64>,
 
+    /// How long an attempt may wait for cluster resources before its first
+    /// step: a Ray placement group, or Ray tasks of the workers (Ray Data)
+    /// that the cluster cannot run yet. What is waiting shows on the status
+    /// line; past the limit the attempt fails naming it [default: 600].
+    #[arg(long, value_name = "S")]
+    pub start_timeout: Option<f64>,
+
     /// Place the agents on a Ray cluster: `auto` or the head's HOST:PORT.
     /// One placement-group bundle per host (--hosts), holding the CPUs and
     /// GPUs of its workers.

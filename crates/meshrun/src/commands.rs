@@ -133,6 +133,7 @@ pub fn spec(args: RunArgs, launcher: &Launcher) -> RunSpec {
             max_failures: args.max_failures,
             hang_timeout_s: args.hang_timeout,
             finish_timeout_s: args.finish_timeout,
+            start_timeout_s: args.start_timeout,
         },
         ray: args.ray.map(|address| RayTarget {
             address,

@@ -8,6 +8,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::sync::mpsc;
 
 use crate::agent::{self, AgentConfig};
 use crate::error::CoreError;
@@ -24,7 +25,13 @@ pub struct Agents {
     /// With Ray: what the placing process said on stderr, for the error
     /// when it gives up.
     ray_said: Option<Arc<Mutex<Vec<String>>>>,
+    /// With Ray: what the cluster holds back, each time that changes.
+    ray_waiting: Option<mpsc::UnboundedReceiver<Option<String>>>,
 }
+
+/// The placing process's lines that say what the cluster holds back
+/// (nothing after the prefix: nothing waits any more).
+const WAITING_PREFIX: &str = "meshrun-waiting:";
 
 pub fn start(plan: &RunPlan, controller: SocketAddr, token: &Token) -> Result<Agents, CoreError> {
     if let Some(ray) = &plan.ray {
@@ -49,6 +56,7 @@ pub fn start(plan: &RunPlan, controller: SocketAddr, token: &Token) -> Result<Ag
             children: vec![],
             task: Some(task),
             ray_said: None,
+            ray_waiting: None,
         });
     }
     let (program, prefix) = match plan.agent_command.split_first() {
@@ -96,6 +104,7 @@ pub fn start(plan: &RunPlan, controller: SocketAddr, token: &Token) -> Result<Ag
         children,
         task: None,
         ray_said: None,
+        ray_waiting: None,
     })
 }
 
@@ -118,6 +127,10 @@ fn start_on_ray(
         .args(["--hosts", &plan.hosts.to_string()])
         .args(["--cpus", &cpus.to_string(), "--gpus", &gpus.to_string()])
         .args(["--controller", &controller.to_string()])
+        .args([
+            "--timeout",
+            &plan.failure.start_timeout().as_secs_f64().to_string(),
+        ])
         .arg("--run-dir")
         .arg(&plan.run_dir)
         .env("MESHRUN_TOKEN", token.to_hex())
@@ -133,11 +146,17 @@ fn start_on_ray(
             source,
         })?;
     let said = Arc::new(Mutex::new(Vec::new()));
+    let (waiting_tx, waiting_rx) = mpsc::unbounded_channel();
     if let Some(stderr) = child.stderr.take() {
         let said = Arc::clone(&said);
         tokio::spawn(async move {
             let mut lines = BufReader::new(stderr).lines();
             while let Ok(Some(line)) = lines.next_line().await {
+                if let Some(what) = line.strip_prefix(WAITING_PREFIX) {
+                    let what = what.trim();
+                    let _ = waiting_tx.send((!what.is_empty()).then(|| what.to_string()));
+                    continue;
+                }
                 // Its own messages become the run's error; Ray's pass through.
                 match line.strip_prefix("meshrun: ") {
                     Some(message) => said.lock().expect("ray log lock").push(message.to_string()),
@@ -150,6 +169,7 @@ fn start_on_ray(
         children: vec![(0, child)],
         task: None,
         ray_said: Some(said),
+        ray_waiting: Some(waiting_rx),
     })
 }
 
@@ -171,6 +191,22 @@ impl Agents {
             {
                 let _ = child.kill().await;
             }
+        }
+    }
+
+    /// The next change in what the cluster holds back; never resolves
+    /// without Ray.
+    pub async fn waiting(&mut self) -> Option<String> {
+        match &mut self.ray_waiting {
+            Some(rx) => match rx.recv().await {
+                Some(what) => what,
+                None => {
+                    // The placing process is gone: nothing more to hear.
+                    self.ray_waiting = None;
+                    std::future::pending().await
+                }
+            },
+            None => std::future::pending().await,
         }
     }
 

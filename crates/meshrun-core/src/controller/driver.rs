@@ -106,6 +106,7 @@ impl<'a> Driver<'a> {
                     }
                     None => return Ok(()),
                 },
+                what = agent_procs.waiting() => self.input(Input::ResourcesWaiting { what })?,
                 () = next_signal(sigint) => self.input(Input::Interrupt { signal: Signal::SIGINT as i32 })?,
                 () = next_signal(sigterm) => self.input(Input::Terminate)?,
                 () = stop_requested(stop), if !external_stop_seen => {
@@ -120,9 +121,11 @@ impl<'a> Driver<'a> {
                         return Err(CoreError::AgentGone { host, what: how });
                     }
                 }
-                _ = flush.tick(), if self.machine.launched() => {
+                _ = flush.tick() => {
                     // Metrics are buffered between ticks, so readers see them live.
-                    self.rundir.flush()?;
+                    if self.machine.launched() {
+                        self.rundir.flush()?;
+                    }
                     self.progress.tick();
                 }
                 () = tokio::time::sleep_until(wake.into()) => {
@@ -258,6 +261,7 @@ impl<'a> Driver<'a> {
                     total_steps,
                 } => self.progress.report(step, &metrics, total_steps),
                 Action::Saving { step } => self.progress.saving(step),
+                Action::Waiting { what } => self.progress.waiting(what),
                 Action::Commit {
                     rank,
                     step,

@@ -54,6 +54,8 @@ pub struct Progress {
     loss: Option<f64>,
     tokens_per_s: Option<f64>,
     saving: Option<u64>,
+    /// What the cluster holds back while the run waits for it.
+    waiting: Option<String>,
     samples: VecDeque<(Instant, u64)>,
     drawn: Option<Instant>,
     printed: Instant,
@@ -92,6 +94,7 @@ impl Progress {
             loss: None,
             tokens_per_s: None,
             saving: None,
+            waiting: None,
             samples: VecDeque::new(),
             drawn: None,
             printed: now,
@@ -150,12 +153,31 @@ impl Progress {
         self.redraw(true);
     }
 
-    /// Called every watch tick: plain lines are printed from here.
+    /// What the cluster holds back (`None`: nothing any more). Without a
+    /// terminal, a new wait is printed at once, not at the next line.
+    pub fn waiting(&mut self, what: Option<String>) {
+        if self.mode == ProgressMode::Off {
+            return;
+        }
+        self.waiting = what;
+        if self.mode == ProgressMode::Lines && self.waiting.is_some() {
+            self.print_line();
+        }
+        self.redraw(true);
+    }
+
+    /// Called every watch tick: plain lines are printed from here, and the
+    /// bar's clock (`starting (12s)`) moves on.
     pub fn tick(&mut self) {
         if self.mode == ProgressMode::Lines && self.printed.elapsed() >= LINE_EVERY {
-            self.printed = Instant::now();
-            terminal().note(&format!("meshrun: {}", self.text()));
+            self.print_line();
         }
+        self.redraw(false);
+    }
+
+    fn print_line(&mut self) {
+        self.printed = Instant::now();
+        terminal().note(&format!("meshrun: {}", self.text()));
     }
 
     pub fn finish(&mut self) {
@@ -200,6 +222,9 @@ impl Progress {
         }
         if let Some(s) = self.saving {
             parts.push(format!("saving step-{s}"));
+        }
+        if let Some(w) = &self.waiting {
+            parts.push(format!("waiting for Ray: {w}"));
         }
         parts.join(" · ")
     }
@@ -276,6 +301,21 @@ mod tests {
             p.text(),
             "attempt 2 · step 120/150 · loss 2.5000 · 2.00 steps/s · 12,346 tokens/s · ETA 15s · saving step-120"
         );
+    }
+
+    #[test]
+    fn a_wait_for_the_cluster_shows_until_it_clears() {
+        let mut p = Progress::new(ProgressMode::Lines, 1);
+        p.waiting(Some("1 task needs {CPU: 1}".into()));
+        assert!(p.text().starts_with("attempt 1 · starting ("));
+        assert!(
+            p.text()
+                .ends_with(" · waiting for Ray: 1 task needs {CPU: 1}"),
+            "{}",
+            p.text()
+        );
+        p.waiting(None);
+        assert!(!p.text().contains("waiting"), "{}", p.text());
     }
 
     #[test]

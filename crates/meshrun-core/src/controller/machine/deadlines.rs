@@ -32,6 +32,11 @@ pub const CONNECTION_LOSS_GRACE: Duration = Duration::from_secs(2);
 /// silence is noticed first is chance).
 const HOST_SILENCE: Duration = Duration::from_secs(8);
 
+/// A wait for cluster resources that begins after the start timeout is
+/// over gets this long to clear: a scheduler places work it can place in
+/// moments, so only a wait that lasts is the cluster holding back.
+const LATE_WAIT_GRACE: Duration = Duration::from_secs(30);
+
 /// Waking this much later than asked means the controller was not running.
 pub const STALL_SLACK: Duration = Duration::from_secs(1);
 
@@ -64,6 +69,7 @@ impl Machine {
                 }
             }
             consider(self.finish_deadlines().map(|d| d.at).min());
+            consider(self.start_deadline());
         }
         for r in &self.ranks {
             consider(r.drain_deadline());
@@ -192,6 +198,16 @@ impl Machine {
             };
             return self.fail(now, rank, cause);
         }
+        if self.start_deadline().is_some_and(|at| now >= at) {
+            let waiting = self.waiting.as_ref().map(|(_, w)| w.clone());
+            let rank = live().map(|(rank, _)| rank as u32).next().unwrap_or(0);
+            let secs = (now - self.started).as_secs_f64();
+            let cause = Cause::StartTimeout {
+                secs,
+                waiting: waiting.unwrap_or_default(),
+            };
+            return self.fail(now, rank, cause);
+        }
         let behind = self
             .finish_deadlines()
             .filter(|d| now >= d.at)
@@ -221,6 +237,25 @@ impl Machine {
                 }
             }
         }
+    }
+
+    /// While no rank has reported a step and the cluster holds back
+    /// resources: the attempt fails at the start timeout, or, for a wait
+    /// that began later (after a long compilation, say), once it has
+    /// lasted [`LATE_WAIT_GRACE`]. A slow start with nothing waiting is
+    /// never failed here (the hang timeout is for that).
+    fn start_deadline(&self) -> Option<Instant> {
+        let (since, _) = self.waiting.as_ref()?;
+        if self.ranks.iter().any(|r| r.reports > 0) {
+            return None;
+        }
+        let at = self.started + self.plan.failure.start_timeout();
+        let since = self.since(*since);
+        Some(if since < at {
+            at
+        } else {
+            since + LATE_WAIT_GRACE
+        })
     }
 
     /// While a rank that finished its program is still alive (JAX holds it

@@ -21,6 +21,8 @@ mod stop;
 mod tests;
 #[cfg(test)]
 mod tests_hosts;
+#[cfg(test)]
+mod tests_start;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
@@ -152,6 +154,11 @@ pub enum Input {
         rank: u32,
         error: String,
     },
+    /// The cluster holds back resources the run asked for, as the Ray
+    /// placement process describes them; `None`: nothing waits now.
+    ResourcesWaiting {
+        what: Option<String>,
+    },
 }
 
 /// What the driver is to do, in order.
@@ -177,6 +184,8 @@ pub enum Action {
     },
     /// A save began (`Some(step)`) or its commit came (`None`).
     Saving { step: Option<u64> },
+    /// What the cluster holds back, for the status line (`None`: nothing).
+    Waiting { what: Option<String> },
     /// Rank `rank` wrote its part of checkpoint `step`: commit the step
     /// once it is complete (see `gather`), and answer [`Input::Committed`].
     Commit {
@@ -235,6 +244,8 @@ pub struct Machine {
     stacks_dumped: bool,
     /// The newest step committed in this attempt.
     last_committed: Option<u64>,
+    /// Since when the cluster has held back resources, and what.
+    waiting: Option<(Instant, String)>,
     /// The moment the driver was asked to wake up for, and since when the
     /// controller itself is known to have been running (see
     /// `deadlines.rs`: a stalled controller must not blame its workers).
@@ -260,6 +271,7 @@ impl Machine {
             preempt_deadline: None,
             stacks_dumped: false,
             last_committed: None,
+            waiting: None,
             wake: None,
             awake_since: now,
             actions: VecDeque::new(),
@@ -423,6 +435,7 @@ impl Machine {
                 step,
                 error,
             }),
+            Input::ResourcesWaiting { what } => self.resources_waiting(now, what),
             Input::CommitRefused { step, rank, error } => {
                 self.record(Event::CheckpointFailed {
                     attempt: self.attempt(),
@@ -441,6 +454,28 @@ impl Machine {
             }
         }
         Ok(())
+    }
+
+    /// Remembers since when something waits (a changed description of
+    /// the wait is the same wait), and records each change.
+    fn resources_waiting(&mut self, now: Instant, what: Option<String>) {
+        let same = match (&self.waiting, &what) {
+            (Some((_, old)), Some(new)) => old == new,
+            (None, None) => true,
+            _ => false,
+        };
+        if same {
+            return;
+        }
+        self.waiting = match what.clone() {
+            Some(text) => Some((self.waiting.as_ref().map_or(now, |(t, _)| *t), text)),
+            None => None,
+        };
+        self.record(Event::WaitingForResources {
+            attempt: self.attempt(),
+            what: what.clone(),
+        });
+        self.push(Action::Waiting { what });
     }
 
     fn committed(&mut self, now: Instant, step: u64, path: &str) {
