@@ -24,23 +24,31 @@ STEPS, KILL_AT = 8, 5
 
 
 def ray_style_loop():
-    """Rank 0 writes a folder of its own every other step and hands it to
-    ``report``; the other rank reports metrics only. Rank 0 is SIGKILLed at
-    step 5 of the first attempt."""
+    """Rank 0 writes an Orbax checkpoint folder of its own every other step
+    and hands it to ``report``; the other rank reports metrics only. Rank 0
+    is SIGKILLed at step 5 of the first attempt. Under ``jax.distributed``,
+    Orbax synchronises every process unless told which ones take part: each
+    rank uses it alone (``active_processes``), as a Ray Train program whose
+    rank 0 alone writes must."""
     import signal
     import tempfile
 
     import jax.numpy as jnp
+    import orbax.checkpoint as ocp
     from jax.experimental import multihost_utils
 
     ctx = meshrun.get_context()
+
+    def alone():
+        only_me = ocp.options.MultiprocessingOptions(primary_host=ctx.rank, active_processes={ctx.rank})
+        return ocp.StandardCheckpointer(multiprocessing_options=only_me)
+
     w, start = np.zeros(4, np.float32), 0
     checkpoint = meshrun.get_checkpoint()
     if checkpoint:
-        with checkpoint.as_directory() as folder:
-            w = np.load(os.path.join(folder, "w.npy"))
-            with open(os.path.join(folder, "meta.json")) as f:
-                start = json.load(f)["step"] + 1
+        with checkpoint.as_directory() as folder, alone() as loader:
+            state = loader.restore(os.path.join(folder, "state"))
+        w, start = np.asarray(state["w"]), int(state["step"]) + 1
     for step in range(start, STEPS):
         # A collective each step, so the ranks move together as SPMD ones do.
         w = w + np.asarray(multihost_utils.process_allgather(jnp.ones(4)).sum(axis=0))
@@ -49,9 +57,8 @@ def ray_style_loop():
         metrics = {"train_loss": 1.0 / (step + 1), "attempt": ctx.attempt, "start": start}
         if ctx.rank == 0 and step % 2 == 1:
             with tempfile.TemporaryDirectory() as folder:
-                np.save(os.path.join(folder, "w.npy"), w)
-                with open(os.path.join(folder, "meta.json"), "w") as f:
-                    json.dump({"step": step}, f)
+                with alone() as saver:
+                    saver.save(os.path.join(folder, "state"), {"w": w, "step": np.int64(step)})
                 meshrun.report(metrics, checkpoint=meshrun.Checkpoint.from_directory(folder))
         else:
             meshrun.report(metrics)
@@ -74,11 +81,13 @@ def test_a_folder_from_rank_0_alone_commits_and_a_killed_run_resumes_from_it(tmp
     assert steps == [1, 3, 5, 7], steps
     assert result.best_checkpoints[-1][1]["train_loss"] == pytest.approx(1 / 8)
     assert result.checkpoint.step == 7
-    with result.checkpoint.as_directory() as folder:
+    import orbax.checkpoint as ocp
+
+    with result.checkpoint.as_directory() as folder, ocp.StandardCheckpointer() as loader:
         # 2 ranks add 1 each step: 8 steps.
-        np.testing.assert_array_equal(np.load(os.path.join(folder, "w.npy")), np.full(4, 16.0))
+        np.testing.assert_array_equal(loader.restore(os.path.join(folder, "state"))["w"], np.full(4, 16.0))
     copy = result.checkpoint.to_directory(tmp_path / "copy")
-    assert sorted(os.listdir(copy)) == ["meta.json", "w.npy"]
+    assert sorted(os.listdir(copy)) == ["state"]
     with open(os.path.join(result.path, "events.jsonl")) as f:
         events = [json.loads(line) for line in f]
     assert [e["step"] for e in events if e["event"] == "resuming"] == [3]
