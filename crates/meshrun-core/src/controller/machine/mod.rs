@@ -457,8 +457,15 @@ impl Machine {
     }
 
     /// Remembers since when something waits (a changed description of
-    /// the wait is the same wait), and records each change.
+    /// the wait is the same wait), and records each change. Only before
+    /// the first step: Ray Data's streaming queues tasks all the time.
     fn resources_waiting(&mut self, now: Instant, what: Option<String>) {
+        if self.ranks.iter().any(|r| r.reports > 0) {
+            if self.waiting.take().is_some() {
+                self.push(Action::Waiting { what: None });
+            }
+            return;
+        }
         let same = match (&self.waiting, &what) {
             (Some((_, old)), Some(new)) => old == new,
             (None, None) => true,

@@ -68,7 +68,15 @@ fn a_step_before_the_timeout_ends_the_watch() {
     waiting(&mut sim, Some(WAIT));
     sim.alive_until(30.0);
     sim.report(0, 0, false);
-    // Data that waits after the first step is the hang timeout's business.
+    // Data that waits after the first step is the hang timeout's business,
+    // and is neither recorded nor shown: streaming queues work all the time.
+    sim.take();
+    waiting(&mut sim, Some("3 Ray tasks or actors of {'CPU': 1.0}"));
+    let after = sim.take();
+    assert_eq!(after, vec![Action::Waiting { what: None }]);
+    waiting(&mut sim, None);
+    waiting(&mut sim, Some(WAIT));
+    assert!(sim.take().is_empty());
     sim.alive_until(300.0);
     assert!(sim.failed().is_none());
 }
