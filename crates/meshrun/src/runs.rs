@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 
 use meshrun_core::plan::check_run_name;
 use meshrun_record::read::{self, lock_is_held, ReadError};
-use meshrun_record::{names, EventLine, Goodput, MetricsRecord, Part, RunRecord, RunState};
+use meshrun_record::{names, Event, EventLine, Goodput, MetricsRecord, Part, RunRecord, RunState};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
@@ -101,6 +101,9 @@ pub struct RunView {
     pub loss: Option<f64>,
     pub duration: Option<Duration>,
     pub goodput: Option<Goodput>,
+    /// What the cluster holds back from a live run that has reported
+    /// nothing since it began waiting.
+    pub waiting: Option<String>,
 }
 
 fn parse_time(text: Option<&str>) -> Option<SystemTime> {
@@ -126,6 +129,23 @@ fn last_records<T: DeserializeOwned>(path: &Path) -> Vec<T> {
         .rev()
         .filter_map(|l| serde_json::from_str::<T>(l).ok())
         .collect()
+}
+
+/// The newest `waiting_for_resources` event, while it names a wait and no
+/// report came after it (the controller records no waits after the first
+/// step, so a report is what ends one).
+fn waiting_now(dir: &Path, last: Option<&MetricsRecord>) -> Option<String> {
+    let events = last_records::<EventLine>(&dir.join(names::EVENTS));
+    let newest = events
+        .iter()
+        .find(|e| matches!(e.event, Event::WaitingForResources { .. }))?;
+    if last.is_some_and(|m| m.time >= newest.time) {
+        return None;
+    }
+    match &newest.event {
+        Event::WaitingForResources { what, .. } => what.clone(),
+        _ => None,
+    }
 }
 
 /// The time of the newest metrics record or event.
@@ -247,6 +267,7 @@ impl RunView {
             last: last.map(|r| r.metrics.clone()),
             duration,
             goodput,
+            waiting: live.then(|| waiting_now(dir, last)).flatten(),
             record: Some(record),
         })
     }
@@ -340,6 +361,9 @@ pub fn render_status(run: &RunView) -> String {
     );
     let step = run.step.map_or_else(|| "-".into(), |s| s.to_string());
     let _ = writeln!(out, "step      {step}");
+    if let Some(w) = &run.waiting {
+        let _ = writeln!(out, "waiting   for Ray: {w}");
+    }
     if let Some(Value::Object(m)) = &run.last {
         let shown: Vec<String> = m
             .iter()

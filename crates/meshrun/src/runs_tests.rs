@@ -132,6 +132,38 @@ fn status_of_a_damaged_run_snapshot() {
 }
 
 #[test]
+fn a_live_run_waiting_for_the_cluster_says_what_waits_until_it_reports() {
+    let (tmp, _controller) = runs_dir();
+    let wait = |time: &str, what: Value| {
+        json!({"event": "waiting_for_resources", "time": unix(time), "attempt": 1, "what": what})
+            .to_string()
+            + "\n"
+    };
+    let events = tmp.path().join("live/events.jsonl");
+    let said = "1 Ray task or actor of {'CPU': 1.0} (free: CPU 0 of 4)";
+    std::fs::write(&events, wait("2026-12-02T11:01:00Z", json!(said))).unwrap();
+    let text = status_of(&tmp, "live");
+    assert!(
+        text.contains(&format!("step      -\nwaiting   for Ray: {said}\n")),
+        "{text}"
+    );
+    // A report after the wait ends it.
+    let report = json!({"time": unix("2026-12-02T11:02:00Z"), "attempt": 1, "step": 1, "metrics": {"step": 1}});
+    std::fs::write(
+        tmp.path().join("live/metrics.jsonl"),
+        report.to_string() + "\n",
+    )
+    .unwrap();
+    assert!(!status_of(&tmp, "live").contains("waiting"));
+    // So does a wait that cleared.
+    std::fs::remove_file(tmp.path().join("live/metrics.jsonl")).unwrap();
+    let cleared =
+        wait("2026-12-02T11:01:00Z", json!(said)) + &wait("2026-12-02T11:01:30Z", Value::Null);
+    std::fs::write(&events, cleared).unwrap();
+    assert!(!status_of(&tmp, "live").contains("waiting"));
+}
+
+#[test]
 fn a_running_run_whose_controller_ends_is_interrupted() {
     let (tmp, controller) = runs_dir();
     assert_eq!(find("live", tmp.path()).unwrap().state, "running");
