@@ -197,17 +197,14 @@ impl Agents {
     /// The next change in what the cluster holds back; never resolves
     /// without Ray.
     pub async fn waiting(&mut self) -> Option<String> {
-        match &mut self.ray_waiting {
-            Some(rx) => match rx.recv().await {
-                Some(what) => what,
-                None => {
-                    // The placing process is gone: nothing more to hear.
-                    self.ray_waiting = None;
-                    std::future::pending().await
-                }
-            },
-            None => std::future::pending().await,
+        if let Some(rx) = &mut self.ray_waiting {
+            if let Some(what) = rx.recv().await {
+                return what;
+            }
+            // The placing process is gone: nothing more to hear.
+            self.ray_waiting = None;
         }
+        std::future::pending().await
     }
 
     /// An agent process that already exited, for a better error.
