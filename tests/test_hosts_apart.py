@@ -152,7 +152,13 @@ def test_a_host_cut_off_mid_training_rejoins_and_the_run_ends_bit_identical(nsho
     time.sleep(10)
     hosts.restore(1)
     out, err = controller.communicate(timeout=900)
-    assert controller.returncode == 0, err
+    if controller.returncode != 0:
+        # What host 1's agent and the run's events saw, to tell a host that
+        # never noticed the cut from one that was refused or never called.
+        joiner.kill()
+        said = joiner.communicate(timeout=30)[0]
+        seen = (run_dir / "events.jsonl").read_text()[-6000:] if (run_dir / "events.jsonl").exists() else "(no events)"
+        pytest.fail(f"{err}\n--- host 1's `meshrun join`:\n{said}\n--- events:\n{seen}")
     assert joiner.wait(timeout=60) == 0, joiner.stdout.read()
 
     failed = events("worker_failed")
