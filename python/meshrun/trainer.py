@@ -95,14 +95,14 @@ class FailureConfig:
     ``stacks/attempt-K/`` in the run directory and the attempt fails.
     ``start_timeout_s``: how long an attempt may wait for cluster
     resources before its first step (a Ray placement group, or the
-    workers' Ray Data tasks that the cluster cannot run yet); what waits
-    shows on the progress line, and past the limit the attempt fails
-    naming it.
+    workers' Ray Data tasks that the cluster cannot run yet; None: 600 s);
+    what waits shows on the progress line, and past the limit the attempt
+    fails naming it.
     """
 
     max_failures: int = 0
     hang_timeout_s: float | None = None
-    start_timeout_s: float = 600.0
+    start_timeout_s: float | None = None
 
 
 @dataclass
