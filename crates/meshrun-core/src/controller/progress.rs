@@ -154,13 +154,15 @@ impl Progress {
     }
 
     /// What the cluster holds back (`None`: nothing any more). Without a
-    /// terminal, a new wait is printed at once, not at the next line.
+    /// terminal, a wait that begins is printed at once; how it changes
+    /// (Ray's counts move every poll) waits for the next line.
     pub fn waiting(&mut self, what: Option<String>) {
         if self.mode == ProgressMode::Off {
             return;
         }
+        let began = self.waiting.is_none() && what.is_some();
         self.waiting = what;
-        if self.mode == ProgressMode::Lines && self.waiting.is_some() {
+        if self.mode == ProgressMode::Lines && began {
             self.print_line();
         }
         self.redraw(true);
