@@ -216,5 +216,8 @@ def s3_bucket(s3server) -> str:
 def _own_scratch(tmp_path_factory, monkeypatch):
     """Every test's hosts get a scratch folder of their own (the compilation
     cache and the runs' host-local files live there): no test finds what
-    another left."""
+    another left. Memory checkpoints likewise: a folder of the test's own,
+    removed with its temporary files, so a killed run leaves none in
+    shared memory."""
     monkeypatch.setenv("MESHRUN_SCRATCH", str(tmp_path_factory.mktemp("scratch")))
+    monkeypatch.setenv("MESHRUN_MEMORY_DIR", str(tmp_path_factory.mktemp("memory")))

@@ -50,6 +50,13 @@ def _process_start() -> float:
 _proc_start = _process_start()
 
 
+def handed_over() -> None:
+    """A warm spare took over an attempt: the attempt's process starts
+    now, not when the spare did."""
+    global _proc_start
+    _proc_start = time.time()
+
+
 def user_code_starts() -> None:
     global _user_start
     _user_start = time.time()

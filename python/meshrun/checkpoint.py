@@ -180,9 +180,12 @@ def _storable(path: str, leaf: Any) -> Any:
     )
 
 
-def _owned_shards(tree: Any, rank: int) -> list[tuple[str, str, list[int], list[tuple[int, int]], np.ndarray]]:
+def _owned_shards(tree: Any, rank: int, every_region: bool = False) -> list[tuple[str, str, list[int], list[tuple[int, int]], np.ndarray]]:
     """(leaf, dtype, global shape, region, host bytes) of every shard this
-    process writes. Device-to-host copies happen here, before save returns."""
+    process writes: replica 0 of each, or with ``every_region`` each
+    distinct region this process holds (a memory checkpoint, which each
+    host restores from its own files alone). Device-to-host copies happen
+    here, before save returns."""
     import jax
 
     out = []
@@ -190,12 +193,15 @@ def _owned_shards(tree: Any, rank: int) -> list[tuple[str, str, list[int], list[
         leaf = _storable(path, leaf)
         if isinstance(leaf, jax.Array):
             shape = tuple(leaf.shape)
+            seen: set[tuple[tuple[int, int], ...]] = set()
             for shard in leaf.addressable_shards:
-                if shard.replica_id != 0:
+                region = tuple(_region(shard.index, shape))
+                if (every_region and region in seen) or (not every_region and shard.replica_id != 0):
                     continue
+                seen.add(region)
                 host = np.asarray(shard.data, order="C")
                 out.append((path, host.dtype.name, list(shape), _region(shard.index, shape), host))
-        elif rank == 0:
+        elif rank == 0 or every_region:
             host = np.asarray(leaf, order="C")
             out.append((path, host.dtype.name, list(host.shape), [(0, d) for d in host.shape], host))
     return [(p, d, s, r, h.reshape(-1).view(np.uint8)) for p, d, s, r, h in out]
@@ -258,6 +264,40 @@ def save(step: int, state: Any, *, metrics: dict[str, Any] | None = None, extra:
     _writer.start()
 
 
+def _info(state: Any, metrics: dict[str, Any] | None, extra: dict[str, Any] | None) -> dict[str, Any]:
+    leaves = _leaf_paths(state)
+    keys = {p: _key_impl(leaf) for p, leaf in leaves if _is_key(leaf)}
+    return _values.plain({"paths": [p for p, _ in leaves], "keys": keys, "metrics": metrics or {}, "user": extra or {}})
+
+
+@_goodput.counts_as("checkpoint")
+def save_memory(step: int, state: Any, *, metrics: dict[str, Any] | None = None, extra: dict[str, Any] | None = None) -> None:
+    """Keeps ``state`` as memory checkpoint ``step``: this rank's regions
+    go into its host's shared memory (``MESHRUN_MEMORY_DIR``), whose agent
+    commits them and sends a replica to the buddy host. Returns once the
+    shards are on the host, as :func:`save` does."""
+    global _writer
+    folder = os.environ.get("MESHRUN_MEMORY_DIR")
+    client = _connection.client()
+    if not folder or client is None:
+        return
+    ctx = get_context()
+    wait()
+    shards = _owned_shards(state, ctx.rank, every_region=True)
+    info = _info(state, metrics, extra) if ctx.rank == 0 else None
+
+    def write() -> None:
+        global _writer_error
+        try:
+            written = _native.write_shards(folder, step, ctx.rank, shards)
+            client.memory_written(step, written, info)
+        except BaseException as exc:  # surfaced by the next save or wait()
+            _writer_error = exc
+
+    _writer = threading.Thread(target=write, name=f"meshrun-memory-{step}", daemon=True)
+    _writer.start()
+
+
 @_goodput.counts_as("checkpoint")
 def save_directory(step: int, folder: str, *, metrics: dict[str, Any] | None = None, extra: dict[str, Any] | None = None) -> bool:
     """Copies the local ``folder`` as this rank's part of checkpoint
@@ -287,6 +327,14 @@ def get_checkpoint() -> Checkpoint | None:
     controller skipped as damaged is never given out."""
     root = _root()
     chosen = os.environ.get("MESHRUN_RESUME_STEP")
+    memory = os.environ.get("MESHRUN_MEMORY_DIR")
+    if os.environ.get("MESHRUN_RESUME_FROM") == "memory" and chosen not in (None, "none") and memory:
+        # The controller chose the hosts' memory copy of this step; a newer
+        # durable step committed since by this attempt still wins.
+        newer = _native.resume_checkpoint(root, get_context().attempt, None)
+        if newer is not None and newer[1] is not None and newer[1] > int(chosen):
+            return Checkpoint(*newer)
+        return Checkpoint(os.path.join(memory, f"step-{chosen}"), int(chosen))
     if chosen is None:  # not started by a controller: the newest committed
         found = _native.resume_checkpoint(root)
     else:

@@ -32,6 +32,8 @@ class Context:
     checkpoint_every: int | None = None
     #: The run's folder in the storage every host reaches: its checkpoints.
     storage_dir: str | None = None
+    #: Also keep the state in host memory at multiples of this step.
+    memory_every: int | None = None
 
     # Ray Train's names, for users moving over.
     def get_world_rank(self) -> int:
@@ -74,6 +76,7 @@ def get_context() -> Context:
         coordinator_address=os.environ.get("JAX_COORDINATOR_ADDRESS"),
         checkpoint_every=int(os.environ["MESHRUN_CHECKPOINT_EVERY"]) if "MESHRUN_CHECKPOINT_EVERY" in os.environ else None,
         storage_dir=os.environ.get("MESHRUN_STORAGE_DIR", os.environ.get("MESHRUN_RUN_DIR")),
+        memory_every=int(os.environ["MESHRUN_MEMORY_EVERY"]) if "MESHRUN_MEMORY_EVERY" in os.environ else None,
     )
 
 

@@ -103,6 +103,13 @@ def _checkpoint_due(step: int) -> bool:
     return every is None or step % every == 0
 
 
+def _memory_due(step: int) -> bool:
+    """Whether a state passed at ``step`` goes to the host's memory tier
+    (when no durable save is due at that step)."""
+    every = get_context().memory_every
+    return every is not None and step % every == 0 and _connection.client() is not None
+
+
 def report(
     metrics: Mapping[str, Any],
     *,
@@ -162,6 +169,8 @@ def report(
             else:
                 ckpt.save(at, checkpoint, metrics=plain, extra=extra)
                 saving = True
+        elif folder is None and _memory_due(at):
+            ckpt.save_memory(at, checkpoint, metrics=_values.plain(dict(metrics)), extra=extra)
     if _connection.client() is None:
         if not _warned:
             _warned = True

@@ -73,7 +73,12 @@ class CheckpointConfig:
     is down or full), ``"continue"`` trains on without that checkpoint (it
     is not committed, the run's events say why, the next save tries again);
     ``"fail"`` raises the error from the rank's next save, which fails the
-    attempt."""
+    attempt.
+
+    ``memory_every_n_steps``: also keep the state in host memory every N
+    steps, with a replica on a buddy host; a restart resumes from the
+    newest step held in memory when it is newer than the newest durable
+    checkpoint (same process layout only)."""
 
     num_to_keep: int | None = None
     keep_every_n_steps: int | None = None
@@ -81,6 +86,7 @@ class CheckpointConfig:
     score_order: str = "max"
     every_n_steps: int | None = None
     on_save_error: str = "continue"
+    memory_every_n_steps: int | None = None
 
 
 @dataclass
@@ -98,11 +104,17 @@ class FailureConfig:
     workers' Ray Data tasks that the cluster cannot run yet; None: 600 s);
     what waits shows on the progress line, and past the limit the attempt
     fails naming it.
+    ``warm_spares``: keep one interpreter per worker with JAX (and
+    ``spare_imports``, default jax, jax.numpy, flax, optax where
+    installed) already imported, to take over a restarted attempt (None:
+    when ``max_failures`` allows restarts).
     """
 
     max_failures: int = 0
     hang_timeout_s: float | None = None
     start_timeout_s: float | None = None
+    warm_spares: bool | None = None
+    spare_imports: list[str] | None = None
 
 
 @dataclass

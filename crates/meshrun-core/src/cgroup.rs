@@ -160,6 +160,11 @@ impl WorkerCgroup {
             .open(self.dir.join("cgroup.procs"))
     }
 
+    /// Moves a running process (a warm spare taking over a rank) in.
+    pub fn adopt(&self, pid: u32) -> io::Result<()> {
+        self.opener()?.write_all(pid.to_string().as_bytes())
+    }
+
     /// Every process in the cgroup and in any cgroup a member made below it.
     pub fn members(&self) -> Vec<u32> {
         let mut pids = Vec::new();

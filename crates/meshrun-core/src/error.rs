@@ -61,6 +61,12 @@ pub enum UsageError {
     KeepEveryZero,
     #[error("--checkpoint-every must be at least 1 step, got 0")]
     CheckpointEveryZero,
+    #[error("--memory-checkpoint-every must be at least 1 step, got 0")]
+    MemoryEveryZero,
+    #[error(
+        "--spare-imports: '{0}' is not a module name (dotted Python identifiers, e.g. jax.numpy)"
+    )]
+    BadSpareImport(String),
     #[error("--hang-timeout must be a positive number of seconds, got {0}")]
     BadHangTimeout(f64),
     #[error("--join-timeout must be a positive number of seconds, got {0}")]

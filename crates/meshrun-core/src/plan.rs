@@ -119,6 +119,8 @@ pub struct RunSpec {
     pub checkpoint_every: Option<u64>,
     /// What a rank does when its shards of a checkpoint cannot be written.
     pub on_save_error: SaveErrorPolicy,
+    /// Checkpoints in host memory and warm spares.
+    pub recovery: Recovery,
     /// Write rank 0's metrics as `TensorBoard` event files under the run.
     pub tensorboard: bool,
     /// The metric shown as the run's loss (see `meshrun_record::loss_key`).
@@ -182,6 +184,8 @@ pub struct RunPlan {
     pub env: Vec<(String, String)>,
     pub retention: Option<Retention>,
     pub checkpoint_every: Option<u64>,
+    #[serde(default)]
+    pub recovery: Recovery,
     #[serde(default)]
     pub on_save_error: SaveErrorPolicy,
     #[serde(default)]
@@ -304,6 +308,7 @@ impl RunSpec {
         if self.checkpoint_every == Some(0) {
             return Err(UsageError::CheckpointEveryZero);
         }
+        self.recovery.validate()?;
         if let Some(t) = self.failure.hang_timeout_s {
             if !(t.is_finite() && t > 0.0) {
                 return Err(UsageError::BadHangTimeout(t));
@@ -434,6 +439,7 @@ impl RunSpec {
             env: self.env,
             retention: self.retention,
             checkpoint_every: self.checkpoint_every,
+            recovery: self.recovery,
             on_save_error: self.on_save_error,
             tensorboard: self.tensorboard,
             loss_metric: self.loss_metric,
@@ -570,6 +576,8 @@ fn check_control_address(host: IpAddr, port: u16) -> Result<(), UsageError> {
 }
 
 mod failure;
+mod recovery;
+pub use recovery::{Recovery, DEFAULT_SPARE_IMPORTS};
 mod storage_check;
 use storage_check::{check_remote_storage, check_runs_dir, check_storage};
 

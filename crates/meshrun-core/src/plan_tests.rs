@@ -26,6 +26,7 @@ fn spec(dir: &Path) -> RunSpec {
         env: vec![],
         retention: None,
         checkpoint_every: None,
+        recovery: crate::plan::Recovery::default(),
         on_save_error: crate::plan::SaveErrorPolicy::Continue,
         tensorboard: false,
         loss_metric: None,

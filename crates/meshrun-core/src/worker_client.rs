@@ -236,6 +236,21 @@ impl WorkerClient {
         }));
     }
 
+    /// Says this rank wrote its shards of memory checkpoint `step` into its
+    /// host's memory.
+    pub fn memory_written(
+        &self,
+        step: u64,
+        leaves: Vec<meshrun_ckpt::manifest::Leaf>,
+        extra: Option<serde_json::Value>,
+    ) {
+        let _ = self.tx.send(Outgoing::Msg(Message::MemoryWritten {
+            step,
+            leaves,
+            extra,
+        }));
+    }
+
     /// Says this rank could not write its shards of checkpoint `step`.
     pub fn save_failed(&self, step: u64, error: String) {
         let _ = self

@@ -43,6 +43,8 @@ pub struct AttemptInfo<'a> {
     /// The checkpoint step this attempt resumes from (`None`: from the
     /// beginning), chosen by the controller before the attempt started.
     pub resume_step: Option<u64>,
+    /// `resume_step` is restored from the hosts' memory, not storage.
+    pub resume_memory: bool,
 }
 
 const DEVICE_COUNT_FLAG: &str = "--xla_force_host_platform_device_count";
@@ -111,6 +113,12 @@ pub fn worker_env(
     // controller verified and never a newer one it skipped as damaged.
     let resume = info.resume_step.map_or("none".into(), |s| s.to_string());
     env.push(("MESHRUN_RESUME_STEP".into(), resume));
+    if info.resume_memory {
+        env.push(("MESHRUN_RESUME_FROM".into(), "memory".into()));
+    }
+    if let Some(n) = plan.recovery.memory_every {
+        env.push(("MESHRUN_MEMORY_EVERY".into(), n.to_string()));
+    }
     env.push((
         "MESHRUN_ON_SAVE_ERROR".into(),
         plan.on_save_error.as_str().into(),

@@ -45,6 +45,7 @@ pub fn spec(
         env,
         retention: None,
         checkpoint_every: None,
+        recovery: meshrun_core::plan::Recovery::default(),
         on_save_error: meshrun_core::plan::SaveErrorPolicy::Continue,
         tensorboard: false,
         loss_metric: None,

@@ -130,6 +130,31 @@ impl<'py> Config<'py> {
             })
     }
 
+    /// A list of strings, or None.
+    fn strings(&self, field: &str) -> PyResult<Option<Vec<String>>> {
+        let Some(value) = self.get(field)? else {
+            return Ok(None);
+        };
+        if value.is_instance_of::<pyo3::types::PyString>() {
+            return Err(self.wrong(field, Some(&value), "a list of strings"));
+        }
+        value
+            .extract()
+            .map(Some)
+            .map_err(|_| self.wrong(field, Some(&value), "a list of strings"))
+    }
+
+    /// True, False, or None.
+    fn flag(&self, field: &str) -> PyResult<Option<bool>> {
+        let Some(value) = self.get(field)? else {
+            return Ok(None);
+        };
+        if !value.is_instance_of::<PyBool>() {
+            return Err(self.wrong(field, Some(&value), "True, False or None"));
+        }
+        value.extract().map(Some)
+    }
+
     fn truthy(&self, field: &str) -> PyResult<bool> {
         self.obj.getattr(field)?.is_truthy()
     }
@@ -303,6 +328,11 @@ pub fn run_spec(
         env,
         retention,
         checkpoint_every: ckpt.uint("every_n_steps")?,
+        recovery: meshrun_core::plan::Recovery {
+            memory_every: ckpt.uint("memory_every_n_steps")?,
+            warm_spares: failure.flag("warm_spares")?,
+            spare_imports: failure.strings("spare_imports")?,
+        },
         on_save_error: ckpt.choice(
             "on_save_error",
             &[

@@ -58,6 +58,10 @@ pub fn python_words(err: &UsageError) -> String {
         ),
         UsageError::KeepEveryZero => at_least("CheckpointConfig.keep_every_n_steps", 1, 0),
         UsageError::CheckpointEveryZero => at_least("CheckpointConfig.every_n_steps", 1, 0),
+        UsageError::MemoryEveryZero => at_least("CheckpointConfig.memory_every_n_steps", 1, 0),
+        UsageError::BadSpareImport(name) => format!(
+            "FailureConfig.spare_imports: {name:?} is not a module name (dotted Python identifiers, e.g. 'jax.numpy')"
+        ),
         UsageError::BadHangTimeout(t) => {
             format!("FailureConfig.hang_timeout_s must be a positive number of seconds, got {t}")
         }

@@ -160,6 +160,28 @@ impl WorkerClient {
         Ok(())
     }
 
+    /// Tells the controller this rank holds its shards of memory checkpoint
+    /// `step` in its host's memory.
+    fn memory_written(
+        &self,
+        step: u64,
+        shards: &WrittenShards,
+        extra: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<()> {
+        let extra = extra.map(|e| to_value("extra", e)).transpose()?;
+        let size = json_size(&shards.leaves) + extra.as_ref().map_or(0, json_size);
+        if size + FRAME_HEADROOM > MAX_FRAME_BYTES {
+            return Err(CheckpointError::new_err(format!(
+                "memory checkpoint of step {step}: this rank's shard list and metadata take {size} \
+                 bytes, over the {} bytes a control message carries; save fewer, larger arrays \
+                 or put less in extra=",
+                MAX_FRAME_BYTES - FRAME_HEADROOM
+            )));
+        }
+        self.0.memory_written(step, shards.leaves.clone(), extra);
+        Ok(())
+    }
+
     /// Tells the controller this rank could not write its shards of `step`.
     fn save_failed(&self, step: u64, error: String) {
         self.0.save_failed(step, error);

@@ -52,6 +52,9 @@ pub enum Event {
         rank: u32,
         host: u32,
         pid: u32,
+        /// A warm spare took the attempt over.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        warm: bool,
     },
     WorkerExited {
         attempt: u32,
@@ -140,6 +143,39 @@ pub enum Event {
         /// The step was asked for (`--resume-from`), not the newest.
         requested: bool,
     },
+    /// Every host holds memory checkpoint `step` (and, with more than one
+    /// host, its buddy the replica).
+    MemoryCheckpointCommitted {
+        attempt: u32,
+        step: u64,
+        /// Each host's own bytes of the step, by host rank.
+        host_bytes: Vec<u64>,
+        replicated: bool,
+    },
+    /// A host could not keep memory checkpoint `step` (or send its
+    /// replica): the step is not committed in memory.
+    MemoryCheckpointFailed {
+        attempt: u32,
+        step: u64,
+        host: u32,
+        error: String,
+    },
+    /// The attempt restores memory checkpoint `step`; `sources`: where
+    /// each host's copy came from, by host rank.
+    ResumingFromMemory {
+        attempt: u32,
+        step: u64,
+        sources: Vec<String>,
+    },
+    /// Memory checkpoint `step` could not be made whole on every host: the
+    /// attempt resumes from durable storage instead.
+    MemoryUnavailable {
+        attempt: u32,
+        step: u64,
+        why: String,
+        /// The durable step resumed from instead (`None`: the beginning).
+        resume_step: Option<u64>,
+    },
     AttemptEnded {
         attempt: u32,
         state: RunState,
@@ -190,6 +226,10 @@ impl Event {
             | Event::CheckpointSkipped { attempt, .. }
             | Event::CheckpointSetAside { attempt, .. }
             | Event::Resuming { attempt, .. }
+            | Event::MemoryCheckpointCommitted { attempt, .. }
+            | Event::MemoryCheckpointFailed { attempt, .. }
+            | Event::ResumingFromMemory { attempt, .. }
+            | Event::MemoryUnavailable { attempt, .. }
             | Event::AttemptEnded { attempt, .. }
             | Event::FrameRejected { attempt, .. } => Some(*attempt),
             Event::WorkerFailed(f) => Some(f.attempt),
@@ -222,6 +262,7 @@ mod tests {
                 rank: 3,
                 host: 1,
                 pid: 42,
+                warm: false,
             },
         };
         let v = serde_json::to_value(&line).unwrap();

@@ -138,6 +138,12 @@ pub enum ScoreOrderArg {
     Min,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnOffArg {
+    On,
+    Off,
+}
+
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum SaveErrorArg {
     Continue,
@@ -219,6 +225,23 @@ pub struct RunArgs {
     /// steps that are multiples of N (and when preempted).
     #[arg(long, value_name = "N")]
     pub checkpoint_every: Option<u64>,
+
+    /// Also keep the state passed to `meshrun.report(checkpoint=...)` in
+    /// host memory every N steps, with a replica on a buddy host: a
+    /// restart resumes from it (losing at most N steps) before any durable
+    /// checkpoint that is older.
+    #[arg(long, value_name = "N")]
+    pub memory_checkpoint_every: Option<u64>,
+
+    /// Keep a warm standby interpreter per worker on each host, with JAX
+    /// imported, to take over a restart [default: on with --max-failures].
+    #[arg(long, value_enum, value_name = "on|off")]
+    pub warm_spares: Option<OnOffArg>,
+
+    /// What a warm spare imports before it waits, comma-separated
+    /// [default: jax,jax.numpy,flax,optax, each where installed].
+    #[arg(long, value_name = "MODULES", value_delimiter = ',')]
+    pub spare_imports: Option<Vec<String>>,
 
     /// When a rank's shards of a checkpoint cannot be written (the storage
     /// is down or full): train on without that checkpoint (continue; the

@@ -9,8 +9,8 @@ use meshrun_core::token::Token;
 use meshrun_core::{execute, Entry, ExecOptions, PlatformChoice, RunSpec, Tee};
 
 use crate::cli::{
-    completion_command, AgentArgs, Cli, Command, PlatformArg, RunArgs, SaveErrorArg, ScoreOrderArg,
-    TeeArg,
+    completion_command, AgentArgs, Cli, Command, OnOffArg, PlatformArg, RunArgs, SaveErrorArg,
+    ScoreOrderArg, TeeArg,
 };
 use crate::{ckpt, join, logs, runs, stop};
 use crate::{exit, Launcher};
@@ -123,6 +123,11 @@ pub fn spec(args: RunArgs, launcher: &Launcher) -> RunSpec {
         env: vec![],
         retention,
         checkpoint_every: args.checkpoint_every,
+        recovery: meshrun_core::plan::Recovery {
+            memory_every: args.memory_checkpoint_every,
+            warm_spares: args.warm_spares.map(|s| s == OnOffArg::On),
+            spare_imports: args.spare_imports,
+        },
         on_save_error: match args.on_save_error {
             SaveErrorArg::Continue => SaveErrorPolicy::Continue,
             SaveErrorArg::Fail => SaveErrorPolicy::Fail,
@@ -198,6 +203,8 @@ fn agent(args: &AgentArgs) -> i32 {
         host: Some(args.host),
         host_ip: Some(args.host_ip),
         scratch: agent::scratch_root(),
+        // This agent lives for one attempt: spares would die with it.
+        spares: None,
     };
     let runtime = match agent::runtime() {
         Ok(rt) => rt,

@@ -122,6 +122,9 @@ fn config(args: &JoinArgs) -> Result<AgentConfig, JoinUsage> {
         host,
         host_ip: None,
         scratch: agent::scratch_root(),
+        // A host that joins takes part in every attempt: its spares wait
+        // between them.
+        spares: Some(agent::Spares::new()),
     })
 }
 

@@ -11,7 +11,9 @@
 //! itself (`meshrun join`, see `join`) takes part in every attempt.
 
 pub mod join;
+mod memory;
 mod scratch;
+mod spares;
 mod spawn;
 
 use std::collections::HashMap;
@@ -31,8 +33,10 @@ use crate::leftovers::{Contained, Containment};
 use crate::process::{signal_group, signal_process};
 use crate::protocol::{auth, Connection, Message, STACK_DUMP_WAIT};
 use crate::token::Token;
+pub use memory::{memory_root, MEMORY_ENV};
 use scratch::RunScratch;
 pub use scratch::{append_base64 as decode_function_part, scratch_root};
+pub use spares::Spares;
 
 /// Longer lines are forwarded in pieces of this size.
 const MAX_LINE_BYTES: usize = 64 * 1024;
@@ -56,6 +60,9 @@ pub struct AgentConfig {
     pub host_ip: Option<IpAddr>,
     /// The host's scratch folder ([`scratch_root`]).
     pub scratch: PathBuf,
+    /// Warm spares, kept by whoever outlives the attempts; `None`: this
+    /// agent lives for one attempt, and its spares would die with it.
+    pub spares: Option<Spares>,
 }
 
 /// How one session with the controller ended.
@@ -135,6 +142,21 @@ async fn session(
         .and_then(|l| l.local_addr())
         .map_err(net("cannot find a free port"))?
         .port();
+    // Other hosts' agents bring their memory checkpoints' replicas here.
+    let memory_root = memory::memory_root(&cfg.scratch);
+    let replicas = tokio::net::TcpListener::bind(SocketAddr::new(host_ip, 0))
+        .await
+        .map_err(net("cannot open the replica port"))?;
+    let replica_port = replicas
+        .local_addr()
+        .map_err(net("cannot read the replica port"))?
+        .port();
+    let serving = tokio::spawn(memory::serve(
+        replicas,
+        cfg.token.clone(),
+        memory_root.clone(),
+    ));
+    let _serving = AbortOnDrop(serving);
     conn.send(&Message::AgentHello {
         host: cfg.host,
         host_ip: host_ip.to_string(),
@@ -142,6 +164,7 @@ async fn session(
         gpus,
         free_port,
         controller: Some(cfg.controller.to_string()),
+        replica_port: Some(replica_port),
     })
     .await?;
 
@@ -155,6 +178,11 @@ async fn session(
     // the launch with the reason rather than start workers on half a file.
     let mut function: Result<Vec<u8>, String> = Ok(Vec::new());
     let mut run: Option<RunScratch> = None;
+    // The spares to start once the attempt trains.
+    let mut refill = None;
+    // This run's memory tier on this host, and the buddy's replica port.
+    let mut mem: Option<(memory::HostMemory, String)> = None;
+    let mut buddy: Option<String> = None;
     let mut heartbeat = tokio::time::interval(HEARTBEAT_EVERY);
     let ended = loop {
         tokio::select! {
@@ -172,24 +200,73 @@ async fn session(
                         }
                     }
                 }
-                Ok(Message::Launch { run_id, workers, attempt }) => {
+                Ok(Message::Launch { run_id, workers, attempt, spares: imports }) => {
                     let scratch = RunScratch::new(&cfg.scratch, &run_id, attempt);
+                    let m = memory::HostMemory::new(&memory_root, &run_id, host.unwrap_or(0));
+                    let memory_env = (memory::MEMORY_ENV.to_string(), m.own().display().to_string());
+                    mem = Some((m, run_id.clone()));
                     let prepared = std::mem::replace(&mut function, Ok(Vec::new()))
                         .and_then(|bytes| scratch.prepare(bytes));
+                    let pool = cfg.spares.as_ref().filter(|_| imports.is_some());
+                    let mut launched = Vec::new();
                     for w in workers {
                         let extra = match &prepared {
-                            Ok(()) => scratch.worker_env(&w.env),
+                            Ok(()) => {
+                                let mut extra = scratch.worker_env(&w.env);
+                                extra.push(memory_env.clone());
+                                extra
+                            }
                             Err(e) => {
                                 let _ = events_tx.send(Message::SpawnFailed { rank: w.rank, error: e.clone() });
                                 continue;
                             }
                         };
-                        if let Some(worker) = spawn::spawn_worker(&w, &extra, &events_tx, &containment) {
+                        let adopted = match pool {
+                            Some(pool) => pool.adopt(&w, &extra).await,
+                            None => None,
+                        };
+                        let worker = match adopted {
+                            Some(spare) => {
+                                let pid = spare.child.id().unwrap_or_default();
+                                let cgroup = containment.cgroup_for(w.rank).filter(|cg| {
+                                    cg.adopt(pid).map_err(|e| tracing::warn!(rank = w.rank, "spare not moved into its cgroup: {e}")).is_ok()
+                                });
+                                Some(spawn::watch(spare.child, w.rank, cgroup, true, &events_tx, &containment))
+                            }
+                            None => spawn::spawn_worker(&w, &extra, &events_tx, &containment),
+                        };
+                        if let Some(worker) = worker {
                             live.insert(w.rank, worker);
                         }
+                        launched.push((w, extra));
+                    }
+                    if let (Some(pool), Some(imports)) = (pool.cloned(), imports) {
+                        refill = Some((pool, launched, imports));
                     }
                     tracing::debug!(attempt, "launched");
                     run = Some(scratch);
+                }
+                Ok(Message::Buddy { host: _, addr }) => buddy = Some(addr),
+                Ok(Message::MemoryPrepare { run_id, step }) => {
+                    let m = memory::HostMemory::new(&memory_root, &run_id, host.unwrap_or(0));
+                    tokio::spawn(prepare_memory(m, step, buddy.clone(), cfg.token.clone(), run_id, events_tx.clone()));
+                }
+                Ok(Message::MemoryCommit { step, manifest }) => {
+                    if let Some((m, run_id)) = mem.clone() {
+                        tokio::spawn(commit_memory(m, manifest, buddy.clone(), cfg.token.clone(), run_id, events_tx.clone()));
+                    } else {
+                        let _ = events_tx.send(Message::MemoryHeld { step, bytes: 0, replicated: false, error: Some("no attempt was launched here".into()) });
+                    }
+                }
+                Ok(Message::MemoryRelease { step }) => {
+                    if let Some((m, _)) = mem.clone() {
+                        tokio::task::spawn_blocking(move || m.release(step));
+                    }
+                }
+                Ok(Message::Training) => {
+                    if let Some((pool, launched, imports)) = refill.take() {
+                        pool.refill(&launched, &imports);
+                    }
                 }
                 Ok(Message::Stop { grace_ms, dump_stacks }) => {
                     let pids = live.iter().map(|(&rank, w)| (rank, w.pid)).collect();
@@ -221,11 +298,93 @@ async fn session(
     let live: Vec<Contained> = live.into_values().collect();
     containment.end_all(&live).await;
     if ended == Ended::Over {
+        if let Some(spares) = &cfg.spares {
+            spares.close().await;
+        }
         if let Some(run) = run {
             run.remove();
         }
+        if let Some((m, _)) = mem {
+            m.remove_run();
+        }
     }
     Ok((ended, host))
+}
+
+/// Aborts a task when dropped: the replica server ends with the session.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Commits this host's part of a memory checkpoint, sends the replica to
+/// the buddy, and says so.
+async fn commit_memory(
+    m: memory::HostMemory,
+    manifest: meshrun_ckpt::manifest::Manifest,
+    buddy: Option<String>,
+    token: Token,
+    run_id: String,
+    events: mpsc::UnboundedSender<Message>,
+) {
+    let step = manifest.step;
+    let local = m.clone();
+    let committed = tokio::task::spawn_blocking(move || local.commit(&manifest))
+        .await
+        .unwrap_or_else(|e| Err(e.to_string()));
+    let (bytes, error, replicated) = match committed {
+        Err(e) => (0, Some(e), false),
+        Ok(bytes) => match &buddy {
+            None => (bytes, None, false),
+            Some(addr) => match memory::send_replica(addr, &token, &run_id, &m, step).await {
+                Ok(()) => (bytes, None, true),
+                Err(e) => (bytes, Some(e), false),
+            },
+        },
+    };
+    let _ = events.send(Message::MemoryHeld {
+        step,
+        bytes,
+        replicated,
+        error,
+    });
+}
+
+/// Makes memory checkpoint `step` whole on this host: its own copy, else
+/// the buddy's replica fetched back.
+async fn prepare_memory(
+    m: memory::HostMemory,
+    step: u64,
+    buddy: Option<String>,
+    token: Token,
+    run_id: String,
+    events: mpsc::UnboundedSender<Message>,
+) {
+    let own = {
+        let m = m.clone();
+        tokio::task::spawn_blocking(move || m.ready(step))
+            .await
+            .unwrap_or_else(|e| Err(e.to_string()))
+    };
+    let (source, why, bytes) = match own {
+        Ok(bytes) => (Some("this host's memory".to_string()), None, bytes),
+        Err(missing) => match &buddy {
+            None => (None, Some(missing), 0),
+            Some(addr) => match memory::fetch_replica(addr, &token, &run_id, &m, step).await {
+                Ok(bytes) => (Some(format!("the buddy's replica ({addr})")), None, bytes),
+                Err(e) => (None, Some(format!("{missing}; {e}")), 0),
+            },
+        },
+    };
+    let _ = events.send(Message::MemoryPrepared {
+        step,
+        source,
+        why,
+        bytes,
+    });
 }
 
 /// SIGTERM to every group, SIGKILL after the grace: JAX workers catch

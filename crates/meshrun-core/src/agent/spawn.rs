@@ -68,7 +68,7 @@ pub(super) fn spawn_worker(
             })
         }
     };
-    let mut child = match spawned {
+    let child = match spawned {
         Ok(child) => child,
         Err(e) => {
             let _ = events.send(Message::SpawnFailed {
@@ -78,10 +78,23 @@ pub(super) fn spawn_worker(
             return None;
         }
     };
+    Some(watch(child, w.rank, cgroup, false, events, containment))
+}
+
+/// Takes over a started worker (spawned here, or a warm spare that has
+/// just been handed its attempt): reports it, forwards its output as the
+/// rank's and reports its exit once the output is drained.
+pub(super) fn watch(
+    mut child: tokio::process::Child,
+    rank: u32,
+    cgroup: Option<WorkerCgroup>,
+    warm: bool,
+    events: &mpsc::UnboundedSender<Message>,
+    containment: &Arc<Containment>,
+) -> Contained {
     let pid = child.id().unwrap_or_default();
-    containment.started(pid, w.rank);
-    let _ = events.send(Message::WorkerStarted { rank: w.rank, pid });
-    let rank = w.rank;
+    containment.started(pid, rank);
+    let _ = events.send(Message::WorkerStarted { rank, pid, warm });
     let worker = Contained {
         pid,
         cgroup: cgroup.map(Arc::new),
@@ -121,7 +134,7 @@ pub(super) fn spawn_worker(
         }
         let _ = events.send(Message::WorkerExited { rank, exit });
     });
-    Some(worker)
+    worker
 }
 
 /// Spawns `cmd` so that the child joins `cgroup` before it execs: nothing

@@ -33,7 +33,12 @@ pub struct Agents {
 /// (nothing after the prefix: nothing waits any more).
 const WAITING_PREFIX: &str = "meshrun-waiting:";
 
-pub fn start(plan: &RunPlan, controller: SocketAddr, token: &Token) -> Result<Agents, CoreError> {
+pub fn start(
+    plan: &RunPlan,
+    controller: SocketAddr,
+    token: &Token,
+    spares: &agent::Spares,
+) -> Result<Agents, CoreError> {
     if let Some(ray) = &plan.ray {
         return start_on_ray(plan, ray, controller, token);
     }
@@ -46,6 +51,7 @@ pub fn start(plan: &RunPlan, controller: SocketAddr, token: &Token) -> Result<Ag
             host: Some(0),
             host_ip: Some(plan.host_ip(0)),
             scratch: agent::scratch_root(),
+            spares: Some(spares.clone()),
         };
         let task = tokio::spawn(async move {
             if let Err(e) = agent::run(&cfg).await {

@@ -166,6 +166,7 @@ impl<'a> Driver<'a> {
                 gpus,
                 free_port,
                 controller,
+                replica_port,
                 tx,
             } => Input::AgentJoined {
                 host,
@@ -174,6 +175,7 @@ impl<'a> Driver<'a> {
                 gpus,
                 free_port,
                 controller,
+                replica_port,
                 conn: self.register(conn, tx),
             },
             Net::FromAgent {

@@ -29,6 +29,7 @@ pub enum Event {
         gpus: Vec<String>,
         free_port: u16,
         controller: Option<String>,
+        replica_port: Option<u16>,
         tx: mpsc::UnboundedSender<Message>,
     },
     FromAgent {
@@ -142,6 +143,7 @@ async fn serve(
             gpus,
             free_port,
             controller,
+            replica_port,
         } => {
             let (sink, mut stream) = connection.split();
             let (tx, sender) = spawn_sender(sink);
@@ -153,6 +155,7 @@ async fn serve(
                 gpus,
                 free_port,
                 controller,
+                replica_port,
                 tx,
             });
             let error = loop {

@@ -84,10 +84,16 @@ pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, Core
     };
     let mut failed: Vec<FailureRecord> = Vec::new();
     let mut made = 0;
+    // Host 0's warm spares wait here between attempts.
+    let spares = crate::agent::Spares::new();
+    // The newest memory checkpoint committed on every host.
+    let mut memory_step: Option<u64> = None;
     loop {
         let end = attempt(
             &plan,
             &opts,
+            &spares,
+            &mut memory_step,
             &mut signals,
             &mut rundir,
             &token,
@@ -97,7 +103,14 @@ pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, Core
             plan.resume_from.filter(|_| made == 0),
             (failed.len() as u32) < plan.failure.max_failures,
         )
-        .await?;
+        .await;
+        let end = match end {
+            Ok(end) => end,
+            Err(e) => {
+                spares.close().await;
+                return Err(e);
+            }
+        };
         made += 1;
         let restart = end.status == OutcomeStatus::Failed
             && end.failure.is_some()
@@ -164,6 +177,7 @@ pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, Core
         // Whatever the workers printed comes before the caller's summary;
         // a terminal paused for good does not hold the run's end.
         terminal().flush(TERMINAL_FLUSH_WAIT);
+        spares.close().await;
         return Ok(Outcome {
             status: end.status,
             name: plan.name.clone(),
@@ -202,6 +216,8 @@ fn previous<T>(
 async fn attempt(
     plan: &RunPlan,
     opts: &ExecOptions,
+    spares: &crate::agent::Spares,
+    memory_step: &mut Option<u64>,
     signals: &mut Signals,
     rundir: &mut RunDir,
     token: &Token,
@@ -264,7 +280,7 @@ async fn attempt(
         })?;
     }
     checkpoints.record(rundir)?;
-    let mut agent_procs = match agents::start(plan, addr, token) {
+    let mut agent_procs = match agents::start(plan, addr, token, spares) {
         Ok(agents) => agents,
         Err(e) => {
             accept.abort();
@@ -289,6 +305,8 @@ async fn attempt(
         payload: opts.payload.clone(),
         storage_probe: storage_probe.as_ref().map(StorageMarker::probe),
         first_joined_host: u32::from(plan.rendezvous),
+        // Memory wins a tie: it is the faster read.
+        memory_step: memory_step.filter(|m| checkpoints.resume_step().is_none_or(|d| *m >= d)),
     };
     let machine = Machine::new(plan.clone(), setup, Instant::now());
     let progress = Progress::new(opts.progress, attempt).with_loss_metric(plan.loss_metric.clone());
@@ -297,6 +315,9 @@ async fn attempt(
         .run(&mut events, &mut agent_procs, opts.stop.as_ref(), signals)
         .await;
     driver.progress.finish();
+    if let Some(m) = driver.machine.memory_committed() {
+        *memory_step = Some(m);
+    }
     drop(storage_probe);
     let again = restarts_left
         && driver.machine.status() == OutcomeStatus::Failed

@@ -13,7 +13,7 @@ use super::message::Message;
 /// Bumped whenever a [`Message`] or the wire format changes incompatibly.
 /// It is also bound into the handshake, so peers of two versions cannot
 /// open a connection at all.
-pub const PROTOCOL_VERSION: u8 = 4;
+pub const PROTOCOL_VERSION: u8 = 5;
 
 /// No honest frame is near this: a log line is cut at 64 KiB, a metrics
 /// record is small. Anything larger is an attack or a bug.
@@ -46,8 +46,19 @@ pub enum ProtocolError {
     Timeout(Duration),
 }
 
+/// The first byte of a frame that carries bytes of a file in transfer
+/// ([`Message::Raw`]) rather than a versioned JSON message: file data
+/// crosses without JSON or base64.
+pub const RAW_TAG: u8 = 0xff;
+
 /// Encodes a message as a frame body (version byte + JSON).
 pub fn encode(msg: &Message) -> Bytes {
+    if let Message::Raw(data) = msg {
+        let mut body = Vec::with_capacity(data.len() + 1);
+        body.push(RAW_TAG);
+        body.extend_from_slice(data);
+        return Bytes::from(body);
+    }
     let mut body = Vec::with_capacity(128);
     body.push(PROTOCOL_VERSION);
     // Serializing our own enum to a Vec cannot fail.
@@ -58,6 +69,9 @@ pub fn encode(msg: &Message) -> Bytes {
 /// Decodes a frame body; the caller has already enforced the size limit.
 pub fn decode(body: &[u8]) -> Result<Message, ProtocolError> {
     let (&version, json) = body.split_first().ok_or(ProtocolError::Empty)?;
+    if version == RAW_TAG {
+        return Ok(Message::Raw(Bytes::copy_from_slice(json)));
+    }
     if version != PROTOCOL_VERSION {
         return Err(ProtocolError::Version { seen: version });
     }
@@ -83,6 +97,14 @@ mod tests {
             total_steps: Some(10),
         };
         assert_eq!(decode(&encode(&msg)).unwrap(), msg);
+    }
+
+    #[test]
+    fn raw_bytes_cross_as_they_are() {
+        let msg = Message::Raw(Bytes::from_static(b"\x00\xffdata"));
+        let body = encode(&msg);
+        assert_eq!(body.len(), 7);
+        assert_eq!(decode(&body).unwrap(), msg);
     }
 
     #[test]

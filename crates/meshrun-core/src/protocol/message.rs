@@ -46,6 +46,10 @@ pub enum Message {
         /// given the same (the controller may listen on every interface).
         #[serde(default)]
         controller: Option<String>,
+        /// Where this agent takes replicas of other hosts' memory
+        /// checkpoints (on `host_ip`); `None`: it keeps none.
+        #[serde(default)]
+        replica_port: Option<u16>,
     },
     /// Controller to a joining agent: the host rank it was given.
     HostAssigned {
@@ -83,7 +87,87 @@ pub enum Message {
         #[serde(default)]
         run_id: String,
         workers: Vec<WorkerLaunch>,
+        /// Keep a warm spare per worker, importing these modules; `None`:
+        /// no spares.
+        #[serde(default)]
+        spares: Option<Vec<String>>,
     },
+    /// Controller to agent: the host that keeps this host's memory
+    /// checkpoints' replica, and where its agent takes them.
+    Buddy {
+        host: u32,
+        addr: String,
+    },
+    /// Controller to agent: every rank wrote memory checkpoint `step`;
+    /// commit this host's part with `manifest`, send it to the buddy, and
+    /// answer [`Message::MemoryHeld`].
+    MemoryCommit {
+        step: u64,
+        manifest: meshrun_ckpt::manifest::Manifest,
+    },
+    /// Agent to controller: this host holds memory checkpoint `step` (and
+    /// its buddy the replica), or why not.
+    MemoryHeld {
+        step: u64,
+        /// This host's bytes of the step.
+        bytes: u64,
+        /// Whether the buddy acknowledged its replica (false without one).
+        replicated: bool,
+        error: Option<String>,
+    },
+    /// Controller to agent: memory checkpoint `step` is committed on every
+    /// host: older ones (own and replicas) can go.
+    MemoryRelease {
+        step: u64,
+    },
+    /// Controller to agent, before a launch: make memory checkpoint `step`
+    /// of this host ready to restore (from its own memory, else from the
+    /// buddy's replica) and answer [`Message::MemoryPrepared`].
+    MemoryPrepare {
+        run_id: String,
+        step: u64,
+    },
+    MemoryPrepared {
+        step: u64,
+        /// Where it came from ("this host", "host 1 (replica)"); `None`:
+        /// neither copy is there (`why`).
+        source: Option<String>,
+        why: Option<String>,
+        bytes: u64,
+    },
+    /// Worker to controller: this rank wrote its shards of memory
+    /// checkpoint `step` into its host's memory; `extra` as for
+    /// [`Message::CheckpointWritten`] (rank 0's).
+    MemoryWritten {
+        step: u64,
+        leaves: Vec<meshrun_ckpt::manifest::Leaf>,
+        extra: Option<serde_json::Value>,
+    },
+    /// Agent to agent: a replica of `host`'s memory checkpoint `step`
+    /// follows, as these files (name, size) in raw frames, in order.
+    ReplicaPut {
+        run_id: String,
+        host: u32,
+        step: u64,
+        files: Vec<(String, u64)>,
+    },
+    /// Agent to agent: send back the replica of `host`'s step `step`.
+    ReplicaGet {
+        run_id: String,
+        host: u32,
+        step: u64,
+    },
+    /// Agent to agent: a replica was taken (or refused, with `error`).
+    ReplicaAck {
+        step: u64,
+        error: Option<String>,
+    },
+    /// Bytes of a file in transfer (never JSON: see `frame`).
+    #[serde(skip)]
+    Raw(bytes::Bytes),
+    /// Every rank of the attempt has trained a step: an agent starts its
+    /// next warm spares now, when they no longer slow the start.
+    Training,
     /// Agent to controller: the stacks a worker wrote on SIGUSR1, read
     /// from the host's scratch space (hosts need not share a filesystem).
     Stacks {
@@ -120,6 +204,9 @@ pub enum Message {
     WorkerStarted {
         rank: u32,
         pid: u32,
+        /// A warm spare took the attempt over (no new interpreter).
+        #[serde(default)]
+        warm: bool,
     },
     /// A worker could not be started at all.
     SpawnFailed {

@@ -26,7 +26,7 @@ impl Machine {
         ip: String,
         pid: u32,
         gpus: Vec<String>,
-        free_port: u16,
+        (free_port, replica_port): (u16, Option<u16>),
         controller: Option<String>,
         conn: Conn,
     ) {
@@ -88,6 +88,7 @@ impl Machine {
                 ip,
                 gpus,
                 free_port,
+                replica_port,
                 controller,
                 conn,
                 storage_ok,
@@ -135,6 +136,18 @@ impl Machine {
                     problem,
                 });
             }
+            Message::MemoryHeld {
+                step,
+                bytes,
+                replicated,
+                error,
+            } => self.memory_held(host, step, bytes, replicated, error),
+            Message::MemoryPrepared {
+                step,
+                source,
+                why,
+                bytes: _,
+            } => self.memory_prepared(now, host, step, source, why),
             Message::Stacks { rank, text } => {
                 if rank / self.plan.procs_per_host == host && rank < self.plan.nprocs {
                     self.push(Action::WriteStacks { rank, text });

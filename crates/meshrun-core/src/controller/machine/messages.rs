@@ -14,7 +14,7 @@ impl Machine {
         let owns = |rank: u32| rank / pph == host && (rank as usize) < self.ranks.len();
         let attempt = self.attempt();
         match msg {
-            Message::WorkerStarted { rank, pid } if owns(rank) => {
+            Message::WorkerStarted { rank, pid, warm } if owns(rank) => {
                 self.ranks[rank as usize].pid = Some(pid);
                 self.ranks[rank as usize].progress = Some(now);
                 self.record(Event::WorkerStarted {
@@ -22,6 +22,7 @@ impl Machine {
                     rank,
                     host,
                     pid,
+                    warm,
                 });
             }
             Message::SpawnFailed { rank, error } if owns(rank) => {
@@ -95,6 +96,12 @@ impl Machine {
                     state.timing = Some(t);
                 }
                 self.checkpointing |= checkpoint;
+                if self.training.is_none() && self.ranks.iter().all(|r| r.last_step.is_some()) {
+                    self.training = Some(now);
+                    for conn in self.agent_conns() {
+                        self.send(conn, Message::Training);
+                    }
+                }
                 if let Some(s) = step {
                     self.push(Action::Reported {
                         rank,
@@ -127,6 +134,11 @@ impl Machine {
                     self.last_metrics = Some(metrics);
                 }
             }
+            Message::MemoryWritten {
+                step,
+                leaves,
+                extra,
+            } => self.memory_written(rank, step, leaves, extra),
             Message::CheckpointWritten {
                 step,
                 leaves,

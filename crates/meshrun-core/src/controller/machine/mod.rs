@@ -12,6 +12,7 @@
 
 mod agents;
 mod deadlines;
+mod memory;
 mod messages;
 mod rank;
 #[cfg(test)]
@@ -74,6 +75,10 @@ pub struct Setup {
     pub storage_probe: Option<StorageProbe>,
     /// Joined agents get ranks from 1: host 0 is the controller's own.
     pub first_joined_host: u32,
+    /// A memory checkpoint an earlier attempt committed, newer than (or
+    /// as new as) `resume_step`: restored instead when every host can
+    /// make it whole.
+    pub memory_step: Option<u64>,
 }
 
 /// See [`Setup::storage_probe`].
@@ -99,6 +104,8 @@ pub enum Input {
         free_port: u16,
         /// How this host reaches the controller (given to its workers).
         controller: Option<String>,
+        /// Where its agent takes memory checkpoints' replicas.
+        replica_port: Option<u16>,
         conn: Conn,
     },
     AgentLost {
@@ -215,6 +222,7 @@ struct AgentLink {
     ip: String,
     gpus: Vec<String>,
     free_port: u16,
+    replica_port: Option<u16>,
     controller: Option<String>,
     conn: Conn,
     /// It read back the storage marker (or there was none to read).
@@ -236,6 +244,11 @@ pub struct Machine {
     stop_deadline: Option<Instant>,
     last_metrics: Option<Value>,
     launched: bool,
+    /// Memory checkpoints and their replicas.
+    memory: memory::MemoryTier,
+    /// When every rank had reported a step: the agents were told to start
+    /// their next spares then (not before, so they do not slow the start).
+    training: Option<Instant>,
     /// A report of this attempt came with the state to checkpoint, so
     /// SIGTERM can end in a checkpoint.
     checkpointing: bool,
@@ -267,6 +280,8 @@ impl Machine {
             stop_deadline: None,
             last_metrics: None,
             launched: false,
+            training: None,
+            memory: memory::MemoryTier::default(),
             checkpointing: false,
             preempt_deadline: None,
             stacks_dumped: false,
@@ -337,8 +352,18 @@ impl Machine {
                 gpus,
                 free_port,
                 controller,
+                replica_port,
                 conn,
-            } => self.agent_joined(now, host, ip, pid, gpus, free_port, controller, conn),
+            } => self.agent_joined(
+                now,
+                host,
+                ip,
+                pid,
+                gpus,
+                (free_port, replica_port),
+                controller,
+                conn,
+            ),
             Input::AgentLost { conn, error } => {
                 let Some(host) = self.host_of(conn) else {
                     return Ok(());
@@ -513,6 +538,10 @@ impl Machine {
         {
             return;
         }
+        if !self.memory_ready() {
+            return;
+        }
+        let (resume_step, resume_memory) = self.restore_choice();
         let host0 = &self.agents[&0];
         let coordinator = format!("{}:{}", host0.ip, host0.free_port);
         let setup = &self.setup;
@@ -524,7 +553,8 @@ impl Machine {
             coordinator: &coordinator,
             user_xla_flags: setup.user_xla_flags.as_deref(),
             host_ip: "",
-            resume_step: setup.resume_step,
+            resume_step,
+            resume_memory,
         };
         let mut plans: Vec<(Conn, Vec<WorkerLaunch>)> = Vec::new();
         let mut failed = None;
@@ -565,6 +595,7 @@ impl Machine {
                     attempt: self.setup.attempt,
                     run_id: self.setup.run_id.clone(),
                     workers,
+                    spares: self.plan.recovery.spares(&self.plan.failure),
                 },
             );
         }

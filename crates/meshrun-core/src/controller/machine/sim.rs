@@ -35,6 +35,7 @@ pub fn plan(nprocs: u32) -> RunPlan {
         env: vec![],
         retention: None,
         checkpoint_every: None,
+        recovery: crate::plan::Recovery::default(),
         on_save_error: crate::plan::SaveErrorPolicy::Continue,
         tensorboard: false,
         loss_metric: None,
@@ -70,6 +71,7 @@ impl Sim {
             payload: None,
             storage_probe: None,
             first_joined_host: 0,
+            memory_step: None,
         };
         Self::with_setup(plan, setup)
     }
@@ -98,6 +100,7 @@ impl Sim {
             sim.agent(Message::WorkerStarted {
                 rank,
                 pid: 100 + rank,
+                warm: false,
             });
             sim.input(Input::WorkerJoined {
                 rank,
@@ -124,6 +127,7 @@ impl Sim {
             gpus: vec![],
             free_port: 5000,
             controller: None,
+            replica_port: None,
             conn,
         });
     }

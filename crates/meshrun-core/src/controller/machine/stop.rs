@@ -176,7 +176,7 @@ impl Machine {
         self.record(Event::Stopping { attempt, reason });
     }
 
-    fn agent_conns(&self) -> Vec<Conn> {
+    pub(super) fn agent_conns(&self) -> Vec<Conn> {
         self.agents.values().map(|a| a.conn).collect()
     }
 

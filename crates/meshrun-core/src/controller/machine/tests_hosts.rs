@@ -39,6 +39,7 @@ fn setup(probe: bool, payload: Option<&[u8]>) -> Setup {
             expect: "abc".into(),
         }),
         first_joined_host: 1,
+        memory_step: None,
     }
 }
 
@@ -236,6 +237,7 @@ fn running_on_two_hosts() -> Sim {
             msg: Message::WorkerStarted {
                 rank,
                 pid: 100 + rank,
+                warm: false,
             },
         });
         sim.input(Input::WorkerJoined {

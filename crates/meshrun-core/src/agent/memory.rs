@@ -1,0 +1,492 @@
+//! The host's memory tier: the newest memory checkpoint of this host's
+//! ranks, and the replica of its buddy's, in shared memory (a tmpfs), so
+//! that a worker's death does not take them along.
+//!
+//! Layout under the run's folder (`<root>/<run_id>/`): `host-<h>/`, where
+//! this host's workers write `tmp-<step>/rank-<r>.safetensors` and the
+//! commit (the controller's manifest for this host) makes `step-<step>`;
+//! `replica-of-<b>/step-<step>/`, the copy of host b's. A replica travels
+//! between agents over a connection authenticated with the run token,
+//! file by file in raw frames; a host that came back empty gets its own
+//! step back the same way from its buddy.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use bytes::Bytes;
+use meshrun_ckpt::commit::{commit, step_dir, tmp_dir};
+use meshrun_ckpt::manifest::{Manifest, MANIFEST};
+use meshrun_ckpt::store::Location;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::protocol::{auth, Connection, Message};
+use crate::token::Token;
+
+/// Where memory checkpoints live when `MESHRUN_MEMORY_DIR` does not say.
+pub const MEMORY_ENV: &str = "MESHRUN_MEMORY_DIR";
+
+/// Raw frames carry this much of a file each (a frame holds 1 MiB).
+const PIECE_BYTES: usize = 512 * 1024;
+
+/// A peer that stops answering mid-transfer is given up on after this.
+const PEER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// `MESHRUN_MEMORY_DIR`, else `/dev/shm/meshrun-UID` (shared memory: it
+/// outlives the worker and never touches a disk), else the scratch
+/// folder's `memory/`.
+pub fn memory_root(scratch: &Path) -> PathBuf {
+    match std::env::var_os(MEMORY_ENV) {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
+        _ if Path::new("/dev/shm").is_dir() => {
+            PathBuf::from(format!("/dev/shm/meshrun-{}", nix::unistd::getuid()))
+        }
+        _ => scratch.join("memory"),
+    }
+}
+
+/// A name that is one plain path component: what a peer may name.
+fn plain(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\\', '\0'])
+}
+
+/// One run's memory tier on this host.
+#[derive(Debug, Clone)]
+pub struct HostMemory {
+    run: PathBuf,
+    host: u32,
+}
+
+impl HostMemory {
+    pub fn new(root: &Path, run_id: &str, host: u32) -> Self {
+        Self {
+            run: root.join(run_id),
+            host,
+        }
+    }
+
+    /// The folder this host's workers write into (`MESHRUN_MEMORY_DIR` of
+    /// a worker).
+    pub fn own(&self) -> PathBuf {
+        self.run.join(format!("host-{}", self.host))
+    }
+
+    fn replica(run: &Path, of: u32) -> PathBuf {
+        run.join(format!("replica-of-{of}"))
+    }
+
+    /// Commits this host's part of `manifest.step` (written by its
+    /// workers into `tmp-<step>`); gives its bytes.
+    pub fn commit(&self, manifest: &Manifest) -> Result<u64, String> {
+        let own = self.own();
+        std::fs::create_dir_all(tmp_dir(&own, manifest.step))
+            .map_err(|e| format!("cannot create '{}': {e}", own.display()))?;
+        commit(&Location::Local(own.clone()), manifest).map_err(|e| e.to_string())?;
+        Ok(files(&step_dir(&own, manifest.step))?
+            .iter()
+            .map(|(_, n)| n)
+            .sum())
+    }
+
+    /// Step `step` is committed everywhere: what is older goes, own and
+    /// replicas alike.
+    pub fn release(&self, step: u64) {
+        let mut dirs = vec![self.own()];
+        if let Ok(entries) = std::fs::read_dir(&self.run) {
+            dirs.extend(entries.flatten().map(|e| e.path()).filter(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("replica-of-"))
+            }));
+        }
+        for dir in dirs {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let older = name
+                    .strip_prefix("step-")
+                    .or_else(|| name.strip_prefix("tmp-"))
+                    .and_then(|s| s.parse::<u64>().ok())
+                    .is_some_and(|s| s < step);
+                if older {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
+    }
+
+    /// Whether this host's own copy of `step` is whole: its manifest and
+    /// every file the manifest names. Gives its bytes.
+    pub fn ready(&self, step: u64) -> Result<u64, String> {
+        let dir = step_dir(&self.own(), step);
+        let manifest = Manifest::read(&Location::Local(dir.clone()))
+            .map_err(|_| format!("this host holds no memory checkpoint of step {step}"))?;
+        let mut bytes = 0;
+        for leaf in &manifest.leaves {
+            for shard in &leaf.shards {
+                if !dir.join(&shard.file).is_file() {
+                    return Err(format!(
+                        "this host's copy of step {step} lacks {}",
+                        shard.file
+                    ));
+                }
+            }
+        }
+        for (_, n) in files(&dir)? {
+            bytes += n;
+        }
+        Ok(bytes)
+    }
+
+    /// The run is over: its memory goes.
+    pub fn remove_run(&self) {
+        let _ = std::fs::remove_dir_all(&self.run);
+    }
+}
+
+/// The plain files of a folder, by name, with their sizes.
+fn files(dir: &Path) -> Result<Vec<(String, u64)>, String> {
+    let entries =
+        std::fs::read_dir(dir).map_err(|e| format!("cannot read '{}': {e}", dir.display()))?;
+    let mut out = Vec::new();
+    for e in entries.flatten() {
+        let meta = e
+            .metadata()
+            .map_err(|err| format!("cannot read '{}': {err}", e.path().display()))?;
+        if meta.is_file() {
+            out.push((e.file_name().to_string_lossy().into_owned(), meta.len()));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+async fn dial(addr: &str, token: &Token) -> Result<Connection, String> {
+    let addr: SocketAddr = addr
+        .parse()
+        .map_err(|e| format!("bad buddy address '{addr}': {e}"))?;
+    let stream = tokio::time::timeout(PEER_TIMEOUT, TcpStream::connect(addr))
+        .await
+        .map_err(|_| format!("no answer from the buddy at {addr}"))?
+        .map_err(|e| format!("cannot reach the buddy at {addr}: {e}"))?;
+    auth::connect(stream, token)
+        .await
+        .map_err(|e| format!("the buddy at {addr} did not accept the connection: {e}"))
+}
+
+/// Sends the files of `dir`, in order, as raw frames.
+async fn send_files(
+    conn: &mut Connection,
+    dir: &Path,
+    names: &[(String, u64)],
+) -> Result<(), String> {
+    let mut buf = vec![0u8; PIECE_BYTES];
+    for (name, size) in names {
+        let path = dir.join(name);
+        let mut f = tokio::fs::File::open(&path)
+            .await
+            .map_err(|e| format!("cannot open '{}': {e}", path.display()))?;
+        let mut left = *size;
+        while left > 0 {
+            let want = (left as usize).min(PIECE_BYTES);
+            f.read_exact(&mut buf[..want])
+                .await
+                .map_err(|e| format!("cannot read '{}': {e}", path.display()))?;
+            conn.send(&Message::Raw(Bytes::copy_from_slice(&buf[..want])))
+                .await
+                .map_err(|e| format!("sending '{name}': {e}"))?;
+            left -= want as u64;
+        }
+    }
+    Ok(())
+}
+
+/// Receives `names` as raw frames into `dir` (created afresh).
+async fn receive_files(
+    conn: &mut Connection,
+    dir: &Path,
+    names: &[(String, u64)],
+) -> Result<u64, String> {
+    if let Some(bad) = names.iter().find(|(n, _)| !plain(n)) {
+        return Err(format!("refused the file name {:?}", bad.0));
+    }
+    let _ = tokio::fs::remove_dir_all(dir).await;
+    tokio::fs::create_dir_all(dir)
+        .await
+        .map_err(|e| format!("cannot create '{}': {e}", dir.display()))?;
+    let mut total = 0;
+    for (name, size) in names {
+        let path = dir.join(name);
+        let mut f = tokio::fs::File::create(&path)
+            .await
+            .map_err(|e| format!("cannot create '{}': {e}", path.display()))?;
+        let mut left = *size;
+        while left > 0 {
+            let piece = match conn.recv_timeout(PEER_TIMEOUT).await {
+                Ok(Message::Raw(data)) if data.len() as u64 <= left => data,
+                Ok(_) => return Err(format!("'{name}' did not arrive as announced")),
+                Err(e) => return Err(format!("receiving '{name}': {e}")),
+            };
+            f.write_all(&piece)
+                .await
+                .map_err(|e| format!("cannot write '{}': {e}", path.display()))?;
+            left -= piece.len() as u64;
+        }
+        f.flush()
+            .await
+            .map_err(|e| format!("cannot write '{}': {e}", path.display()))?;
+        total += size;
+    }
+    Ok(total)
+}
+
+/// Sends this host's committed step to the buddy and waits for its word.
+pub async fn send_replica(
+    buddy: &str,
+    token: &Token,
+    run_id: &str,
+    mem: &HostMemory,
+    step: u64,
+) -> Result<(), String> {
+    let dir = step_dir(&mem.own(), step);
+    let names = files(&dir)?;
+    let mut conn = dial(buddy, token).await?;
+    conn.send(&Message::ReplicaPut {
+        run_id: run_id.to_string(),
+        host: mem.host,
+        step,
+        files: names.clone(),
+    })
+    .await
+    .map_err(|e| format!("the buddy at {buddy}: {e}"))?;
+    send_files(&mut conn, &dir, &names).await?;
+    match conn.recv_timeout(PEER_TIMEOUT).await {
+        Ok(Message::ReplicaAck { error: None, .. }) => Ok(()),
+        Ok(Message::ReplicaAck { error: Some(e), .. }) => {
+            Err(format!("the buddy at {buddy} refused the replica: {e}"))
+        }
+        Ok(_) => Err(format!("the buddy at {buddy} answered out of turn")),
+        Err(e) => Err(format!("no word from the buddy at {buddy}: {e}")),
+    }
+}
+
+/// Fetches the buddy's replica of this host's `step` into this host's own
+/// folder; gives its bytes.
+pub async fn fetch_replica(
+    buddy: &str,
+    token: &Token,
+    run_id: &str,
+    mem: &HostMemory,
+    step: u64,
+) -> Result<u64, String> {
+    let mut conn = dial(buddy, token).await?;
+    conn.send(&Message::ReplicaGet {
+        run_id: run_id.to_string(),
+        host: mem.host,
+        step,
+    })
+    .await
+    .map_err(|e| format!("the buddy at {buddy}: {e}"))?;
+    let names = match conn.recv_timeout(PEER_TIMEOUT).await {
+        Ok(Message::ReplicaPut { files, step: s, .. }) if s == step => files,
+        Ok(Message::ReplicaAck { error: Some(e), .. }) => return Err(e),
+        Ok(_) => return Err(format!("the buddy at {buddy} answered out of turn")),
+        Err(e) => return Err(format!("no word from the buddy at {buddy}: {e}")),
+    };
+    let own = mem.own();
+    let tmp = tmp_dir(&own, step);
+    let bytes = receive_files(&mut conn, &tmp, &names).await?;
+    let done = step_dir(&own, step);
+    let _ = tokio::fs::remove_dir_all(&done).await;
+    tokio::fs::rename(&tmp, &done)
+        .await
+        .map_err(|e| format!("cannot commit '{}': {e}", done.display()))?;
+    Ok(bytes)
+}
+
+/// Takes replicas from other hosts' agents and gives them back, for as
+/// long as the agent's session lasts.
+pub async fn serve(listener: TcpListener, token: Token, root: PathBuf) {
+    loop {
+        let Ok((stream, peer)) = listener.accept().await else {
+            return;
+        };
+        let token = token.clone();
+        let root = root.clone();
+        tokio::spawn(async move {
+            let Ok(mut conn) = auth::accept(stream, &token).await else {
+                tracing::warn!(%peer, "replica connection refused: it did not prove the run token");
+                return;
+            };
+            if let Err(e) = answer(&mut conn, &root).await {
+                tracing::warn!(%peer, "replica transfer failed: {e}");
+            }
+        });
+    }
+}
+
+async fn answer(conn: &mut Connection, root: &Path) -> Result<(), String> {
+    match conn
+        .recv_timeout(PEER_TIMEOUT)
+        .await
+        .map_err(|e| e.to_string())?
+    {
+        Message::ReplicaPut {
+            run_id,
+            host,
+            step,
+            files,
+        } if plain(&run_id) => {
+            let replica = HostMemory::replica(&root.join(&run_id), host);
+            let tmp = tmp_dir(&replica, step);
+            let result = match receive_files(conn, &tmp, &files).await {
+                Ok(_) => {
+                    let done = step_dir(&replica, step);
+                    let _ = tokio::fs::remove_dir_all(&done).await;
+                    tokio::fs::rename(&tmp, &done)
+                        .await
+                        .map_err(|e| format!("cannot commit '{}': {e}", done.display()))
+                }
+                Err(e) => {
+                    let _ = tokio::fs::remove_dir_all(&tmp).await;
+                    Err(e)
+                }
+            };
+            let error = result.clone().err();
+            let _ = conn.send(&Message::ReplicaAck { step, error }).await;
+            result
+        }
+        Message::ReplicaGet { run_id, host, step } if plain(&run_id) => {
+            let dir = step_dir(&HostMemory::replica(&root.join(&run_id), host), step);
+            match files(&dir) {
+                Ok(names) if names.iter().any(|(n, _)| n == MANIFEST) => {
+                    conn.send(&Message::ReplicaPut {
+                        run_id,
+                        host,
+                        step,
+                        files: names.clone(),
+                    })
+                    .await
+                    .map_err(|e| e.to_string())?;
+                    send_files(conn, &dir, &names).await
+                }
+                _ => {
+                    let error = format!("host {host}'s buddy holds no replica of step {step}");
+                    let _ = conn
+                        .send(&Message::ReplicaAck {
+                            step,
+                            error: Some(error.clone()),
+                        })
+                        .await;
+                    Err(error)
+                }
+            }
+        }
+        _ => Err("an unexpected first message".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peers_name_plain_files_only() {
+        assert!(plain("rank-0.safetensors"));
+        for bad in ["", ".", "..", "a/b", "../x", "a\\b"] {
+            assert!(!plain(bad), "{bad}");
+        }
+    }
+
+    fn manifest(step: u64) -> Manifest {
+        Manifest {
+            format: meshrun_ckpt::manifest::FORMAT_VERSION,
+            step,
+            leaves: vec![],
+            files: vec![],
+            extra: serde_json::Value::Null,
+            attempt: Some(1),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_replica_goes_to_the_buddy_and_comes_back() {
+        let tmp = tempfile::tempdir().unwrap();
+        let token = Token::generate().unwrap();
+        let (a_root, b_root) = (tmp.path().join("a"), tmp.path().join("b"));
+        let a = HostMemory::new(&a_root, "run1", 0);
+        let tmpdir = tmp_dir(&a.own(), 7);
+        std::fs::create_dir_all(&tmpdir).unwrap();
+        let data: Vec<u8> = (0..1_500_000u32).map(|i| (i % 251) as u8).collect();
+        std::fs::write(tmpdir.join("rank-0.safetensors"), &data).unwrap();
+        assert_eq!(
+            a.commit(&manifest(7)).unwrap(),
+            data.len() as u64
+                + std::fs::metadata(step_dir(&a.own(), 7).join(MANIFEST))
+                    .unwrap()
+                    .len()
+        );
+
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(serve(listener, token.clone(), b_root.clone()));
+        send_replica(&addr, &token, "run1", &a, 7).await.unwrap();
+        let held = b_root.join("run1/replica-of-0/step-7/rank-0.safetensors");
+        assert_eq!(std::fs::read(&held).unwrap(), data);
+
+        // Host 0 comes back empty and gets its step from the buddy.
+        std::fs::remove_dir_all(&a_root).unwrap();
+        assert!(a.ready(7).is_err());
+        fetch_replica(&addr, &token, "run1", &a, 7).await.unwrap();
+        assert!(a.ready(7).is_ok());
+        assert_eq!(
+            std::fs::read(step_dir(&a.own(), 7).join("rank-0.safetensors")).unwrap(),
+            data
+        );
+
+        // A step the buddy does not hold is said to be missing.
+        let err = fetch_replica(&addr, &token, "run1", &a, 8)
+            .await
+            .unwrap_err();
+        assert!(err.contains("no replica of step 8"), "{err}");
+        // Another token is turned away.
+        let err = fetch_replica(&addr, &Token::generate().unwrap(), "run1", &a, 7)
+            .await
+            .unwrap_err();
+        assert!(
+            err.contains("did not accept") || err.contains("no word"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn release_keeps_the_newest_step_only() {
+        let tmp = tempfile::tempdir().unwrap();
+        let m = HostMemory::new(tmp.path(), "r", 1);
+        for d in [
+            "host-1/step-3",
+            "host-1/step-4",
+            "host-1/tmp-2",
+            "host-1/tmp-5",
+            "replica-of-0/step-3",
+            "replica-of-0/step-4",
+        ] {
+            std::fs::create_dir_all(tmp.path().join("r").join(d)).unwrap();
+        }
+        m.release(4);
+        let left: Vec<bool> = [
+            "host-1/step-3",
+            "host-1/step-4",
+            "host-1/tmp-2",
+            "host-1/tmp-5",
+            "replica-of-0/step-3",
+            "replica-of-0/step-4",
+        ]
+        .iter()
+        .map(|d| tmp.path().join("r").join(d).exists())
+        .collect();
+        assert_eq!(left, [false, true, false, true, false, true]);
+    }
+}
