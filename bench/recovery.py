@@ -1,25 +1,34 @@
 """Recovery time: from SIGKILL of one worker to the first completed training
-step after the automatic restart, with and without JAX's compilation cache.
+step after the automatic restart, on two paths side by side.
 
 Each round runs the demo GPT (``examples/gpt.py --fsdp 2 --tensor 2``,
 2 processes x 2 CPU devices) under ``meshrun run --max-failures 1
 --checkpoint-every 5``, waits until step 5 is committed and rank 0 has
 reported step 7, then kills rank 1 with SIGKILL and records, from the run's
-own ``events.jsonl`` and ``metrics.jsonl`` (times taken by the controller):
+own ``events.jsonl``, ``metrics.jsonl`` and ``goodput.json`` (times taken by
+the controller and the workers):
 
   detect    the failure recorded
   stopped   the last worker of the failed attempt gone
-  relaunch  the new attempt's workers started
+  relaunch  the new attempt's workers started (or handed to spares)
   step      the first training step of the new attempt reported (rank 0
             blocks on that step's loss before reporting it)
 
-"cache off" sets ``JAX_ENABLE_COMPILATION_CACHE=false`` for the workers;
-"cache on" is meshrun's default (the cache in each host's scratch folder,
-so the restarted attempt finds everything attempt 1 compiled; every round
-gets a scratch folder of its own, so no round finds another's entries). Rounds
-alternate; the table gives medians.
+and, for the restarted attempt, where its time went (the workers' own
+figures: start-up, compilation including tracing, restore, first steps).
 
-    python bench/recovery.py [--rounds 3] [--json OUT]
+  durable   the path before fast recovery: restore from the durable
+            checkpoint (step 5), new interpreters (``--warm-spares off``)
+  memory    a memory checkpoint every step (``--memory-checkpoint-every
+            1``) and warm spares (the default with ``--max-failures``)
+  cache off the durable path without the compilation cache
+            (``--with-cache-off``)
+
+Every round gets a scratch folder of its own (the compilation cache lives
+there), so no round finds another's entries. Rounds alternate; the table
+gives medians. ``--model small`` runs a 2-layer, 32-wide GPT instead.
+
+    python bench/recovery.py [--rounds 3] [--model demo|small] [--with-cache-off] [--json OUT]
 """
 
 from __future__ import annotations
@@ -65,13 +74,21 @@ def wait(predicate, timeout: float, what: str) -> None:
     raise SystemExit(f"timed out waiting for {what}")
 
 
-def one_round(runs: Path, name: str, cache: bool, steps: int) -> dict[str, float]:
-    env = dict(os.environ, MESHRUN_SCRATCH=str(runs / f"{name}-scratch"))
-    if not cache:
+SMALL = ["--batch-size", "8", "--seq-len", "32", "--d-model", "32", "--layers", "2", "--heads", "4"]
+MODES = {
+    "durable": ["--warm-spares", "off"],
+    "memory": ["--memory-checkpoint-every", "1"],
+    "cache off": ["--warm-spares", "off"],
+}
+
+
+def one_round(runs: Path, name: str, mode: str, steps: int, model: list[str]) -> dict[str, float]:
+    env = dict(os.environ, MESHRUN_SCRATCH=str(runs / f"{name}-scratch"), MESHRUN_MEMORY_DIR=str(runs / f"{name}-memory"))
+    if mode == "cache off":
         env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
     run_dir = runs / name
-    cmd = [str(MESHRUN), "run", "-n", "2", "--devices-per-proc", "2", "--platform", "cpu", "--tee", "none", "--runs-dir", str(runs), "--name", name]
-    cmd += ["--max-failures", "1", "--checkpoint-every", "5", str(ROOT / "examples" / "gpt.py"), "--fsdp", "2", "--tensor", "2", "--steps", str(steps), "--eval-every", "100000"]
+    cmd = [str(MESHRUN), "run", "-n", "2", "--devices-per-proc", "2", "--platform", "cpu", "--tee", "none", "--runs-dir", str(runs), "--name", name, *MODES[mode]]
+    cmd += ["--max-failures", "1", "--checkpoint-every", "5", str(ROOT / "examples" / "gpt.py"), "--fsdp", "2", "--tensor", "2", "--steps", str(steps), "--eval-every", "100000", *model]
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         events = lambda kind: [e for e in jsonl(run_dir / "events.jsonl") if e["event"] == kind]  # noqa: E731
@@ -89,12 +106,18 @@ def one_round(runs: Path, name: str, cache: bool, steps: int) -> dict[str, float
     detect = events("worker_failed")[0]["time"]
     stopped = max(e["time"] for e in events("worker_exited") if e["attempt"] == 1)
     relaunch = max(e["time"] for e in events("worker_started") if e["attempt"] == 2)
+    last = max((r["step"] or 0) for r in jsonl(run_dir / "metrics.jsonl") if r["attempt"] == 1 and r["time"] <= killed)
+    parts = json.loads((run_dir / "goodput.json").read_text())["attempts"][1]["seconds"]
     return {
         "detect": detect - killed,
         "stopped": stopped - killed,
         "relaunch": relaunch - killed,
         "step": first["time"] - killed,
         "resumed_at_step": first["step"],
+        # Steps rank 0 had reported before the kill that the restart redid.
+        "steps_lost": last - (first["step"] - 1),
+        "warm": all(e.get("warm", False) for e in events("worker_started") if e["attempt"] == 2),
+        **{f"restart_{k}": v for k, v in parts.items()},
     }
 
 
@@ -102,23 +125,30 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=1000, help="the run's length (it is stopped after the restart's first step)")
+    parser.add_argument("--model", choices=("demo", "small"), default="demo")
+    parser.add_argument("--with-cache-off", action="store_true", help="also the durable path without the compilation cache")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    rounds: dict[str, list[dict[str, float]]] = {"cache on": [], "cache off": []}
+    modes = ["durable", "memory"] + (["cache off"] if args.with_cache_off else [])
+    model = SMALL if args.model == "small" else []
+    rounds: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
     with tempfile.TemporaryDirectory() as tmp:
         runs = Path(tmp)
         for i in range(args.rounds):
-            order = ("cache on", "cache off") if i % 2 == 0 else ("cache off", "cache on")
-            for label in order:
-                rounds[label].append(one_round(runs, f"{label.replace(' ', '-')}-{i}", label == "cache on", args.steps))
-    med = {label: {k: statistics.median(r[k] for r in rs) for k in ("detect", "stopped", "relaunch", "step")} for label, rs in rounds.items()}
+            order = modes if i % 2 == 0 else modes[::-1]
+            for mode in order:
+                rounds[mode].append(one_round(runs, f"{mode.replace(' ', '-')}-{i}", mode, args.steps, model))
+    keys = [k for k in rounds[modes[0]][0] if k not in ("resumed_at_step", "warm")]
+    med = {m: {k: statistics.median(r[k] for r in rs) for k in keys} for m, rs in rounds.items()}
     rows = []
-    for label in ("cache on", "cache off"):
-        m = med[label]
-        rows.append((label, f"detected {m['detect']:.2f} s, group stopped {m['stopped']:.2f} s, relaunched {m['relaunch']:.2f} s, first step {m['step']:.2f} s"))
-    result = {"rounds": rounds, "median": med, "cache_speedup": med["cache off"]["step"] / med["cache on"]["step"]}
-    summary = f"SIGKILL to first step after restart: {med['cache on']['step']:.2f} s with the cache, {med['cache off']['step']:.2f} s without ({result['cache_speedup']:.2f}x)"
-    publish("Recovery (medians, seconds after the SIGKILL)", ("compilation cache", "timeline"), rows, summary, result, args.json)
+    for m in modes:
+        x = med[m]
+        rows.append((m, f"stopped {x['stopped']:.2f} s, relaunched {x['relaunch']:.2f} s, first step {x['step']:.2f} s, steps lost {x['steps_lost']:.0f}; "
+                        f"restart: start-up {x['restart_startup']:.2f}, compile {x['restart_compile']:.2f}, restore {x['restart_restore']:.2f}, steps {x['restart_step']:.2f}, other {x['restart_other']:.2f} s"))
+    result = {"model": args.model, "rounds": rounds, "median": med, "speedup": med["durable"]["step"] / med["memory"]["step"]}
+    summary = (f"SIGKILL to first step after restart ({args.model} GPT): {med['memory']['step']:.2f} s with memory checkpoints and warm spares, "
+               f"{med['durable']['step']:.2f} s from storage with new interpreters ({result['speedup']:.2f}x)")
+    publish("Recovery (medians, seconds after the SIGKILL)", ("path", "timeline"), rows, summary, result, args.json)
 
 
 if __name__ == "__main__":

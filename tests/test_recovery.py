@@ -36,23 +36,26 @@ def final_records(log_dir: Path, rank: int) -> dict[int, dict]:
     return out
 
 
-def soak(tmp_path: Path, kills: int, steps: int, seed: int) -> None:
+def soak(tmp_path: Path, kills: int, steps: int, seed: int, memory: bool = False) -> None:
     """The GPT on 2 processes x 2 devices, checkpointing every 2 steps, is
     killed with SIGKILL ``kills`` times (every other time just as a
     checkpoint folder appears, i.e. during a save) and must finish with the
     same parameters, bit for bit, as an uninterrupted run, having trained
-    on every sample of the uninterrupted run exactly once."""
+    on every sample of the uninterrupted run exactly once. With ``memory``,
+    it keeps a memory checkpoint every step (and a durable one every 10):
+    then each restart may redo at most one step."""
     rng = random.Random(seed)
     runs, data = tmp_path / "runs", ["--data-dir", str(tmp_path / "data")]
     ref_log, soak_log = tmp_path / "ref-samples", tmp_path / "soak-samples"
     ref_log.mkdir()
     soak_log.mkdir()
-    common = [*LAUNCH, "--checkpoint-every", "2"]
+    every = "10" if memory else "2"
+    common = [*LAUNCH, "--checkpoint-every", every]
     ref = meshrun([*common, EXAMPLE, *TINY, "--steps", str(steps), *data, "--sample-log", str(ref_log), "--params-digest", str(tmp_path / "ref.sha")], runs_dir=runs, name="ref", timeout=600)
     assert ref.code == 0, ref.stderr + ref.log(0)[-2000:]
 
     run_dir = runs / "soak"
-    args = [*common, "--max-failures", str(kills + 2), EXAMPLE, *TINY, "--steps", str(steps), *data, "--sample-log", str(soak_log), "--params-digest", str(tmp_path / "soak.sha")]
+    args = [*common, *(["--memory-checkpoint-every", "1"] if memory else []), "--max-failures", str(kills + 2), EXAMPLE, *TINY, "--steps", str(steps), *data, "--sample-log", str(soak_log), "--params-digest", str(tmp_path / "soak.sha")]
     proc = start(args, runs_dir=runs, name="soak")
     killed = []
     try:
@@ -67,9 +70,11 @@ def soak(tmp_path: Path, kills: int, steps: int, seed: int) -> None:
                 break
             if k % 2:
                 # During a save: as soon as a rank starts writing one.
+                saves = (run_dir / "checkpoints").glob("tmp-*") if not memory else Path(os.environ["MESHRUN_MEMORY_DIR"]).glob("*/host-0/tmp-*")
                 deadline = time.monotonic() + 30
-                while proc.poll() is None and time.monotonic() < deadline and not list((run_dir / "checkpoints").glob("tmp-*")):
+                while proc.poll() is None and time.monotonic() < deadline and not list(saves):
                     time.sleep(0.002)
+                    saves = (run_dir / "checkpoints").glob("tmp-*") if not memory else Path(os.environ["MESHRUN_MEMORY_DIR"]).glob("*/host-0/tmp-*")
             else:
                 time.sleep(rng.uniform(0.0, 1.0))
             rank = rng.randrange(2)
@@ -100,9 +105,25 @@ def soak(tmp_path: Path, kills: int, steps: int, seed: int) -> None:
         assert len(trained) == len(set(trained)), f"seed {seed}: rank {rank} trained a sample twice"
     # Every restart resumed from the newest checkpoint committed before it.
     for r in restarts:
-        assert r["from_step"] is None or r["from_step"] % 2 == 0
+        assert r["from_step"] is None or r["from_step"] % int(every) == 0
+    # Steps redone: what an attempt trained past the step the next one
+    # resumed from (a memory checkpoint's, or storage's).
+    resumed = {e["attempt"]: e["step"] for e in events(run_dir, "resuming")}
+    resumed.update({e["attempt"]: e["step"] for e in events(run_dir, "resuming_from_memory")})
+    trained = {}
+    for rec in read_jsonl(soak_log / "rank-0.jsonl"):
+        trained[rec["attempt"]] = max(trained.get(rec["attempt"], 0), rec["step"])
+    redone = [trained.get(a, 0) - resumed.get(a + 1, 0) for a in range(1, kills + 1)]
     print(f"soak seed {seed}: {kills} kills {killed}, restarts from {[r['from_step'] for r in restarts]}, "
+          f"memory restores {sorted(e['step'] for e in events(run_dir, 'resuming_from_memory'))}, steps redone {redone} (sum {sum(redone)}), "
           f"{len(events(run_dir, 'checkpoint_discarded'))} uncommitted checkpoint folders removed")
+    if memory:
+        assert sum(redone) <= kills, f"seed {seed}: {sum(redone)} steps redone over {kills} restarts: {redone}"
+
+
+def test_sigkill_soak_with_memory_checkpoints(tmp_path):
+    seed = int(os.environ.get("MESHRUN_SOAK_SEED", str(random.randrange(1 << 30))))
+    soak(tmp_path, kills=int(os.environ.get("MESHRUN_SOAK_KILLS", "2")), steps=int(os.environ.get("MESHRUN_SOAK_STEPS", "30")), seed=seed, memory=True)
 
 
 def test_sigkill_soak_short(tmp_path):

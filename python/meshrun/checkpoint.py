@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -47,6 +48,9 @@ __all__ = ["Checkpoint", "get_checkpoint", "restore", "save", "save_directory", 
 
 _writer: threading.Thread | None = None
 _writer_error: BaseException | None = None
+# Memory checkpoints write on a thread of their own: a durable save still
+# writing never holds one back (or the other way round).
+_memory_writer: threading.Thread | None = None
 
 
 @dataclass(frozen=True)
@@ -212,10 +216,13 @@ def wait() -> None:
     """Waits until this process's last :func:`save` has been written, and
     raises what writing it raised (e.g. :class:`CheckpointError`). The
     program's end waits by itself; call it to know a save is on disk."""
-    global _writer, _writer_error
+    global _writer, _writer_error, _memory_writer
     if _writer is not None:
         _writer.join()
         _writer = None
+    if _memory_writer is not None:
+        _memory_writer.join()
+        _memory_writer = None
     if _writer_error is not None:
         err, _writer_error = _writer_error, None
         raise err
@@ -276,26 +283,29 @@ def save_memory(step: int, state: Any, *, metrics: dict[str, Any] | None = None,
     go into its host's shared memory (``MESHRUN_MEMORY_DIR``), whose agent
     commits them and sends a replica to the buddy host. Returns once the
     shards are on the host, as :func:`save` does."""
-    global _writer
+    global _memory_writer
     folder = os.environ.get("MESHRUN_MEMORY_DIR")
     client = _connection.client()
     if not folder or client is None:
         return
     ctx = get_context()
-    wait()
+    if _memory_writer is not None:
+        _memory_writer.join()
     shards = _owned_shards(state, ctx.rank, every_region=True)
     info = _info(state, metrics, extra) if ctx.rank == 0 else None
 
     def write() -> None:
-        global _writer_error
         try:
             written = _native.write_shards(folder, step, ctx.rank, shards)
-            client.memory_written(step, written, info)
-        except BaseException as exc:  # surfaced by the next save or wait()
-            _writer_error = exc
+        except Exception as exc:  # noqa: BLE001
+            # The step is not kept in memory (the controller never hears of
+            # this rank's part); training and durable saves go on.
+            print(f"meshrun: memory checkpoint of step {step} not kept on this host: {exc}", file=sys.stderr, flush=True)
+            return
+        client.memory_written(step, written, info)
 
-    _writer = threading.Thread(target=write, name=f"meshrun-memory-{step}", daemon=True)
-    _writer.start()
+    _memory_writer = threading.Thread(target=write, name=f"meshrun-memory-{step}", daemon=True)
+    _memory_writer.start()
 
 
 @_goodput.counts_as("checkpoint")
@@ -334,7 +344,8 @@ def get_checkpoint() -> Checkpoint | None:
         newer = _native.resume_checkpoint(root, get_context().attempt, None)
         if newer is not None and newer[1] is not None and newer[1] > int(chosen):
             return Checkpoint(*newer)
-        return Checkpoint(os.path.join(memory, f"step-{chosen}"), int(chosen))
+        path, step = _native.resume_checkpoint(memory, get_context().attempt, int(chosen))
+        return Checkpoint(path, step)
     if chosen is None:  # not started by a controller: the newest committed
         found = _native.resume_checkpoint(root)
     else:

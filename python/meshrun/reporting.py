@@ -169,7 +169,7 @@ def report(
             else:
                 ckpt.save(at, checkpoint, metrics=plain, extra=extra)
                 saving = True
-        elif folder is None and _memory_due(at):
+        if folder is None and _memory_due(at):
             ckpt.save_memory(at, checkpoint, metrics=_values.plain(dict(metrics)), extra=extra)
     if _connection.client() is None:
         if not _warned:

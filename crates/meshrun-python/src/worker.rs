@@ -162,6 +162,7 @@ impl WorkerClient {
 
     /// Tells the controller this rank holds its shards of memory checkpoint
     /// `step` in its host's memory.
+    #[pyo3(signature = (step, shards, extra=None))]
     fn memory_written(
         &self,
         step: u64,

@@ -80,8 +80,14 @@ impl HostMemory {
     /// workers into `tmp-<step>`); gives its bytes.
     pub fn commit(&self, manifest: &Manifest) -> Result<u64, String> {
         let own = self.own();
-        std::fs::create_dir_all(tmp_dir(&own, manifest.step))
-            .map_err(|e| format!("cannot create '{}': {e}", own.display()))?;
+        let tmp = tmp_dir(&own, manifest.step);
+        if let Some(missing) = missing_file(&tmp, manifest) {
+            return Err(format!(
+                "this host's file {missing} of memory checkpoint step {} is not in '{}'",
+                manifest.step,
+                tmp.display()
+            ));
+        }
         commit(&Location::Local(own.clone()), manifest).map_err(|e| e.to_string())?;
         Ok(files(&step_dir(&own, manifest.step))?
             .iter()
@@ -100,20 +106,7 @@ impl HostMemory {
             }));
         }
         for dir in dirs {
-            let Ok(entries) = std::fs::read_dir(&dir) else {
-                continue;
-            };
-            for e in entries.flatten() {
-                let name = e.file_name().to_string_lossy().into_owned();
-                let older = name
-                    .strip_prefix("step-")
-                    .or_else(|| name.strip_prefix("tmp-"))
-                    .and_then(|s| s.parse::<u64>().ok())
-                    .is_some_and(|s| s < step);
-                if older {
-                    let _ = std::fs::remove_dir_all(e.path());
-                }
-            }
+            drop_steps(&dir, step);
         }
     }
 
@@ -123,17 +116,10 @@ impl HostMemory {
         let dir = step_dir(&self.own(), step);
         let manifest = Manifest::read(&Location::Local(dir.clone()))
             .map_err(|_| format!("this host holds no memory checkpoint of step {step}"))?;
-        let mut bytes = 0;
-        for leaf in &manifest.leaves {
-            for shard in &leaf.shards {
-                if !dir.join(&shard.file).is_file() {
-                    return Err(format!(
-                        "this host's copy of step {step} lacks {}",
-                        shard.file
-                    ));
-                }
-            }
+        if let Some(missing) = missing_file(&dir, &manifest) {
+            return Err(format!("this host's copy of step {step} lacks {missing}"));
         }
+        let mut bytes = 0;
         for (_, n) in files(&dir)? {
             bytes += n;
         }
@@ -143,6 +129,34 @@ impl HostMemory {
     /// The run is over: its memory goes.
     pub fn remove_run(&self) {
         let _ = std::fs::remove_dir_all(&self.run);
+    }
+}
+
+/// The first file `manifest` names that `dir` does not hold.
+fn missing_file(dir: &Path, manifest: &Manifest) -> Option<String> {
+    manifest
+        .leaves
+        .iter()
+        .flat_map(|l| &l.shards)
+        .find(|s| !dir.join(&s.file).is_file())
+        .map(|s| s.file.clone())
+}
+
+/// Removes the `step-*` and `tmp-*` folders of `dir` older than `step`.
+fn drop_steps(dir: &Path, step: u64) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let older = name
+            .strip_prefix("step-")
+            .or_else(|| name.strip_prefix("tmp-"))
+            .and_then(|s| s.parse::<u64>().ok())
+            .is_some_and(|s| s < step);
+        if older {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
     }
 }
 
@@ -303,6 +317,9 @@ pub async fn fetch_replica(
     tokio::fs::rename(&tmp, &done)
         .await
         .map_err(|e| format!("cannot commit '{}': {e}", done.display()))?;
+    // What came back must be whole, as the host's own copy would have to be.
+    mem.ready(step)
+        .map_err(|e| format!("the buddy's replica: {e}"))?;
     Ok(bytes)
 }
 
@@ -340,6 +357,11 @@ async fn answer(conn: &mut Connection, root: &Path) -> Result<(), String> {
             files,
         } if plain(&run_id) => {
             let replica = HostMemory::replica(&root.join(&run_id), host);
+            // One replica per buddy: the older one goes as the newer comes.
+            // The buddy still holds its own copies of both steps until the
+            // newer is committed everywhere, so only the loss of the whole
+            // buddy host while this transfer runs finds no replica.
+            drop_steps(&replica, step);
             let tmp = tmp_dir(&replica, step);
             let result = match receive_files(conn, &tmp, &files).await {
                 Ok(_) => {

@@ -134,12 +134,17 @@ pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, Core
                 max_failures: plan.failure.max_failures,
                 from_step: newest,
             })?;
-            let from = newest.map_or_else(
+            let mut from = newest.map_or_else(
                 || "from the start (no checkpoint yet)".to_string(),
                 |s| {
                     format!("from the newest checkpoint that verifies (newest committed: step-{s})")
                 },
             );
+            if let Some(m) = memory_step.filter(|m| newest.is_none_or(|d| *m >= d)) {
+                from = format!(
+                    "from memory checkpoint step {m} where every host still holds it, else {from}"
+                );
+            }
             if let Some(text) = &end.summary {
                 terminal().note(text);
             }

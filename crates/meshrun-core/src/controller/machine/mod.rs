@@ -23,6 +23,8 @@ mod tests;
 #[cfg(test)]
 mod tests_hosts;
 #[cfg(test)]
+mod tests_memory;
+#[cfg(test)]
 mod tests_start;
 
 use std::collections::{BTreeMap, VecDeque};

@@ -1,0 +1,277 @@
+//! Memory checkpoints on a simulated clock: buddies, the commit once
+//! every rank wrote and every host holds its part, and the restore that
+//! comes from memory only when every host can make the step whole.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use meshrun_ckpt::manifest::{Leaf, Manifest, ShardRecord};
+use meshrun_record::Event;
+
+use super::sim::{plan, Sim};
+use super::*;
+
+const H0: Conn = 500;
+const H1: Conn = 501;
+
+/// Two hosts of one worker each.
+fn two_hosts() -> RunPlan {
+    let mut p = plan(2);
+    p.hosts = 2;
+    p.procs_per_host = 1;
+    p
+}
+
+fn setup(resume_step: Option<u64>, memory_step: Option<u64>) -> Setup {
+    Setup {
+        attempt: 2,
+        run_id: "0123456789abcdef".into(),
+        token_hex: "00".repeat(32),
+        control_addr: "127.0.0.1:4000".into(),
+        user_xla_flags: None,
+        resume_step,
+        join_timeout: Duration::from_mins(5),
+        payload: None::<Arc<[u8]>>,
+        storage_probe: None,
+        first_joined_host: 0,
+        memory_step,
+    }
+}
+
+fn join(sim: &mut Sim, conn: Conn, host: u32) {
+    sim.input(Input::AgentJoined {
+        host: Some(host),
+        ip: format!("127.0.0.{}", host + 2),
+        pid: 10 + host,
+        gpus: vec![],
+        free_port: 5000,
+        controller: None,
+        replica_port: Some(6000 + host as u16),
+        conn,
+    });
+}
+
+fn sent_to(sim: &Sim, conn: Conn) -> Vec<&Message> {
+    sim.actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Send { to, msg } if *to == conn => Some(msg),
+            _ => None,
+        })
+        .collect()
+}
+
+fn launch_env(sim: &Sim, conn: Conn) -> Vec<(String, String)> {
+    sent_to(sim, conn)
+        .into_iter()
+        .find_map(|m| match m {
+            Message::Launch { workers, .. } => Some(workers[0].env.clone()),
+            _ => None,
+        })
+        .expect("launched")
+}
+
+fn var<'a>(env: &'a [(String, String)], key: &str) -> Option<&'a str> {
+    env.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+}
+
+fn prepared(sim: &mut Sim, conn: Conn, step: u64, source: Option<&str>) {
+    sim.input(Input::FromAgent {
+        conn,
+        msg: Message::MemoryPrepared {
+            step,
+            source: source.map(str::to_string),
+            why: source
+                .is_none()
+                .then(|| "this host holds no memory checkpoint of step 7".into()),
+            bytes: 0,
+        },
+    });
+}
+
+#[test]
+fn each_host_is_told_its_buddy_round_the_ring() {
+    let mut sim = Sim::with_setup(two_hosts(), setup(None, None));
+    join(&mut sim, H0, 0);
+    join(&mut sim, H1, 1);
+    assert!(sent_to(&sim, H0).contains(&&Message::Buddy {
+        host: 1,
+        addr: "127.0.0.3:6001".into()
+    }));
+    assert!(sent_to(&sim, H1).contains(&&Message::Buddy {
+        host: 0,
+        addr: "127.0.0.2:6000".into()
+    }));
+    assert!(sim.m.launched(), "nothing to prepare: launched at once");
+}
+
+#[test]
+fn a_newer_memory_step_every_host_can_make_whole_is_restored() {
+    let mut sim = Sim::with_setup(two_hosts(), setup(Some(5), Some(7)));
+    join(&mut sim, H0, 0);
+    join(&mut sim, H1, 1);
+    assert!(!sim.m.launched(), "the hosts prepare first");
+    for conn in [H0, H1] {
+        assert!(sent_to(&sim, conn).contains(&&Message::MemoryPrepare {
+            run_id: "0123456789abcdef".into(),
+            step: 7
+        }));
+    }
+    prepared(&mut sim, H0, 7, Some("this host's memory"));
+    assert!(!sim.m.launched());
+    prepared(
+        &mut sim,
+        H1,
+        7,
+        Some("the buddy's replica (127.0.0.2:6000)"),
+    );
+    assert!(sim.m.launched());
+    let env = launch_env(&sim, H1);
+    assert_eq!(var(&env, "MESHRUN_RESUME_STEP"), Some("7"));
+    assert_eq!(var(&env, "MESHRUN_RESUME_FROM"), Some("memory"));
+    assert!(sim.events().iter().any(|e| matches!(e, Event::ResumingFromMemory { step: 7, sources, .. } if sources[1].starts_with("the buddy's replica"))));
+}
+
+#[test]
+fn a_host_that_cannot_make_it_whole_sends_everyone_to_storage() {
+    let mut sim = Sim::with_setup(two_hosts(), setup(Some(5), Some(7)));
+    join(&mut sim, H0, 0);
+    join(&mut sim, H1, 1);
+    prepared(&mut sim, H1, 7, None);
+    prepared(&mut sim, H0, 7, Some("this host's memory"));
+    let env = launch_env(&sim, H0);
+    assert_eq!(var(&env, "MESHRUN_RESUME_STEP"), Some("5"));
+    assert_eq!(var(&env, "MESHRUN_RESUME_FROM"), None);
+    let why = sim.events().iter().find_map(|e| match e {
+        Event::MemoryUnavailable {
+            why, resume_step, ..
+        } => Some((why.clone(), *resume_step)),
+        _ => None,
+    });
+    let (why, resume) = why.expect("recorded");
+    assert!(
+        why.starts_with("host 1: this host holds no memory checkpoint"),
+        "{why}"
+    );
+    assert_eq!(resume, Some(5));
+}
+
+fn leaf(rank: u32, region: (usize, usize)) -> Leaf {
+    Leaf {
+        path: "w".into(),
+        dtype: "float32".into(),
+        shape: vec![4],
+        shards: vec![ShardRecord {
+            file: format!("rank-{rank}.safetensors"),
+            tensor: "w:0".into(),
+            region: vec![region],
+        }],
+    }
+}
+
+#[test]
+fn a_step_commits_once_every_rank_wrote_and_every_host_holds_it() {
+    let mut sim = Sim::with_setup(two_hosts(), setup(None, None));
+    join(&mut sim, H0, 0);
+    join(&mut sim, H1, 1);
+    sim.take();
+    let written = |rank, region| Message::MemoryWritten {
+        step: 3,
+        leaves: vec![leaf(rank, region)],
+        extra: (rank == 0).then(|| serde_json::json!({"user": {"loader": 3}})),
+    };
+    sim.worker(0, written(0, (0, 2)));
+    assert!(!sim.take().iter().any(|a| matches!(
+        a,
+        Action::Send {
+            msg: Message::MemoryCommit { .. },
+            ..
+        }
+    )));
+    sim.worker(1, written(1, (2, 4)));
+    // Each host commits a manifest of its own rank's shards, with rank 0's extra.
+    let commits: Vec<(Conn, Manifest)> = sim
+        .take()
+        .into_iter()
+        .filter_map(|a| match a {
+            Action::Send {
+                to,
+                msg: Message::MemoryCommit { manifest, .. },
+            } => Some((to, manifest)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(commits.len(), 2);
+    for (conn, m) in &commits {
+        let rank = if *conn == H0 { 0 } else { 1 };
+        assert_eq!(
+            m.leaves,
+            vec![leaf(rank, if rank == 0 { (0, 2) } else { (2, 4) })]
+        );
+        assert_eq!(m.extra["user"]["loader"], 3);
+    }
+    let held = |sim: &mut Sim, conn| {
+        sim.input(Input::FromAgent {
+            conn,
+            msg: Message::MemoryHeld {
+                step: 3,
+                bytes: 100,
+                replicated: true,
+                error: None,
+            },
+        });
+    };
+    held(&mut sim, H0);
+    assert_eq!(sim.m.memory_committed(), None, "host 1 has not said");
+    held(&mut sim, H1);
+    assert_eq!(sim.m.memory_committed(), Some(3));
+    let acts = sim.take();
+    for conn in [H0, H1] {
+        assert!(acts.contains(&Action::Send {
+            to: conn,
+            msg: Message::MemoryRelease { step: 3 }
+        }));
+    }
+    assert!(acts.iter().any(|a| matches!(
+        a,
+        Action::Record(Event::MemoryCheckpointCommitted {
+            step: 3,
+            replicated: true,
+            ..
+        })
+    )));
+}
+
+#[test]
+fn a_host_that_cannot_hold_a_step_leaves_it_uncommitted() {
+    let mut sim = Sim::with_setup(two_hosts(), setup(None, None));
+    join(&mut sim, H0, 0);
+    join(&mut sim, H1, 1);
+    sim.input(Input::FromAgent {
+        conn: H1,
+        msg: Message::MemoryHeld {
+            step: 4,
+            bytes: 0,
+            replicated: false,
+            error: Some("the buddy at 127.0.0.2:6000 refused the replica".into()),
+        },
+    });
+    sim.input(Input::FromAgent {
+        conn: H0,
+        msg: Message::MemoryHeld {
+            step: 4,
+            bytes: 100,
+            replicated: true,
+            error: None,
+        },
+    });
+    assert_eq!(sim.m.memory_committed(), None);
+    assert!(sim.events().iter().any(|e| matches!(
+        e,
+        Event::MemoryCheckpointFailed {
+            step: 4,
+            host: 1,
+            ..
+        }
+    )));
+}
