@@ -203,7 +203,7 @@ fn a_step_commits_once_every_rank_wrote_and_every_host_holds_it() {
         .collect();
     assert_eq!(commits.len(), 2);
     for (conn, m) in &commits {
-        let rank = if *conn == H0 { 0 } else { 1 };
+        let rank = u32::from(*conn != H0);
         assert_eq!(
             m.leaves,
             vec![leaf(rank, if rank == 0 { (0, 2) } else { (2, 4) })]
