@@ -106,13 +106,15 @@ def soak(tmp_path: Path, kills: int, steps: int, seed: int, memory: bool = False
     # Every restart resumed from the newest checkpoint committed before it.
     for r in restarts:
         assert r["from_step"] is None or r["from_step"] % int(every) == 0
-    # Steps redone: what an attempt trained past the step the next one
-    # resumed from (a memory checkpoint's, or storage's).
+    # Steps redone: the steps an attempt completed (rank 0 reported their
+    # loss) past the step the next one resumed from (a memory checkpoint's,
+    # or storage's). A step still in flight at the kill was not completed.
     resumed = {e["attempt"]: e["step"] for e in events(run_dir, "resuming")}
     resumed.update({e["attempt"]: e["step"] for e in events(run_dir, "resuming_from_memory")})
-    trained = {}
-    for rec in read_jsonl(soak_log / "rank-0.jsonl"):
-        trained[rec["attempt"]] = max(trained.get(rec["attempt"], 0), rec["step"])
+    trained: dict[int, int] = {}
+    for rec in read_jsonl(run_dir / "metrics.jsonl"):
+        if "loss" in rec["metrics"]:
+            trained[rec["attempt"]] = max(trained.get(rec["attempt"], 0), rec["step"])
     redone = [trained.get(a, 0) - resumed.get(a + 1, 0) for a in range(1, kills + 1)]
     print(f"soak seed {seed}: {kills} kills {killed}, restarts from {[r['from_step'] for r in restarts]}, "
           f"memory restores {sorted(e['step'] for e in events(run_dir, 'resuming_from_memory'))}, steps redone {redone} (sum {sum(redone)}), "

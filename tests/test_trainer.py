@@ -171,6 +171,9 @@ PY_CONFIGS = {
     "py-control-port-out-of-range": dict(scaling_config=meshrun.ScalingConfig(control_port=70000)),
     "py-hang-timeout-not-a-number": dict(run={"failure_config": meshrun.FailureConfig(hang_timeout_s="10s")}),
     "py-start-timeout-zero": dict(run={"failure_config": meshrun.FailureConfig(start_timeout_s=0)}),
+    "py-memory-every-zero": dict(run={"checkpoint_config": meshrun.CheckpointConfig(memory_every_n_steps=0)}),
+    "py-spare-imports-string": dict(run={"failure_config": meshrun.FailureConfig(spare_imports="jax")}),
+    "py-warm-spares-not-bool": dict(run={"failure_config": meshrun.FailureConfig(warm_spares="yes")}),
     "py-score-order-unknown": dict(run={"checkpoint_config": meshrun.CheckpointConfig(score_order="best")}),
 }
 covers(*PY_CONFIGS)

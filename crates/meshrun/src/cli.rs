@@ -235,7 +235,7 @@ pub struct RunArgs {
 
     /// Keep a warm standby interpreter per worker on each host, with JAX
     /// imported, to take over a restart [default: on with --max-failures].
-    #[arg(long, value_enum, value_name = "on|off")]
+    #[arg(long, value_enum, value_name = "SWITCH")]
     pub warm_spares: Option<OnOffArg>,
 
     /// What a warm spare imports before it waits, comma-separated
