@@ -83,7 +83,7 @@ bench-hosts: install  ## Demo GPT step time on 2 hosts that share nothing (netwo
 partition: install  ## The GPT on 2 namespace hosts, host 1 cut off for 10 s after its first checkpoint, at full length: bit-identical to one host (the suite runs a short one).
 	MESHRUN_PARTITION_STEPS=150 $(VENV)/bin/pytest tests/test_hosts_apart.py -k mid_training -s --timeout 3600
 
-soak: install  ## The GPT killed with SIGKILL at 10 random moments must end bit-identical to an uninterrupted run (the suite runs 3).
+soak: install  ## The GPT killed with SIGKILL at 10 random moments, with durable checkpoints and with memory checkpoints every step, must end bit-identical to an uninterrupted run (the suite runs 2 kills of each).
 	MESHRUN_SOAK_KILLS=10 MESHRUN_SOAK_STEPS=200 $(VENV)/bin/pytest tests/test_recovery.py -k soak -s --timeout 3600
 
 load:  ## 64 fake workers x 1,000 records/s for 60 s through the controller: records lost (0) and its peak memory.

@@ -206,9 +206,12 @@ class NsHosts:
 
     def env(self, h: int, extra: dict | None = None) -> dict:
         """The environment a process in host h gets: ours, less TMPDIR
-        (which names our /tmp), plus MESHRUN_SCRATCH and then ``extra``."""
+        (which names our /tmp), plus MESHRUN_SCRATCH, the memory tier's
+        folder in it (each host's own, as its shared memory would be), and
+        then ``extra``."""
         env = {k: v for k, v in os.environ.items() if k != "TMPDIR"}
         env["MESHRUN_SCRATCH"] = str(self.scratch_path)
+        env["MESHRUN_MEMORY_DIR"] = str(self.scratch_path / "memory")
         env["HOSTNAME"] = self.hostname(h)
         env.update(extra or {})
         return env

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -210,3 +212,58 @@ def test_a_working_folder_missing_on_a_host_is_named(nshosts):
     joiner.wait(timeout=30)
     assert controller.returncode == 1, err
     assert "rank 1 could not start: the run's working folder '/tmp/work' is not on this host" in err, err
+
+
+@pytest.mark.slow
+def test_a_joined_host_that_lost_its_memory_restores_from_its_buddy_over_the_network(nshosts, tmp_path):
+    """The GPT on 2 hosts that share nothing (host 1 joined with `meshrun
+    join`), a memory checkpoint every step and no durable one before the
+    end: host 1's worker is killed and everything host 1 kept in memory is
+    wiped. The restart hands both ranks to warm spares, host 1 fetches its
+    step back from host 0's replica over the bridge, and the final
+    parameters equal those of an uninterrupted run on one host."""
+    train = [EXAMPLE, *TINY, "--fsdp", "2", "--tensor", "2", "--steps", "16", "--data-dir", str(tmp_path / "data")]
+    launch = ["-n", "2", "--devices-per-proc", "2", "--tee", "none"]
+    ref = meshrun([*launch, *train, "--params-digest", str(tmp_path / "ref.sha")], runs_dir=tmp_path / "runs", name="ref", timeout=900)
+    assert ref.code == 0, ref.stderr
+
+    hosts = nshosts(2)
+    env = token_env()
+    args = run_args(hosts, [*launch, "--memory-checkpoint-every", "1", "--checkpoint-every", "1000", "--max-failures", "1", *train, "--params-digest", str(hosts.shared / "mem.sha")], "mem")
+    controller = hosts.popen(0, args, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    (joiner,) = start_joins(hosts, env, timeout=120)
+    run_dir = hosts.tmp(0) / "runs" / "mem"
+    events = lambda kind: [e for e in read_jsonl(run_dir / "events.jsonl") if e["event"] == kind]  # noqa: E731
+    try:
+        wait_for(lambda: controller.poll() is not None or any(e["step"] >= 4 for e in events("memory_checkpoint_committed")), 300, "memory checkpoint of step 4")
+        assert controller.poll() is None, controller.communicate()[1]
+        time.sleep(2)  # the spares start once every rank has trained a step
+        worker = next(e["pid"] for e in events("worker_started") if e["rank"] == 1)
+        agent = next(e["pid"] for e in events("agent_joined") if e["host"] == 1)
+        (memory,) = (hosts.scratch(1) / "memory").iterdir()
+        os.kill(agent, signal.SIGSTOP)  # it commits nothing newer meanwhile
+        try:
+            os.kill(worker, signal.SIGKILL)
+            for kept in memory.iterdir():
+                shutil.rmtree(kept)
+        finally:
+            os.kill(agent, signal.SIGCONT)
+        out, err = controller.communicate(timeout=900)
+    finally:
+        if controller.poll() is None:
+            controller.kill()
+            controller.communicate(timeout=30)
+    assert controller.returncode == 0, err
+    assert joiner.wait(timeout=60) == 0, joiner.stdout.read()
+    (resumed,) = events("resuming_from_memory")
+    assert resumed["sources"][0] == "this host's memory"
+    assert resumed["sources"][1].startswith(f"the buddy's replica ({hosts.addr(0)}:"), resumed
+    assert all(e["replicated"] for e in events("memory_checkpoint_committed"))
+    warm = {e["rank"]: e.get("warm", False) for e in events("worker_started") if e["attempt"] == 2}
+    assert warm == {0: True, 1: True}, f"the restart did not go to the spares: {warm}"
+    assert (hosts.shared / "mem.sha").read_text() == (tmp_path / "ref.sha").read_text()
+    # Nothing durable was ever saved: only memory could resume it.
+    assert not list((hosts.shared / "mem" / "checkpoints").glob("step-*"))
+    # The run's memory is gone from both hosts when it ends.
+    for h in (0, 1):
+        assert not any((hosts.scratch(h) / "memory").iterdir()), f"host {h} kept memory after the run"

@@ -104,6 +104,9 @@ pub struct RunView {
     /// What the cluster holds back from a live run that has reported
     /// nothing since it began waiting.
     pub waiting: Option<String>,
+    /// The memory checkpoint a live run holds: its step and each host's
+    /// bytes of it.
+    pub memory: Option<String>,
 }
 
 fn parse_time(text: Option<&str>) -> Option<SystemTime> {
@@ -146,6 +149,36 @@ fn waiting_now(dir: &Path, last: Option<&MetricsRecord>) -> Option<String> {
         Event::WaitingForResources { what, .. } => what.clone(),
         _ => None,
     }
+}
+
+/// The newest memory checkpoint committed: what every host holds in memory
+/// (its own step; a replica of its buddy's as large, with more than one
+/// host).
+fn memory_now(dir: &Path) -> Option<String> {
+    let events = last_records::<EventLine>(&dir.join(names::EVENTS));
+    events.iter().find_map(|e| match &e.event {
+        Event::MemoryCheckpointCommitted {
+            step,
+            host_bytes,
+            replicated,
+            ..
+        } => {
+            let mb: Vec<String> = host_bytes
+                .iter()
+                .map(|b| format!("{:.1}", *b as f64 / 1e6))
+                .collect();
+            let copies = if *replicated {
+                ", and as much again for its buddy's replica"
+            } else {
+                ""
+            };
+            Some(format!(
+                "step {step} held in memory: {} MB per host{copies}",
+                mb.join(" / ")
+            ))
+        }
+        _ => None,
+    })
 }
 
 /// The time of the newest metrics record or event.
@@ -268,6 +301,7 @@ impl RunView {
             duration,
             goodput,
             waiting: live.then(|| waiting_now(dir, last)).flatten(),
+            memory: live.then(|| memory_now(dir)).flatten(),
             record: Some(record),
         })
     }
@@ -363,6 +397,9 @@ pub fn render_status(run: &RunView) -> String {
     let _ = writeln!(out, "step      {step}");
     if let Some(w) = &run.waiting {
         let _ = writeln!(out, "waiting   for Ray: {w}");
+    }
+    if let Some(m) = &run.memory {
+        let _ = writeln!(out, "memory    {m}");
     }
     if let Some(Value::Object(m)) = &run.last {
         let shown: Vec<String> = m
