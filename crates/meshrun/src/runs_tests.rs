@@ -164,6 +164,30 @@ fn a_live_run_waiting_for_the_cluster_says_what_waits_until_it_reports() {
 }
 
 #[test]
+fn a_live_run_says_which_memory_checkpoint_its_hosts_hold() {
+    let (tmp, _controller) = runs_dir();
+    let held = |step: u64, bytes: [u64; 2]| {
+        json!({"event": "memory_checkpoint_committed", "time": unix("2026-12-02T11:01:00Z"), "attempt": 1,
+               "step": step, "host_bytes": bytes, "replicated": true})
+        .to_string()
+            + "\n"
+    };
+    let events = tmp.path().join("live/events.jsonl");
+    std::fs::write(
+        &events,
+        held(6, [10_884_150, 10_884_150]) + &held(7, [10_884_149, 10_884_149]),
+    )
+    .unwrap();
+    let text = status_of(&tmp, "live");
+    assert!(
+        text.contains("memory    step 7 held in memory: 10.9 / 10.9 MB per host, and as much again for its buddy's replica\n"),
+        "{text}"
+    );
+    // A run that is over holds nothing.
+    assert!(!status_of(&tmp, "demo").contains("memory "));
+}
+
+#[test]
 fn a_running_run_whose_controller_ends_is_interrupted() {
     let (tmp, controller) = runs_dir();
     assert_eq!(find("live", tmp.path()).unwrap().state, "running");
