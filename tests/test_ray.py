@@ -275,7 +275,10 @@ def test_gpt_on_ray_with_a_killed_worker_resumes_to_the_local_result(two_nodes, 
     worker SIGKILLed mid-run, restarts from its checkpoint and ends with the
     losses and the parameters, bit for bit, of the uninterrupted local run.
     Each node builds the corpus in its own /tmp; rank 0, on either node,
-    writes the digest to the storage."""
+    writes the digest to the storage. It keeps memory checkpoints too, each
+    replicated to the other node's agent; the restart takes the newest step
+    from memory where every host can make it whole (Ray may place a host on
+    the other node this time), else from storage."""
     runs, data = tmp_path / "runs", ["--data-dir", str(tmp_path / "data")]
     launch = ["-n", "2", "--hosts", "2", "--devices-per-proc", "2", "--checkpoint-every", "2", "--tee", "none"]
     local = meshrun([*launch, GPT, *GPT_TINY, *data, "--params-digest", str(tmp_path / "local.sha")], runs_dir=runs, name="local", timeout=400)
@@ -283,7 +286,7 @@ def test_gpt_on_ray_with_a_killed_worker_resumes_to_the_local_result(two_nodes, 
 
     run_dir = runs / "ray"
     digest = storage / "ray.sha"
-    proc = start(on_ray(two_nodes, "--ray-strategy", "STRICT_SPREAD", "--storage", str(storage), "--max-failures", "1", *launch, GPT, *GPT_TINY, *data, "--params-digest", str(digest)), runs_dir=runs, name="ray")
+    proc = start(on_ray(two_nodes, "--ray-strategy", "STRICT_SPREAD", "--storage", str(storage), "--max-failures", "1", "--memory-checkpoint-every", "1", *launch, GPT, *GPT_TINY, *data, "--params-digest", str(digest)), runs_dir=runs, name="ray")
     try:
         wait_for(lambda: proc.poll() is not None or any((r["step"] or 0) >= 5 for r in read_jsonl(run_dir / "metrics.jsonl")), 180, "the GPT to train on Ray")
         assert proc.poll() is None, proc.communicate()[1]
@@ -295,6 +298,11 @@ def test_gpt_on_ray_with_a_killed_worker_resumes_to_the_local_result(two_nodes, 
     assert proc.returncode == 0, err
     restarts = [e for e in read_jsonl(run_dir / "events.jsonl") if e["event"] == "restarting"]
     assert len(restarts) == 1 and restarts[0]["from_step"] is not None and restarts[0]["from_step"] >= 2
+    held = [e for e in read_jsonl(run_dir / "events.jsonl") if e["event"] == "memory_checkpoint_committed" and e["attempt"] == 1]
+    assert held and all(e["replicated"] for e in held), "memory checkpoints were not replicated between the nodes"
+    chose = [e for e in read_jsonl(run_dir / "events.jsonl") if e["event"] in ("resuming_from_memory", "memory_unavailable")]
+    assert len(chose) == 1 and chose[0]["step"] >= restarts[0]["from_step"], chose
+    print(f"restart on Ray: {chose[0]}")
     want, got = final_losses(local.metrics()), final_losses(read_jsonl(run_dir / "metrics.jsonl"))
     assert sorted(got) == list(range(1, 17)) and got.keys() == want.keys()
     assert max(abs(got[s] - want[s]) for s in want) < 1e-5

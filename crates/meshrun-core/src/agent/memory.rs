@@ -126,6 +126,24 @@ impl HostMemory {
         Ok(bytes)
     }
 
+    /// This host's `step` from a replica of it kept on this machine: a
+    /// host placed (by Ray, say) where its buddy ran in the last attempt
+    /// finds its own replica here. Gives its bytes.
+    pub fn adopt_local_replica(&self, step: u64) -> Result<u64, String> {
+        let replica = step_dir(&Self::replica(&self.run, self.host), step);
+        if !replica.join(MANIFEST).is_file() {
+            return Err(format!("no replica of step {step} on this machine either"));
+        }
+        let own = self.own();
+        std::fs::create_dir_all(&own)
+            .map_err(|e| format!("cannot create '{}': {e}", own.display()))?;
+        let done = step_dir(&own, step);
+        let _ = std::fs::remove_dir_all(&done);
+        std::fs::rename(&replica, &done)
+            .map_err(|e| format!("cannot move '{}': {e}", replica.display()))?;
+        self.ready(step)
+    }
+
     /// The run is over: its memory goes.
     pub fn remove_run(&self) {
         let _ = std::fs::remove_dir_all(&self.run);
@@ -381,7 +399,17 @@ async fn answer(conn: &mut Connection, root: &Path) -> Result<(), String> {
             result
         }
         Message::ReplicaGet { run_id, host, step } if plain(&run_id) => {
-            let dir = step_dir(&HostMemory::replica(&root.join(&run_id), host), step);
+            let run = root.join(&run_id);
+            // The replica, or host `host`'s own copy when that host ran on
+            // this machine in the last attempt (Ray may place hosts anew).
+            let dir = [
+                HostMemory::replica(&run, host),
+                run.join(format!("host-{host}")),
+            ]
+            .into_iter()
+            .map(|d| step_dir(&d, step))
+            .find(|d| d.join(MANIFEST).is_file())
+            .unwrap_or_else(|| step_dir(&HostMemory::replica(&run, host), step));
             match files(&dir) {
                 Ok(names) if names.iter().any(|(n, _)| n == MANIFEST) => {
                     conn.send(&Message::ReplicaPut {
@@ -473,6 +501,20 @@ mod tests {
             .await
             .unwrap_err();
         assert!(err.contains("no replica of step 8"), "{err}");
+        // A host placed where its buddy ran finds its replica there...
+        let moved = HostMemory::new(&b_root, "run1", 0);
+        assert!(moved.ready(7).is_err());
+        assert_eq!(
+            moved.adopt_local_replica(7).unwrap(),
+            moved.ready(7).unwrap()
+        );
+        // ...and a buddy that now runs where the host ran serves the
+        // host's own copy.
+        let elsewhere = HostMemory::new(&tmp.path().join("c"), "run1", 0);
+        fetch_replica(&addr, &token, "run1", &elsewhere, 7)
+            .await
+            .unwrap();
+        assert!(elsewhere.ready(7).is_ok());
         // Another token is turned away.
         let err = fetch_replica(&addr, &Token::generate().unwrap(), "run1", &a, 7)
             .await

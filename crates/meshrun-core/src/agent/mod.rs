@@ -365,13 +365,20 @@ async fn prepare_memory(
 ) {
     let own = {
         let m = m.clone();
-        tokio::task::spawn_blocking(move || m.ready(step))
-            .await
-            .unwrap_or_else(|e| Err(e.to_string()))
+        tokio::task::spawn_blocking(move || {
+            m.ready(step).map_err(|e| (e, m.adopt_local_replica(step)))
+        })
+        .await
+        .unwrap_or_else(|e| Err((e.to_string(), Err(String::new()))))
     };
     let (source, why, bytes) = match own {
         Ok(bytes) => (Some("this host's memory".to_string()), None, bytes),
-        Err(missing) => match &buddy {
+        Err((_, Ok(bytes))) => (
+            Some("its replica on this machine (the host now runs where its buddy did)".to_string()),
+            None,
+            bytes,
+        ),
+        Err((missing, Err(_))) => match &buddy {
             None => (None, Some(missing), 0),
             Some(addr) => match memory::fetch_replica(addr, &token, &run_id, &m, step).await {
                 Ok(bytes) => (Some(format!("the buddy's replica ({addr})")), None, bytes),
