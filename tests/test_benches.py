@@ -60,11 +60,14 @@ def test_ckpt_s3_bench_short(tmp_path):
 
 
 def test_recovery_bench_short(tmp_path):
-    result, text = run_bench(tmp_path, "recovery.py", "--rounds", "1")
+    result, text = run_bench(tmp_path, "recovery.py", "--rounds", "1", "--model", "small")
     assert "first step" in text
-    for label in ("cache on", "cache off"):
+    for label in ("durable", "memory"):
         m = result["median"][label]
         assert 0 < m["detect"] <= m["stopped"] <= m["relaunch"] < m["step"]
+    memory = result["rounds"]["memory"][0]
+    assert memory["warm"] and memory["steps_lost"] == 0, memory
+    assert not result["rounds"]["durable"][0]["warm"]
 
 
 def test_vs_ray_bench_short(tmp_path):
