@@ -275,10 +275,8 @@ def test_gpt_on_ray_with_a_killed_worker_resumes_to_the_local_result(two_nodes, 
     worker SIGKILLed mid-run, restarts from its checkpoint and ends with the
     losses and the parameters, bit for bit, of the uninterrupted local run.
     Each node builds the corpus in its own /tmp; rank 0, on either node,
-    writes the digest to the storage. It keeps memory checkpoints too, each
-    replicated to the other node's agent; the restart takes the newest step
-    from memory where every host can make it whole (Ray may place a host on
-    the other node this time), else from storage."""
+    writes the digest to the storage. Memory checkpoints are replicated to
+    the other node; the restart takes them, or storage's (Ray may move hosts)."""
     runs, data = tmp_path / "runs", ["--data-dir", str(tmp_path / "data")]
     launch = ["-n", "2", "--hosts", "2", "--devices-per-proc", "2", "--checkpoint-every", "2", "--tee", "none"]
     local = meshrun([*launch, GPT, *GPT_TINY, *data, "--params-digest", str(tmp_path / "local.sha")], runs_dir=runs, name="local", timeout=400)
@@ -302,7 +300,6 @@ def test_gpt_on_ray_with_a_killed_worker_resumes_to_the_local_result(two_nodes, 
     assert held and all(e["replicated"] for e in held), "memory checkpoints were not replicated between the nodes"
     chose = [e for e in read_jsonl(run_dir / "events.jsonl") if e["event"] in ("resuming_from_memory", "memory_unavailable")]
     assert len(chose) == 1 and chose[0]["step"] >= restarts[0]["from_step"], chose
-    print(f"restart on Ray: {chose[0]}")
     want, got = final_losses(local.metrics()), final_losses(read_jsonl(run_dir / "metrics.jsonl"))
     assert sorted(got) == list(range(1, 17)) and got.keys() == want.keys()
     assert max(abs(got[s] - want[s]) for s in want) < 1e-5

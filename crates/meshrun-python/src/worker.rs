@@ -141,20 +141,7 @@ impl WorkerClient {
         shards: &WrittenShards,
         extra: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<()> {
-        let extra = extra.map(|e| to_value("extra", e)).transpose()?;
-        // The records travel in one control frame; a tree too large for it
-        // is refused here, loudly, instead of a frame the connection drops.
-        let size = json_size(&shards.leaves)
-            + json_size(&shards.files)
-            + extra.as_ref().map_or(0, json_size);
-        if size + FRAME_HEADROOM > MAX_FRAME_BYTES {
-            return Err(CheckpointError::new_err(format!(
-                "step {step}: this rank's shard list and metadata take {size} bytes, over the \
-                 {} bytes a control message carries; save fewer, larger arrays (e.g. stack \
-                 per-layer parameters) or put less in extra=",
-                MAX_FRAME_BYTES - FRAME_HEADROOM
-            )));
-        }
+        let extra = fits_a_frame(&format!("step {step}"), shards, extra)?;
         self.0
             .checkpoint_written(step, shards.leaves.clone(), shards.files.clone(), extra);
         Ok(())
@@ -169,16 +156,7 @@ impl WorkerClient {
         shards: &WrittenShards,
         extra: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<()> {
-        let extra = extra.map(|e| to_value("extra", e)).transpose()?;
-        let size = json_size(&shards.leaves) + extra.as_ref().map_or(0, json_size);
-        if size + FRAME_HEADROOM > MAX_FRAME_BYTES {
-            return Err(CheckpointError::new_err(format!(
-                "memory checkpoint of step {step}: this rank's shard list and metadata take {size} \
-                 bytes, over the {} bytes a control message carries; save fewer, larger arrays \
-                 or put less in extra=",
-                MAX_FRAME_BYTES - FRAME_HEADROOM
-            )));
-        }
+        let extra = fits_a_frame(&format!("memory checkpoint of step {step}"), shards, extra)?;
         self.0.memory_written(step, shards.leaves.clone(), extra);
         Ok(())
     }
@@ -237,4 +215,26 @@ pub fn read_metrics(py: Python<'_>, run_dir: PathBuf, offset: u64) -> PyResult<(
         .detach(|| meshrun_record::read::jsonl_from::<meshrun_record::MetricsRecord>(&path, offset))
         .map_err(|e| pyo3::exceptions::PyOSError::new_err(e.to_string()))?;
     Ok((crate::convert::to_python(py, &records)?, next))
+}
+
+/// `extra` as JSON, once the shard records and it are known to fit in one
+/// control frame: a tree too large for it is refused here, loudly, instead
+/// of a frame the connection drops. `what` names the step in the error.
+fn fits_a_frame(
+    what: &str,
+    shards: &WrittenShards,
+    extra: Option<&Bound<'_, PyDict>>,
+) -> PyResult<Option<serde_json::Value>> {
+    let extra = extra.map(|e| to_value("extra", e)).transpose()?;
+    let size =
+        json_size(&shards.leaves) + json_size(&shards.files) + extra.as_ref().map_or(0, json_size);
+    if size + FRAME_HEADROOM > MAX_FRAME_BYTES {
+        return Err(CheckpointError::new_err(format!(
+            "{what}: this rank's shard list and metadata take {size} bytes, over the {} bytes a \
+             control message carries; save fewer, larger arrays (e.g. stack per-layer \
+             parameters) or put less in extra=",
+            MAX_FRAME_BYTES - FRAME_HEADROOM
+        )));
+    }
+    Ok(extra)
 }
