@@ -10,7 +10,7 @@ DEPS_STAMP := $(VENV)/.deps-installed
 BUILD_STAMP := $(VENV)/.meshrun-built
 RUST_SOURCES := $(shell find crates -name '*.rs' -o -name 'Cargo.toml') Cargo.toml $(wildcard Cargo.lock) pyproject.toml
 
-.PHONY: help install demo test test-fast test-rust test-python lint bench-startup bench-step-parity bench-data bench-ckpt bench-ckpt-s3 bench-recovery bench-vs-ray bench-hosts soak partition fuzz load clean
+.PHONY: help install demo test test-fast test-rust test-python lint bench-startup bench-step-parity bench-data bench-ckpt bench-ckpt-s3 bench-recovery bench-vs-ray bench-hosts bench-elastic soak partition fuzz load clean
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -79,6 +79,9 @@ bench-vs-ray: install  ## meshrun (local and on Ray) against Ray Train's JaxTrai
 
 bench-hosts: install  ## Demo GPT step time on 2 hosts that share nothing (network namespaces, needs root) against 2 loopback hosts.
 	$(PY) bench/hosts.py --rounds 3 --json bench/out/hosts.json
+
+bench-elastic: install  ## The GPT on 4 namespace hosts (needs root): a host lost for good to the first step on 2, and its return to the first step on 4, beside a plain restart.
+	$(PY) bench/elastic.py --rounds 3 --json bench/out/elastic.json
 
 partition: install  ## The GPT on 2 namespace hosts, host 1 cut off for 10 s after its first checkpoint, at full length: bit-identical to one host (the suite runs a short one).
 	MESHRUN_PARTITION_STEPS=150 $(VENV)/bin/pytest tests/test_hosts_apart.py -k mid_training -s --timeout 3600

@@ -44,34 +44,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import publish
+from common import jsonl, publish, wait
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 MESHRUN = Path(sys.executable).parent / "meshrun"
-
-
-def jsonl(path: Path) -> list[dict]:
-    """The records of a JSONL file the run is still appending to: a last
-    line caught half-written is skipped, as every reader of a run does."""
-    if not path.exists():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return records
-
-
-def wait(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.01)
-    raise SystemExit(f"timed out waiting for {what}")
 
 
 SMALL = ["--batch-size", "8", "--seq-len", "32", "--d-model", "32", "--layers", "2", "--heads", "4"]

@@ -79,6 +79,21 @@ def test_vs_ray_bench_short(tmp_path):
     assert result["report_call_us"]["float"] > 0
 
 
+def test_elastic_bench_short(tmp_path):
+    from nshosts import nshosts_unavailable
+
+    reason = nshosts_unavailable()
+    if reason is not None:
+        pytest.skip(f"no network namespaces: {reason}")
+    result, text = run_bench(tmp_path, "elastic.py", "--rounds", "1", "--steps", "28", "--rejoin-timeout", "3")
+    assert "loss -> first step" in text
+    e, r = result["median"]["elastic"], result["median"]["restart"]
+    assert (e["hosts_after_loss"], r["hosts_after_loss"]) == (2, 4)
+    assert e["wait"] >= 3 > r["wait"], "the elastic restart waited the rejoin timeout, the plain one did not"
+    assert 0 < e["detect"] < e["loss_to_step"] and e["grow_save"] < e["grow_to_step"]
+    assert e["resize_s"] > 0
+
+
 def test_hosts_bench_short(tmp_path):
     from nshosts import nshosts_unavailable
 

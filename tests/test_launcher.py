@@ -298,6 +298,10 @@ USAGE = {
     "run-listen-elsewhere": ["-n", "2", "--hosts", "2", "--listen", "192.0.2.1:29400", HELLO],
     "run-listen-with-ray": ["-n", "2", "--hosts", "2", "--listen", "127.0.0.1:29400", "--ray", "auto", HELLO],
     "run-join-timeout-zero": ["--join-timeout", "0", HELLO],
+    "run-hosts-range-bad": ["-n", "4", "--hosts", "3:2", HELLO],
+    "run-hosts-not-a-range": ["--hosts", "2-4", HELLO],
+    "run-rejoin-timeout-without-range": ["--hosts", "2", "-n", "2", "--rejoin-timeout", "5", HELLO],
+    "run-rejoin-timeout-zero": ["-n", "2", "--hosts", "1:2", "--rejoin-timeout", "0", HELLO],
 }
 covers(*USAGE)
 

@@ -166,6 +166,10 @@ def fit(tmp_path, fn=lambda: None, **kwargs):
 
 PY_CONFIGS = {
     "py-num-workers-zero": dict(scaling_config=meshrun.ScalingConfig(num_workers=0)),
+    "py-num-workers-not-a-count": dict(scaling_config=meshrun.ScalingConfig(num_workers="4")),
+    "py-num-workers-range-bad": dict(scaling_config=meshrun.ScalingConfig(num_workers=(3, 2))),
+    "py-num-workers-part-of-a-host": dict(scaling_config=meshrun.ScalingConfig(num_workers=(1, 4), num_hosts=2)),
+    "py-rejoin-timeout-without-range": dict(scaling_config=meshrun.ScalingConfig(num_workers=2, rejoin_timeout_s=5)),
     "py-backend-unknown": dict(scaling_config=meshrun.ScalingConfig(backend="kube")),
     "py-ray-without-address": dict(scaling_config=meshrun.ScalingConfig(backend="ray")),
     "py-control-port-out-of-range": dict(scaling_config=meshrun.ScalingConfig(control_port=70000)),

@@ -34,6 +34,14 @@ class Context:
     storage_dir: str | None = None
     #: Also keep the state in host memory at multiples of this step.
     memory_every: int | None = None
+    #: Elastic runs (``--hosts MIN:MAX``): the fewest and most processes an
+    #: attempt may have (both ``world_size`` otherwise).
+    min_world_size: int | None = None
+    max_world_size: int | None = None
+    #: The previous attempt's world size (elastic runs, from the second
+    #: attempt), and why this one's differs (``None``: it does not).
+    previous_world_size: int | None = None
+    resize_reason: str | None = None
 
     # Ray Train's names, for users moving over.
     def get_world_rank(self) -> int:
@@ -55,10 +63,21 @@ class Context:
     def in_meshrun(self) -> bool:
         return self.run_dir is not None
 
+    @property
+    def resized(self) -> bool:
+        """This attempt runs on another world size than the one before it
+        (or, the first of an elastic run, on fewer than the most)."""
+        return self.resize_reason is not None
+
 
 def _int(name: str, default: int) -> int:
     value = os.environ.get(name)
     return default if value is None else int(value)
+
+
+def _opt_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    return None if value is None else int(value)
 
 
 def get_context() -> Context:
@@ -76,7 +95,11 @@ def get_context() -> Context:
         coordinator_address=os.environ.get("JAX_COORDINATOR_ADDRESS"),
         checkpoint_every=int(os.environ["MESHRUN_CHECKPOINT_EVERY"]) if "MESHRUN_CHECKPOINT_EVERY" in os.environ else None,
         storage_dir=os.environ.get("MESHRUN_STORAGE_DIR", os.environ.get("MESHRUN_RUN_DIR")),
-        memory_every=int(os.environ["MESHRUN_MEMORY_EVERY"]) if "MESHRUN_MEMORY_EVERY" in os.environ else None,
+        memory_every=_opt_int("MESHRUN_MEMORY_EVERY"),
+        min_world_size=_opt_int("MESHRUN_MIN_WORLD_SIZE"),
+        max_world_size=_opt_int("MESHRUN_MAX_WORLD_SIZE"),
+        previous_world_size=_opt_int("MESHRUN_PREVIOUS_WORLD_SIZE"),
+        resize_reason=os.environ.get("MESHRUN_RESIZE_REASON"),
     )
 
 

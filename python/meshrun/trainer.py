@@ -35,7 +35,10 @@ class ScalingConfig:
     host 0.
     """
 
-    num_workers: int = 1
+    #: A count, or ``(MIN, MAX)``: an elastic run that grows and shrinks by
+    #: whole hosts (each worker its own host unless ``num_hosts`` says how
+    #: many hosts MAX workers fill). See docs/elastic.md.
+    num_workers: int | tuple[int, int] = 1
     devices_per_worker: int | None = None
     use_gpu: bool = False
     gpus_per_worker: int | None = None
@@ -48,6 +51,12 @@ class ScalingConfig:
     control_port: int | None = None
     listen: str | None = None
     join_timeout_s: float | None = None
+    #: Elastic runs: how long a restart waits for a lost host before it runs
+    #: on the hosts present (default 60 s).
+    rejoin_timeout_s: float | None = None
+    #: Elastic runs: any host count from MIN to MAX, not only those that
+    #: divide MAX.
+    any_host_count: bool = False
     #: Ray's name: ``{"CPU": c, "GPU": g}`` per worker. GPUs are whole and
     #: never shared (``gpus_per_worker``); CPUs are what each worker's Ray
     #: bundle asks for (default 1), and on this machine they must fit in
@@ -203,7 +212,8 @@ def _resolved(s: ScalingConfig) -> ScalingConfig:
     if cpus is None and gpus is None:
         return s
     if cpus is not None and s.backend == "local":
-        per_host = -(-s.num_workers // max(s.num_hosts, 1))
+        workers = s.num_workers[1] if isinstance(s.num_workers, (tuple, list)) else s.num_workers
+        per_host = -(-workers // max(s.num_hosts, 1))
         have = os.cpu_count() or 1
         if cpus * per_host > have:
             raise ConfigError(

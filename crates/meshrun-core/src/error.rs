@@ -71,6 +71,12 @@ pub enum UsageError {
     BadHangTimeout(f64),
     #[error("--join-timeout must be a positive number of seconds, got {0}")]
     BadJoinTimeout(f64),
+    #[error("--hosts {min}:{max}: MIN must be at least 1 and at most MAX")]
+    BadHostRange { min: u32, max: u32 },
+    #[error("--rejoin-timeout must be a positive number of seconds, got {0}")]
+    BadRejoinTimeout(f64),
+    #[error("--rejoin-timeout and --any-host-count are for elastic runs; give --hosts MIN:MAX")]
+    ElasticOptionsWithoutRange,
     #[error("storage '{path}' cannot be used: {reason}")]
     StorageUnusable { path: PathBuf, reason: String },
     #[error("--listen {0} is for hosts that join by themselves; with --ray, Ray places the agents: use one or the other")]
@@ -158,6 +164,21 @@ pub enum CoreError {
     Protocol(#[from] crate::protocol::ProtocolError),
     #[error("{} did not join within {secs} s: start `meshrun join` there (or give it more time with --join-timeout)", hosts_named(missing))]
     AgentTimeout { missing: Vec<u32>, secs: u64 },
+    #[error(
+        "only {} host(s) came within {secs} s ({}), and the run needs at least {min} of its \
+         {max} (--hosts {min}:{max}){rule}: start `meshrun join` on more hosts, or give a lower MIN",
+        had.len(),
+        if had.is_empty() { "none".to_string() } else { had.join(", ") }
+    )]
+    TooFewHosts {
+        /// Each host there, as `host R (ADDRESS)`.
+        had: Vec<String>,
+        min: u32,
+        max: u32,
+        secs: u64,
+        /// Why enough hosts were still too few (no count divides MAX).
+        rule: String,
+    },
     #[error(
         "host {host} ({ip}) cannot see the run's storage '{}': {problem}. Every host must reach \
          the storage at the same path: put it on a shared filesystem mounted on every host \

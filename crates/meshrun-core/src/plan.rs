@@ -147,6 +147,9 @@ pub struct RunSpec {
     /// How long hosts may take to join (default: 60 s for agents meshrun
     /// starts, 5 minutes for hosts that join).
     pub join_timeout_s: Option<f64>,
+    /// `--hosts MIN:MAX`: `hosts` (and `nprocs`) are the most; attempts
+    /// run on as many hosts as are there, down to MIN.
+    pub elastic: Option<Elastic>,
 }
 
 /// The Ray backend: where the cluster is and how to spread the agents.
@@ -210,6 +213,10 @@ pub struct RunPlan {
     pub rendezvous: bool,
     #[serde(default)]
     pub join_timeout_s: Option<f64>,
+    /// An elastic run: `hosts` and `nprocs` are its most (see
+    /// [`RunPlan::sized`] for an attempt's own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elastic: Option<Elastic>,
 }
 
 impl RunPlan {
@@ -240,6 +247,17 @@ impl RunPlan {
     /// Whether checkpoints go to an object store.
     pub fn remote_storage(&self) -> bool {
         self.storage.as_deref().is_some_and(is_url)
+    }
+
+    /// This plan for an attempt on `hosts` hosts (an elastic run's
+    /// processes per host stay fixed).
+    #[must_use]
+    pub fn sized(&self, hosts: u32) -> RunPlan {
+        RunPlan {
+            hosts,
+            nprocs: hosts * self.procs_per_host,
+            ..self.clone()
+        }
     }
 
     /// How long the hosts' agents may take to join.
@@ -331,6 +349,9 @@ impl RunSpec {
         }
         if let Some(listen) = self.listen {
             self.check_listen(listen)?;
+        }
+        if let Some(e) = &self.elastic {
+            e.validate(self.hosts)?;
         }
         if let Some(ray) = &self.ray {
             if !RAY_STRATEGIES.contains(&ray.strategy.as_str()) {
@@ -451,6 +472,7 @@ impl RunSpec {
             storage,
             rendezvous: self.listen.is_some(),
             join_timeout_s: self.join_timeout_s,
+            elastic: self.elastic,
         })
     }
 
@@ -575,8 +597,10 @@ fn check_control_address(host: IpAddr, port: u16) -> Result<(), UsageError> {
     }
 }
 
+mod elastic;
 mod failure;
 mod recovery;
+pub use elastic::{Elastic, DEFAULT_REJOIN_TIMEOUT_S};
 pub use recovery::{Recovery, DEFAULT_SPARE_IMPORTS};
 mod storage_check;
 use storage_check::{check_remote_storage, check_runs_dir, check_storage};

@@ -38,6 +38,7 @@ fn spec(dir: &Path) -> RunSpec {
         storage: None,
         listen: None,
         join_timeout_s: None,
+        elastic: None,
     }
 }
 

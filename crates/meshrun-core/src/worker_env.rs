@@ -45,6 +45,20 @@ pub struct AttemptInfo<'a> {
     pub resume_step: Option<u64>,
     /// `resume_step` is restored from the hosts' memory, not storage.
     pub resume_memory: bool,
+    /// An elastic run's sizes, and why this attempt's changed.
+    pub elastic: Option<ElasticInfo<'a>>,
+}
+
+/// What the program of an elastic run is told about its size.
+#[derive(Debug, Clone, Copy)]
+pub struct ElasticInfo<'a> {
+    pub min_world: u32,
+    pub max_world: u32,
+    /// The world size of the attempt before (`None`: the first).
+    pub previous_world: Option<u32>,
+    /// Why the world size is not the previous attempt's (or, the first,
+    /// not the most).
+    pub reason: Option<&'a str>,
 }
 
 const DEVICE_COUNT_FLAG: &str = "--xla_force_host_platform_device_count";
@@ -115,6 +129,16 @@ pub fn worker_env(
     env.push(("MESHRUN_RESUME_STEP".into(), resume));
     if info.resume_memory {
         env.push(("MESHRUN_RESUME_FROM".into(), "memory".into()));
+    }
+    if let Some(e) = info.elastic {
+        env.push(("MESHRUN_MIN_WORLD_SIZE".into(), e.min_world.to_string()));
+        env.push(("MESHRUN_MAX_WORLD_SIZE".into(), e.max_world.to_string()));
+        if let Some(p) = e.previous_world {
+            env.push(("MESHRUN_PREVIOUS_WORLD_SIZE".into(), p.to_string()));
+        }
+        if let Some(reason) = e.reason {
+            env.push(("MESHRUN_RESIZE_REASON".into(), reason.into()));
+        }
     }
     if let Some(n) = plan.recovery.memory_every {
         env.push(("MESHRUN_MEMORY_EVERY".into(), n.to_string()));

@@ -57,5 +57,6 @@ pub fn spec(
         storage: None,
         listen: None,
         join_timeout_s: None,
+        elastic: None,
     }
 }

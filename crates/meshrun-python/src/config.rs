@@ -9,7 +9,7 @@
 use std::net::IpAddr;
 use std::path::PathBuf;
 
-use meshrun_core::plan::{Retention, SaveErrorPolicy, ScoreOrder};
+use meshrun_core::plan::{Elastic, Retention, SaveErrorPolicy, ScoreOrder};
 use meshrun_core::{Entry, FailurePolicy, PlatformChoice, RayTarget, RunSpec, Tee};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyFloat, PyInt};
@@ -297,9 +297,10 @@ pub fn run_spec(
         }
     };
     let remote = meshrun_ckpt::store::is_url(&storage_path);
+    let (nprocs, hosts, elastic) = workers(&s)?;
     Ok(RunSpec {
-        nprocs: s.required_uint("num_workers")?,
-        hosts: s.required_uint("num_hosts")?,
+        nprocs,
+        hosts,
         devices_per_proc: s.uint("devices_per_worker")?,
         gpus_per_proc,
         cpus_per_proc: s
@@ -360,5 +361,64 @@ pub fn run_spec(
         storage: remote.then_some(storage_path),
         listen,
         join_timeout_s: s.seconds("join_timeout_s")?,
+        elastic,
     })
+}
+
+/// `ScalingConfig.num_workers`: a count, or `(MIN, MAX)` for an elastic
+/// run (as Ray Train's v2 spells it). The run grows and shrinks by whole
+/// hosts: without `num_hosts` each worker is a host of its own; with it,
+/// MAX workers spread over `num_hosts` hosts and MIN must be a whole number
+/// of hosts' workers. Returns (processes, hosts, elasticity), at MAX.
+fn workers(s: &Config<'_>) -> PyResult<(u32, u32, Option<Elastic>)> {
+    let rejoin_timeout_s = s.seconds("rejoin_timeout_s")?;
+    let any_count = s.flag("any_host_count")?.unwrap_or(false);
+    let value = s.get("num_workers")?;
+    let range: Option<(u32, u32)> = value.as_ref().and_then(|v| {
+        let pair =
+            v.is_instance_of::<pyo3::types::PyTuple>() || v.is_instance_of::<pyo3::types::PyList>();
+        pair.then(|| v.extract::<(u32, u32)>().ok()).flatten()
+    });
+    let Some((min, max)) = range else {
+        if value.as_ref().is_some_and(|v| !v.is_instance_of::<PyInt>()) {
+            return Err(s.wrong(
+                "num_workers",
+                value.as_ref(),
+                "an integer, or a pair (MIN, MAX) for an elastic run",
+            ));
+        }
+        if rejoin_timeout_s.is_some() || any_count {
+            return Err(ConfigError::new_err(crate::usage::python_words(
+                &meshrun_core::UsageError::ElasticOptionsWithoutRange,
+            )));
+        }
+        return Ok((
+            s.required_uint("num_workers")?,
+            s.required_uint("num_hosts")?,
+            None,
+        ));
+    };
+    let hosts: u32 = s.required_uint("num_hosts")?;
+    let hosts = if hosts <= 1 { max } else { hosts };
+    let per_host = if hosts > 0 && max % hosts == 0 {
+        max / hosts
+    } else {
+        1
+    };
+    if min > max || min == 0 || min % per_host != 0 {
+        return Err(ConfigError::new_err(format!(
+            "ScalingConfig.num_workers=({min}, {max}) with {hosts} host(s) at most: MIN must \
+             be at least one host's {per_host} worker(s), at most MAX, and a multiple of \
+             {per_host} (the run grows and shrinks by whole hosts)"
+        )));
+    }
+    Ok((
+        max,
+        hosts,
+        Some(Elastic {
+            min_hosts: min / per_host,
+            rejoin_timeout_s,
+            any_count,
+        }),
+    ))
 }

@@ -85,6 +85,7 @@ pub fn to_py(err: &CoreError) -> PyErr {
         | CoreError::Protocol(_)
         | CoreError::Token(_)
         | CoreError::AgentTimeout { .. }
+        | CoreError::TooFewHosts { .. }
         | CoreError::AgentSpawn { .. }
         | CoreError::AgentGone { .. }
         | CoreError::RayPlacement(_)

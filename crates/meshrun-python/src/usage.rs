@@ -62,6 +62,16 @@ pub fn python_words(err: &UsageError) -> String {
         UsageError::BadSpareImport(name) => format!(
             "FailureConfig.spare_imports: {name:?} is not a module name (dotted Python identifiers, e.g. 'jax.numpy')"
         ),
+        UsageError::BadHostRange { min, max } => format!(
+            "ScalingConfig.num_workers=(MIN, MAX) makes {min} to {max} hosts: MIN must be at \
+             least 1 host's workers and at most MAX"
+        ),
+        UsageError::BadRejoinTimeout(t) => {
+            format!("ScalingConfig.rejoin_timeout_s must be a positive number of seconds, got {t}")
+        }
+        UsageError::ElasticOptionsWithoutRange => "ScalingConfig.rejoin_timeout_s and \
+             any_host_count are for elastic runs: give num_workers=(MIN, MAX)"
+            .to_string(),
         UsageError::BadHangTimeout(t) => {
             format!("FailureConfig.hang_timeout_s must be a positive number of seconds, got {t}")
         }

@@ -176,6 +176,40 @@ pub enum Event {
         /// The durable step resumed from instead (`None`: the beginning).
         resume_step: Option<u64>,
     },
+    /// An elastic run's attempt runs on another host count than the one
+    /// before it (or, the first, on fewer than the most): `reason` says
+    /// why, in words.
+    Resized {
+        attempt: u32,
+        hosts: u32,
+        nprocs: u32,
+        /// The previous attempt's host count (`None`: the first attempt).
+        previous_hosts: Option<u32>,
+        max_hosts: u32,
+        reason: String,
+    },
+    /// A host joined an elastic run while its attempt was running: it
+    /// waits to be taken in at the next resize.
+    HostWaiting {
+        attempt: u32,
+        ip: String,
+        /// Hosts running the attempt, and those waiting (this one too).
+        running: u32,
+        waiting: u32,
+    },
+    /// A waiting host went away before it was taken in.
+    HostWaitingLeft {
+        attempt: u32,
+        ip: String,
+        error: String,
+    },
+    /// Enough hosts are there to grow: every worker saves at its next
+    /// report, and the run restarts on `to_hosts` once that is committed.
+    Growing {
+        attempt: u32,
+        from_hosts: u32,
+        to_hosts: u32,
+    },
     AttemptEnded {
         attempt: u32,
         state: RunState,
@@ -230,6 +264,10 @@ impl Event {
             | Event::MemoryCheckpointFailed { attempt, .. }
             | Event::ResumingFromMemory { attempt, .. }
             | Event::MemoryUnavailable { attempt, .. }
+            | Event::Resized { attempt, .. }
+            | Event::HostWaiting { attempt, .. }
+            | Event::HostWaitingLeft { attempt, .. }
+            | Event::Growing { attempt, .. }
             | Event::AttemptEnded { attempt, .. }
             | Event::FrameRejected { attempt, .. } => Some(*attempt),
             Event::WorkerFailed(f) => Some(f.attempt),

@@ -15,7 +15,11 @@
 //! - other: after those figures until the attempt ended (exit, teardown);
 //! - lost: in a failed attempt, everything after the figures sent with the
 //!   newest checkpoint it committed (all of it when it committed none), and
-//!   the gap before the next attempt started.
+//!   the gap before the next attempt started;
+//! - resize (elastic runs): in an attempt stopped to grow, everything after
+//!   the figures sent with the checkpoint it stopped at, and the gap before
+//!   the next attempt; in an attempt on another host count than the one
+//!   before, the wait for hosts before its launch.
 //!
 //! The parts of the ranks are averaged. Because each part is measured
 //! separately and only `step` is a remainder, a negative remainder (two
@@ -68,12 +72,13 @@ pub enum Part {
     Step,
     Checkpoint,
     Lost,
+    Resize,
     Other,
 }
 
 impl Part {
     /// Every part, in the order they are shown.
-    pub const ALL: [Part; 8] = [
+    pub const ALL: [Part; 9] = [
         Part::Startup,
         Part::Compile,
         Part::Restore,
@@ -81,6 +86,7 @@ impl Part {
         Part::Step,
         Part::Checkpoint,
         Part::Lost,
+        Part::Resize,
         Part::Other,
     ];
 
@@ -93,6 +99,7 @@ impl Part {
             Part::Step => "step",
             Part::Checkpoint => "checkpoint",
             Part::Lost => "lost",
+            Part::Resize => "resize",
             Part::Other => "other",
         }
     }
@@ -109,6 +116,9 @@ pub struct Parts {
     pub step: f64,
     pub checkpoint: f64,
     pub lost: f64,
+    /// Added after the others: files written before it have none.
+    #[serde(default)]
+    pub resize: f64,
     pub other: f64,
 }
 
@@ -122,6 +132,7 @@ impl Parts {
             Part::Step => self.step,
             Part::Checkpoint => self.checkpoint,
             Part::Lost => self.lost,
+            Part::Resize => self.resize,
             Part::Other => self.other,
         }
     }
@@ -135,6 +146,7 @@ impl Parts {
             Part::Step => &mut self.step,
             Part::Checkpoint => &mut self.checkpoint,
             Part::Lost => &mut self.lost,
+            Part::Resize => &mut self.resize,
             Part::Other => &mut self.other,
         }
     }
@@ -144,15 +156,34 @@ impl Parts {
         *self.slot(part) += secs.max(0.0);
     }
 
+    /// Moves up to `secs` of `from` into `to`.
+    pub fn shift(&mut self, from: Part, to: Part, secs: f64) {
+        let moved = secs.clamp(0.0, self.get(from));
+        *self.slot(from) -= moved;
+        *self.slot(to) += moved;
+    }
+
     pub fn total(&self) -> f64 {
         Part::ALL.iter().map(|p| self.get(*p)).sum()
     }
 }
 
+/// How an attempt's time after its workers' last counted figures is booked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tail {
+    /// Teardown of an attempt that ended: `other`.
+    Ended,
+    /// Work a failed attempt did not keep: `lost`.
+    Failed,
+    /// Work and teardown of an attempt stopped to grow: `resize`.
+    Resized,
+}
+
 /// One rank's parts of an attempt that ran from `start` to `end` (unix
 /// seconds). `cut`: the figures up to which its work counts (its last ones,
-/// or in a failed attempt those sent with the newest commit).
-pub fn rank_parts(start: f64, end: f64, failed: bool, cut: Option<&Timing>) -> Parts {
+/// or in a failed or resized attempt those sent with the newest commit).
+pub fn rank_parts(start: f64, end: f64, tail: Tail, cut: Option<&Timing>) -> Parts {
+    let failed = tail == Tail::Failed;
     let mut parts = Parts::default();
     let wall = (end - start).max(0.0);
     let Some(t) = cut.filter(|t| t.user_start > 0.0 && t.now >= t.user_start) else {
@@ -170,7 +201,12 @@ pub fn rank_parts(start: f64, end: f64, failed: bool, cut: Option<&Timing>) -> P
     parts.add(Part::Restore, t.restore);
     let measured = t.init + t.compile + t.data + t.checkpoint + t.restore;
     parts.add(Part::Step, now - user_start - measured);
-    parts.add(if failed { Part::Lost } else { Part::Other }, end - now);
+    let after = match tail {
+        Tail::Ended => Part::Other,
+        Tail::Failed => Part::Lost,
+        Tail::Resized => Part::Resize,
+    };
+    parts.add(after, end - now);
     parts
 }
 
@@ -219,8 +255,13 @@ impl Goodput {
     pub fn push(&mut self, attempt: u32, state: RunState, start: f64, end: f64, parts: Parts) {
         let (mut start, mut parts) = (start, parts);
         if let Some(prev) = self.attempts.last() {
-            if prev.state == RunState::Failed && start > prev.end {
-                parts.add(Part::Lost, start - prev.end);
+            let gap = match prev.state {
+                RunState::Failed => Some(Part::Lost),
+                RunState::Resized => Some(Part::Resize),
+                _ => None,
+            };
+            if let Some(part) = gap.filter(|_| start > prev.end) {
+                parts.add(part, start - prev.end);
                 start = prev.end;
             }
         }
@@ -275,7 +316,7 @@ mod tests {
 
     #[test]
     fn a_finished_attempt_is_cut_into_parts_that_cover_it() {
-        let parts = rank_parts(100.0, 120.0, false, Some(&timing(101.0, 119.0)));
+        let parts = rank_parts(100.0, 120.0, Tail::Ended, Some(&timing(101.0, 119.0)));
         assert!((parts.startup - 1.5).abs() < 1e-9);
         assert!((parts.step - (18.0 - 4.25)).abs() < 1e-9);
         assert!((parts.other - 1.0).abs() < 1e-9);
@@ -285,19 +326,19 @@ mod tests {
 
     #[test]
     fn a_failed_attempt_loses_what_came_after_its_newest_commit() {
-        let parts = rank_parts(100.0, 130.0, true, Some(&timing(101.0, 119.0)));
+        let parts = rank_parts(100.0, 130.0, Tail::Failed, Some(&timing(101.0, 119.0)));
         assert!((parts.lost - 11.0).abs() < 1e-9);
         assert!((parts.total() - 30.0).abs() < 1e-9);
-        let none = rank_parts(100.0, 130.0, true, None);
+        let none = rank_parts(100.0, 130.0, Tail::Failed, None);
         assert!((none.lost - 30.0).abs() < 1e-9);
     }
 
     #[test]
     fn the_gap_before_a_restart_is_lost_and_fractions_sum_to_one() {
         let mut g = Goodput::default();
-        let first = rank_parts(100.0, 130.0, true, Some(&timing(101.0, 119.0)));
+        let first = rank_parts(100.0, 130.0, Tail::Failed, Some(&timing(101.0, 119.0)));
         g.push(1, RunState::Failed, 100.0, 130.0, first);
-        let second = rank_parts(131.0, 150.0, false, Some(&timing(132.0, 149.5)));
+        let second = rank_parts(131.0, 150.0, Tail::Ended, Some(&timing(132.0, 149.5)));
         g.push(2, RunState::Succeeded, 131.0, 150.0, second);
         assert!((g.wall_s - 50.0).abs() < 1e-9);
         let sum: f64 = Part::ALL.iter().map(|p| g.fractions.get(*p)).sum();
@@ -306,6 +347,20 @@ mod tests {
         let text = serde_json::to_string(&g).unwrap();
         let again: Goodput = serde_json::from_str(&text).unwrap();
         assert_eq!(again, g);
+    }
+
+    #[test]
+    fn a_resize_books_its_tail_and_gap_apart_from_lost_work() {
+        let mut g = Goodput::default();
+        let first = rank_parts(100.0, 130.0, Tail::Resized, Some(&timing(101.0, 119.0)));
+        assert!((first.resize - 11.0).abs() < 1e-9 && first.lost.abs() < f64::EPSILON);
+        g.push(1, RunState::Resized, 100.0, 130.0, first);
+        let mut second = rank_parts(132.0, 150.0, Tail::Ended, Some(&timing(136.0, 149.5)));
+        second.shift(Part::Startup, Part::Resize, 3.0);
+        g.push(2, RunState::Succeeded, 132.0, 150.0, second);
+        assert!((g.seconds.resize - 16.0).abs() < 1e-9, "{:?}", g.seconds);
+        assert!(g.seconds.lost.abs() < f64::EPSILON);
+        assert!((g.measured_s - g.wall_s).abs() < 1e-9);
     }
 
     #[test]

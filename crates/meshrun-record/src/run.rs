@@ -20,17 +20,21 @@ pub enum RunState {
     Preempted,
     /// The engine itself failed (not a worker): an I/O or placement error.
     Errored,
+    /// An elastic run's attempt stopped at a committed checkpoint to go
+    /// on with more hosts (only attempts end so; the run goes on).
+    Resized,
 }
 
 impl RunState {
     /// Every state, in the order the CLI documents them.
-    pub const ALL: [RunState; 6] = [
+    pub const ALL: [RunState; 7] = [
         RunState::Running,
         RunState::Succeeded,
         RunState::Failed,
         RunState::Interrupted,
         RunState::Preempted,
         RunState::Errored,
+        RunState::Resized,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -41,6 +45,7 @@ impl RunState {
             RunState::Interrupted => "interrupted",
             RunState::Preempted => "preempted",
             RunState::Errored => "errored",
+            RunState::Resized => "resized",
         }
     }
 

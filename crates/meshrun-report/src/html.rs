@@ -292,7 +292,7 @@ fn attempts(s: &mut String, run: &Run) {
     let start = run.start.unwrap_or(0.0);
     let rel =
         |t: Option<f64>| t.map_or_else(|| "–".to_string(), |t| format!("+{}", fmt_secs(t - start)));
-    s.push_str(r#"<table class="attempts"><thead><tr><th>attempt</th><th>state</th><th>start</th><th>end</th><th>duration</th><th>resumed from</th><th>failure</th></tr></thead><tbody>"#);
+    s.push_str(r#"<table class="attempts"><thead><tr><th>attempt</th><th>state</th><th>start</th><th>end</th><th>duration</th><th>hosts</th><th>resumed from</th><th>failure</th></tr></thead><tbody>"#);
     for a in &run.attempts {
         let duration = match (a.started, a.ended.or(run.end)) {
             (Some(x), Some(y)) => fmt_secs(y - x),
@@ -301,6 +301,14 @@ fn attempts(s: &mut String, run: &Run) {
         let resumed = a
             .resumed_from
             .map_or_else(|| "–".to_string(), |s| format!("step {s}"));
+        // An elastic run's resize says why beside the count.
+        let hosts = match (a.hosts, &a.resize) {
+            (Some(h), Some(why)) => {
+                format!(r#"{h}<div class="resize">resized: {}</div>"#, escape(why))
+            }
+            (Some(h), None) => h.to_string(),
+            (None, _) => "–".to_string(),
+        };
         let failure = a.failure.as_ref().map_or_else(String::new, |f| {
             let mut cell = String::new();
             let _ = write!(
@@ -323,7 +331,7 @@ fn attempts(s: &mut String, run: &Run) {
         });
         let _ = write!(
             s,
-            r#"<tr class="state-{st}"><td>{}</td><td><span class="swatch" style="background:{}"></span>{st}</td><td>{}</td><td>{}</td><td>{duration}</td><td>{resumed}</td><td class="failure-cell">{failure}</td></tr>"#,
+            r#"<tr class="state-{st}"><td>{}</td><td><span class="swatch" style="background:{}"></span>{st}</td><td>{}</td><td>{}</td><td>{duration}</td><td>{hosts}</td><td>{resumed}</td><td class="failure-cell">{failure}</td></tr>"#,
             a.number,
             state_color(Some(a.state)),
             rel(a.started),

@@ -21,8 +21,12 @@ pub struct Attempt {
     pub started: Option<f64>,
     pub ended: Option<f64>,
     pub failure: Option<Failure>,
-    /// The checkpoint step this attempt resumed from (`restarting` events).
+    /// The checkpoint step this attempt resumed from (`restarting` or
+    /// `resuming` events).
     pub resumed_from: Option<u64>,
+    /// The hosts it ran on, and why that count changed (elastic runs).
+    pub hosts: Option<u32>,
+    pub resize: Option<String>,
 }
 
 impl Attempt {
@@ -36,6 +40,8 @@ impl Attempt {
             ended: None,
             failure: None,
             resumed_from: None,
+            hosts: None,
+            resize: None,
         }
     }
 }
@@ -199,6 +205,8 @@ impl Run {
                     ended: a.ended.as_deref().and_then(parse_time),
                     failure: a.failure.as_ref().map(|f| Failure::new(f, None)),
                     resumed_from: None,
+                    hosts: None,
+                    resize: None,
                 })
                 .collect(),
             commits: Vec::new(),
@@ -233,8 +241,23 @@ impl Run {
         for EventLine { time, event } in events {
             let time = *time;
             match event {
-                Event::AttemptStarted { attempt, .. } => {
-                    self.attempt_mut(*attempt).started = Some(time);
+                Event::AttemptStarted { attempt, hosts, .. } => {
+                    let a = self.attempt_mut(*attempt);
+                    a.started = Some(time);
+                    a.hosts = Some(*hosts);
+                }
+                Event::Resized {
+                    attempt,
+                    hosts,
+                    reason,
+                    ..
+                } => {
+                    let a = self.attempt_mut(*attempt);
+                    a.hosts = Some(*hosts);
+                    a.resize = Some(reason.clone());
+                }
+                Event::Resuming { attempt, step, .. } => {
+                    resumed.push((*attempt, Some(*step)));
                 }
                 Event::AttemptEnded { attempt, state } => {
                     let a = self.attempt_mut(*attempt);
@@ -351,6 +374,38 @@ mod tests {
         assert_eq!(run.attempts[0].state, RunState::Running);
         assert_eq!((run.start, run.end), (Some(100.0), Some(101.5)));
         assert_eq!((run.state, run.skipped_lines), (None, 0));
+    }
+
+    #[test]
+    fn each_resize_of_an_elastic_run_is_on_its_attempt_and_the_page() {
+        let dir = tempfile::TempDir::new().unwrap();
+        std::fs::write(
+            dir.path().join(names::EVENTS),
+            concat!(
+                r#"{"event":"attempt_started","attempt":1,"nprocs":4,"hosts":4,"control_addr":"10.0.0.1:1","time":100.0}"#,
+                "\n",
+                r#"{"event":"attempt_ended","attempt":1,"state":"failed","time":110.0}"#,
+                "\n",
+                r#"{"event":"attempt_started","attempt":2,"nprocs":4,"hosts":4,"control_addr":"10.0.0.1:1","time":111.0}"#,
+                "\n",
+                r#"{"event":"resized","attempt":2,"hosts":2,"nprocs":2,"previous_hosts":4,"max_hosts":4,"reason":"3 of 4 hosts came back within 8 s: shrinking from 4 to 2","time":119.0}"#,
+                "\n",
+                r#"{"event":"resuming","attempt":2,"step":4,"requested":false,"time":119.5}"#,
+                "\n",
+                r#"{"event":"attempt_ended","attempt":2,"state":"resized","time":130.0}"#,
+                "\n"
+            ),
+        )
+        .unwrap();
+        let run = Run::load(dir.path()).unwrap();
+        let a = &run.attempts[1];
+        assert_eq!(
+            (a.hosts, a.resumed_from, a.state),
+            (Some(2), Some(4), RunState::Resized)
+        );
+        assert_eq!(run.attempts[0].hosts, Some(4));
+        let page = crate::html::page(&run);
+        assert!(page.contains("resized: 3 of 4 hosts came back within 8 s: shrinking from 4 to 2"));
     }
 
     /// run.json as a controller killed with SIGKILL leaves it: the run and

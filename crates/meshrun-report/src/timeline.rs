@@ -23,6 +23,7 @@ pub fn state_color(state: Option<RunState>) -> &'static str {
         Some(RunState::Failed) => "#c62828",
         Some(RunState::Interrupted) => "#ef6c00",
         Some(RunState::Preempted) => "#6a1b9a",
+        Some(RunState::Resized) => "#00838f",
         Some(RunState::Running) => "#1565c0",
         Some(RunState::Errored) | None => "#757575",
     }
@@ -37,6 +38,7 @@ fn part_color(part: Part) -> &'static str {
         Part::Step => "#43a047",
         Part::Checkpoint => "#1e88e5",
         Part::Lost => "#e53935",
+        Part::Resize => "#00838f",
         Part::Other => "#bdbdbd",
     }
 }

@@ -160,6 +160,8 @@ pub enum TeeArg {
     None,
 }
 
+// Switches on a command line are flags: one bool each.
+#[allow(clippy::struct_excessive_bools)]
 #[derive(Debug, Args)]
 #[command(trailing_var_arg = true)]
 pub struct RunArgs {
@@ -174,8 +176,20 @@ pub struct RunArgs {
 
     /// Number of hosts; with the local backend each is an agent process on
     /// its own loopback address (127.0.0.2, ...). Must divide NPROCS.
-    #[arg(long, default_value_t = 1, value_name = "H")]
-    pub hosts: u32,
+    /// MIN:MAX: an elastic run on at least MIN and at most MAX hosts
+    /// (NPROCS counts MAX hosts' processes; each host keeps its share).
+    #[arg(long, default_value = "1", value_name = "H|MIN:MAX", value_parser = parse_hosts)]
+    pub hosts: HostsArg,
+
+    /// Elastic runs: how long a restart waits for a lost host before it
+    /// runs on the hosts present, in seconds [default: 60].
+    #[arg(long, value_name = "S")]
+    pub rejoin_timeout: Option<f64>,
+
+    /// Elastic runs: run on any host count from MIN to MAX, not only the
+    /// counts that divide MAX.
+    #[arg(long)]
+    pub any_host_count: bool,
 
     /// CPU devices per worker (sets --`xla_force_host_platform_device_count`).
     #[arg(long, value_name = "K")]
@@ -401,4 +415,25 @@ mod tests {
         assert_eq!(offered, visible);
         assert!(!offered.contains(&"agent") && offered.contains(&"completion"));
     }
+}
+
+/// `--hosts H` or `--hosts MIN:MAX`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostsArg {
+    pub min: Option<u32>,
+    pub max: u32,
+}
+
+fn parse_hosts(text: &str) -> Result<HostsArg, String> {
+    let number = |t: &str| t.trim().parse::<u32>().ok();
+    let parsed = match text.split_once(':') {
+        None => number(text).map(|max| HostsArg { min: None, max }),
+        Some((min, max)) => number(min).zip(number(max)).map(|(min, max)| HostsArg {
+            min: Some(min),
+            max,
+        }),
+    };
+    parsed.ok_or_else(|| {
+        format!("expected a host count H or a range MIN:MAX (like 4 or 2:4), got '{text}'")
+    })
 }

@@ -4,7 +4,10 @@ use std::io::Write;
 
 use meshrun_core::agent::{self, AgentConfig};
 use meshrun_core::controller::progress::ProgressMode;
-use meshrun_core::plan::{FailurePolicy, RayTarget, Retention, SaveErrorPolicy, ScoreOrder};
+use meshrun_core::error::UsageError;
+use meshrun_core::plan::{
+    Elastic, FailurePolicy, RayTarget, Retention, SaveErrorPolicy, ScoreOrder,
+};
 use meshrun_core::token::Token;
 use meshrun_core::{execute, Entry, ExecOptions, PlatformChoice, RunSpec, Tee};
 
@@ -70,7 +73,18 @@ pub(crate) fn error(text: impl std::fmt::Display) {
 }
 
 /// Builds the run's spec from the command line.
-pub fn spec(args: RunArgs, launcher: &Launcher) -> RunSpec {
+pub fn spec(args: RunArgs, launcher: &Launcher) -> Result<RunSpec, UsageError> {
+    let elastic = match args.hosts.min {
+        Some(min_hosts) => Some(Elastic {
+            min_hosts,
+            rejoin_timeout_s: args.rejoin_timeout,
+            any_count: args.any_host_count,
+        }),
+        None if args.rejoin_timeout.is_some() || args.any_host_count => {
+            return Err(UsageError::ElasticOptionsWithoutRange)
+        }
+        None => None,
+    };
     let retention =
         (args.keep_checkpoints.is_some() || args.keep_every_n_steps.is_some()).then(|| Retention {
             num_to_keep: args.keep_checkpoints,
@@ -95,9 +109,9 @@ pub fn spec(args: RunArgs, launcher: &Launcher) -> RunSpec {
             args: rest,
         }
     };
-    RunSpec {
+    Ok(RunSpec {
         nprocs: args.nprocs,
-        hosts: args.hosts,
+        hosts: args.hosts.max,
         devices_per_proc: args.devices_per_proc,
         gpus_per_proc: args.gpus_per_proc,
         cpus_per_proc: None,
@@ -150,12 +164,13 @@ pub fn spec(args: RunArgs, launcher: &Launcher) -> RunSpec {
         storage: args.storage,
         listen: args.listen,
         join_timeout_s: args.join_timeout,
-    }
+        elastic,
+    })
 }
 
 fn run(args: RunArgs, launcher: &Launcher) -> i32 {
     let quiet = args.quiet;
-    let plan = match spec(args, launcher).validate() {
+    let plan = match spec(args, launcher).and_then(RunSpec::validate) {
         Ok(plan) => plan,
         Err(e) => {
             error(e);

@@ -442,8 +442,10 @@ pub fn render_status(run: &RunView) -> String {
             "\ngoodput of {} wall",
             duration_text(Duration::try_from_secs_f64(g.wall_s).ok())
         );
+        // Only elastic runs resize: the part is shown once it has time.
         let rows: Vec<Vec<String>> = Part::ALL
             .iter()
+            .filter(|&&part| part != Part::Resize || g.seconds.get(part) > 0.0)
             .map(|&part| {
                 vec![
                     part.as_str().to_string(),

@@ -15,13 +15,26 @@ use crate::error::CoreError;
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
+/// A handshake cut short in a row this many times means the controller
+/// does not take this host's token. From this side a wrong token looks like
+/// a closed connection, and so does the previous attempt's listener going
+/// away under a host that rejoins at once: one cut is not a refusal.
+const HANDSHAKE_TRIES: u32 = 3;
+
 /// Joins attempt after attempt until the run is over. `timeout` bounds
 /// each wait for a controller to join.
 pub async fn join(mut cfg: AgentConfig, timeout: Duration) -> Result<(), CoreError> {
     let mut waiting_since = Instant::now();
     let mut backoff = FIRST_BACKOFF;
+    let mut cut_short = 0;
     loop {
-        match run(&cfg).await {
+        let result = run(&cfg).await;
+        if matches!(result, Err(CoreError::HandshakeFailed { .. })) {
+            cut_short += 1;
+        } else {
+            cut_short = 0;
+        }
+        match result {
             Ok((ended, host)) => {
                 // Later attempts keep the rank this host was given.
                 cfg.host = host.or(cfg.host);
@@ -36,7 +49,8 @@ pub async fn join(mut cfg: AgentConfig, timeout: Duration) -> Result<(), CoreErr
                 }
             }
             // Refusals are final: trying again cannot change them.
-            Err(e @ (CoreError::JoinRefused(_) | CoreError::HandshakeFailed { .. })) => {
+            Err(e @ CoreError::JoinRefused(_)) => return Err(e),
+            Err(e @ CoreError::HandshakeFailed { .. }) if cut_short >= HANDSHAKE_TRIES => {
                 return Err(e);
             }
             Err(e) if waiting_since.elapsed() >= timeout => {

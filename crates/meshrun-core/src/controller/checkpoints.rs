@@ -114,6 +114,12 @@ impl Checkpoints {
         Ok((me, removed))
     }
 
+    /// An elastic attempt runs on `world` ranks: a step is complete when
+    /// that many wrote their parts (said before any did).
+    pub fn set_world(&mut self, world: u32) {
+        self.gather = Gather::new(world);
+    }
+
     /// The step the workers of this attempt resume from.
     pub fn resume_step(&self) -> Option<u64> {
         self.resume

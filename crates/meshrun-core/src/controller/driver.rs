@@ -53,6 +53,9 @@ pub struct Driver<'a> {
     pub progress: Progress,
     pub output: Option<Output>,
     plan: &'a RunPlan,
+    /// The attempt's ranks (fewer than the plan's in an elastic run on
+    /// fewer hosts).
+    world: u32,
     attempt: u32,
     conns: HashMap<Conn, mpsc::UnboundedSender<Message>>,
 }
@@ -72,6 +75,7 @@ impl<'a> Driver<'a> {
             checkpoints,
             progress,
             output: None,
+            world: plan.nprocs,
             plan,
             attempt,
             conns: HashMap::new(),
@@ -191,7 +195,7 @@ impl<'a> Driver<'a> {
                 // An agent writes only its own ranks' logs.
                 let pph = self.plan.procs_per_host;
                 let host = self.machine.host_of(conn);
-                if host == Some(rank / pph) && rank < self.plan.nprocs {
+                if host == Some(rank / pph) && rank < self.world {
                     if let Some(out) = &mut self.output {
                         out.line(rank, stream, &line, more);
                     }
@@ -245,6 +249,10 @@ impl<'a> Driver<'a> {
                     self.conns.remove(&conn);
                 }
                 Action::Record(event) => self.rundir.event(event)?,
+                Action::Sized { hosts: _, nprocs } => {
+                    self.world = nprocs;
+                    self.checkpoints.set_world(nprocs);
+                }
                 Action::OpenLogs => self.open_logs()?,
                 Action::Metrics { step, metrics } => self.rundir.metrics(&MetricsRecord {
                     time: unix_time(),
@@ -325,9 +333,7 @@ impl<'a> Driver<'a> {
     }
 
     fn open_logs(&mut self) -> Result<(), CoreError> {
-        let paths: Vec<_> = (0..self.plan.nprocs)
-            .map(|r| self.rundir.log_path(r))
-            .collect();
+        let paths: Vec<_> = (0..self.world).map(|r| self.rundir.log_path(r)).collect();
         let mut output = Output::open(
             self.plan.tee,
             &paths,

@@ -99,6 +99,11 @@ pub enum OutcomeStatus {
     Preempted {
         step: u64,
     },
+    /// An elastic attempt stopped to go on with `hosts` hosts (the run
+    /// goes on: never a run's outcome).
+    Resized {
+        hosts: u32,
+    },
 }
 
 impl OutcomeStatus {
@@ -110,6 +115,7 @@ impl OutcomeStatus {
             OutcomeStatus::Failed => RunState::Failed,
             OutcomeStatus::Interrupted { .. } => RunState::Interrupted,
             OutcomeStatus::Preempted { .. } => RunState::Preempted,
+            OutcomeStatus::Resized { .. } => RunState::Resized,
         }
     }
 }
@@ -141,7 +147,7 @@ impl Outcome {
     pub fn exit_code(&self) -> i32 {
         match self.status {
             OutcomeStatus::Succeeded => 0,
-            OutcomeStatus::Failed => 1,
+            OutcomeStatus::Failed | OutcomeStatus::Resized { .. } => 1,
             OutcomeStatus::Interrupted { signal } => 128 + signal,
             OutcomeStatus::Preempted { .. } => EXIT_PREEMPTED,
         }

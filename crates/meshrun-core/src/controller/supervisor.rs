@@ -32,6 +32,15 @@ use crate::token::{Token, TokenError};
 /// How long the end of a run waits for the terminal to take what is queued.
 const TERMINAL_FLUSH_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// Elastic runs: host counts carried from one attempt to the next.
+#[derive(Debug, Default)]
+struct Sizes {
+    /// The host count of the last attempt that launched.
+    previous: Option<u32>,
+    /// The count the next attempt starts with without waiting for more.
+    expected: Option<u32>,
+}
+
 /// What one attempt left for the run to decide on.
 struct AttemptEnd {
     status: OutcomeStatus,
@@ -88,12 +97,16 @@ pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, Core
     let spares = crate::agent::Spares::new();
     // The newest memory checkpoint committed on every host.
     let mut memory_step: Option<u64> = None;
+    // Elastic runs: the host count of the last attempt launched, and the
+    // count the next attempt starts with without waiting.
+    let mut sizes = Sizes::default();
     loop {
         let end = attempt(
             &plan,
             &opts,
             &spares,
             &mut memory_step,
+            &mut sizes,
             &mut signals,
             &mut rundir,
             &token,
@@ -112,6 +125,17 @@ pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, Core
             }
         };
         made += 1;
+        if let OutcomeStatus::Resized { hosts } = end.status {
+            // A planned stop, not a failure: it counts against nothing.
+            let from = sizes.previous.unwrap_or(plan.hosts);
+            sizes.expected = Some(hosts);
+            terminal().note(&format!(
+                "meshrun: stopped at a checkpoint to grow from {from} to {hosts} hosts; \
+                 restarting from it"
+            ));
+            continue;
+        }
+        sizes.expected = sizes.previous;
         let restart = end.status == OutcomeStatus::Failed
             && end.failure.is_some()
             && (failed.len() as u32) < plan.failure.max_failures;
@@ -223,6 +247,7 @@ async fn attempt(
     opts: &ExecOptions,
     spares: &crate::agent::Spares,
     memory_step: &mut Option<u64>,
+    sizes: &mut Sizes,
     signals: &mut Signals,
     rundir: &mut RunDir,
     token: &Token,
@@ -306,12 +331,20 @@ async fn attempt(
         control_addr: addr.to_string(),
         user_xla_flags: std::env::var("XLA_FLAGS").ok(),
         resume_step: checkpoints.resume_step(),
-        join_timeout: plan.join_timeout(),
+        // A restart of an elastic run waits the rejoin timeout for its
+        // hosts, then runs on those there (or ends, with fewer than MIN).
+        join_timeout: match &plan.elastic {
+            Some(e) if attempt > 1 => e.rejoin_timeout(),
+            _ => plan.join_timeout(),
+        },
         payload: opts.payload.clone(),
         storage_probe: storage_probe.as_ref().map(StorageMarker::probe),
         first_joined_host: u32::from(plan.rendezvous),
         // Memory wins a tie: it is the faster read.
         memory_step: memory_step.filter(|m| checkpoints.resume_step().is_none_or(|d| *m >= d)),
+        previous_hosts: sizes.previous,
+        expected_hosts: sizes.expected,
+        resize_reason: None,
     };
     let machine = Machine::new(plan.clone(), setup, Instant::now());
     let progress = Progress::new(opts.progress, attempt).with_loss_metric(plan.loss_metric.clone());
@@ -323,10 +356,14 @@ async fn attempt(
     if let Some(m) = driver.machine.memory_committed() {
         *memory_step = Some(m);
     }
+    if let Some(h) = driver.machine.hosts_launched() {
+        sizes.previous = Some(h);
+    }
     drop(storage_probe);
-    let again = restarts_left
-        && driver.machine.status() == OutcomeStatus::Failed
-        && driver.machine.failure().is_some();
+    let again = matches!(driver.machine.status(), OutcomeStatus::Resized { .. })
+        || (restarts_left
+            && driver.machine.status() == OutcomeStatus::Failed
+            && driver.machine.failure().is_some());
     driver.machine.shutdown(again);
     let shut = driver.perform();
     agent_procs.finish().await;
@@ -471,7 +508,7 @@ fn summary(
 ) -> Option<String> {
     use std::fmt::Write as _;
     match status {
-        OutcomeStatus::Succeeded => None,
+        OutcomeStatus::Succeeded | OutcomeStatus::Resized { .. } => None,
         OutcomeStatus::Interrupted { signal } => Some(format!(
             "meshrun: run '{}' interrupted by {}; every worker was stopped. Logs: {}",
             plan.name,
@@ -495,7 +532,7 @@ fn summary(
                     failure.cause,
                     Cause::Hang { .. } | Cause::Unresponsive { .. }
                 ) {
-                    let frames = stacks::frames(stacks_dir, plan.nprocs);
+                    let frames = stacks::frames(stacks_dir, machine.world());
                     if !frames.is_empty() {
                         let _ = write!(
                             text,

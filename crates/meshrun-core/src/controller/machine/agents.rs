@@ -31,7 +31,14 @@ impl Machine {
         conn: Conn,
     ) {
         let hosts = self.plan.hosts;
-        let refusal = if self.launched || self.stop.is_some() {
+        let elastic = self.plan.elastic.is_some();
+        // An elastic run's host ranks are renumbered for each attempt: the
+        // one a host asks for is a preference.
+        let host = host.filter(|&h| !elastic || (h < hosts && !self.agents.contains_key(&h)));
+        if self.stop.is_none() && self.host_waits(now, ip.clone(), conn) {
+            return;
+        }
+        let refusal = if self.launched || self.stop.is_some() || self.elastic.sized.is_some() {
             Some(format!(
                 "the attempt has already started with its {hosts} host(s)"
             ))

@@ -51,7 +51,12 @@ impl Machine {
             }
         };
         if !self.launched && self.stop.is_none() {
-            consider(Some(self.started + self.setup.join_timeout));
+            // A sized elastic attempt waits only for its memory checkpoint's
+            // preparation, which every host answers.
+            if self.plan.elastic.is_none() || self.elastic.sized.is_none() {
+                consider(Some(self.started + self.setup.join_timeout));
+            }
+            consider(self.rejoin_deadline());
         }
         consider(self.stop_deadline);
         if self.launched && self.stop.is_none() {
@@ -91,6 +96,26 @@ impl Machine {
             }
         }
         if !self.launched && self.stop.is_none() {
+            if self.plan.elastic.is_some() {
+                if self.elastic.sized.is_some() {
+                    return Ok(());
+                }
+                let out_of_time = now >= self.started + self.setup.join_timeout;
+                if out_of_time || self.rejoin_deadline().is_some_and(|d| now >= d) {
+                    self.elastic.out_of_time = out_of_time;
+                    self.launch(now);
+                    if self.elastic.sized.is_some() || self.stop.is_some() {
+                        return Ok(());
+                    }
+                    if out_of_time {
+                        return Err(self.too_few_hosts());
+                    }
+                    // MIN hosts, but no count the rule allows: wait for
+                    // another (its join starts the wait again).
+                    self.elastic.forget_min_reached();
+                }
+                return Ok(());
+            }
             if now >= self.started + self.setup.join_timeout {
                 let missing: Vec<u32> = (0..self.plan.hosts)
                     .filter(|h| !self.agents.contains_key(h))
@@ -160,7 +185,13 @@ impl Machine {
                 attempt: self.attempt(),
                 waited_s: PREEMPT_GRACE.as_secs(),
             });
-            return self.begin_stop(now, StopReason::Signal(Signal::SIGTERM as i32));
+            let reason = match self.elastic.growing {
+                // The next attempt grows all the same, from the newest
+                // checkpoint there is.
+                Some(hosts) => StopReason::Resize { hosts, step: None },
+                None => StopReason::Signal(Signal::SIGTERM as i32),
+            };
+            return self.begin_stop(now, reason);
         }
         let live = || self.ranks.iter().enumerate().filter(|(_, r)| !r.done);
         let lost = live().find_map(|(rank, r)| {

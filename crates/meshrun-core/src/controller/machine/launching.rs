@@ -9,17 +9,16 @@ use meshrun_record::{Cause, Event};
 use super::{Action, Conn, Machine};
 use crate::controller::launch::host_launches;
 use crate::protocol::{Message, WorkerLaunch};
-use crate::worker_env::AttemptInfo;
+use crate::worker_env::{AttemptInfo, ElasticInfo};
 
 impl Machine {
     /// Sends every agent its workers. Ranks are laid out host by host and
     /// the JAX coordinator lives on host 0, at the port its agent found free.
     pub(super) fn launch(&mut self, now: Instant) {
-        if self.agents.len() < self.plan.hosts as usize
-            || self.agents.values().any(|a| !a.storage_ok)
-            || self.stop.is_some()
-            || self.launched
-        {
+        if self.stop.is_some() || self.launched || !self.hosts_ready(now) {
+            return;
+        }
+        if self.agents.values().any(|a| !a.storage_ok) {
             return;
         }
         if !self.memory_ready() {
@@ -39,6 +38,12 @@ impl Machine {
             host_ip: "",
             resume_step,
             resume_memory,
+            elastic: self.plan.elastic.as_ref().map(|e| ElasticInfo {
+                min_world: e.min_hosts * self.plan.procs_per_host,
+                max_world: self.elastic.max_hosts * self.plan.procs_per_host,
+                previous_world: setup.previous_hosts.map(|h| h * self.plan.procs_per_host),
+                reason: setup.resize_reason.as_deref(),
+            }),
         };
         let mut plans: Vec<(Conn, Vec<WorkerLaunch>)> = Vec::new();
         let mut failed = None;
@@ -57,6 +62,7 @@ impl Machine {
             }
         }
         self.launched = true;
+        self.elastic.launched_at = Some(now);
         if let Some((host, error)) = failed {
             for r in &mut self.ranks {
                 r.done = true;

@@ -95,7 +95,11 @@ impl Machine {
                     }
                     state.timing = Some(t);
                 }
+                let first_checkpointing = checkpoint && !self.checkpointing;
                 self.checkpointing |= checkpoint;
+                if first_checkpointing {
+                    self.maybe_grow(now);
+                }
                 if self.training.is_none() && self.ranks.iter().all(|r| r.last_step.is_some()) {
                     self.training = Some(now);
                     for conn in self.agent_conns() {

@@ -12,6 +12,7 @@
 
 mod agents;
 mod deadlines;
+mod elastic;
 mod launching;
 mod memory;
 mod messages;
@@ -21,6 +22,8 @@ mod sim;
 mod stop;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_elastic;
 #[cfg(test)]
 mod tests_hosts;
 #[cfg(test)]
@@ -80,6 +83,15 @@ pub struct Setup {
     /// as new as) `resume_step`: restored instead when every host can
     /// make it whole.
     pub memory_step: Option<u64>,
+    /// Elastic runs: the host count the attempt before ran on.
+    pub previous_hosts: Option<u32>,
+    /// Elastic runs: the hosts that make the attempt start without waiting
+    /// for the rest (`None`: all of them). A restart expects as many as
+    /// the attempt before, or as many as it stopped to grow to.
+    pub expected_hosts: Option<u32>,
+    /// Why the attempt runs on another host count than the one before
+    /// (set by the machine when it sizes the attempt).
+    pub resize_reason: Option<String>,
 }
 
 /// See [`Setup::storage_probe`].
@@ -178,6 +190,9 @@ pub enum Action {
     Close { conn: Conn },
     /// Append to `events.jsonl`.
     Record(Event),
+    /// An elastic attempt runs on `hosts` hosts, `nprocs` processes (its
+    /// logs, gathers and summaries are for that many ranks).
+    Sized { hosts: u32, nprocs: u32 },
     /// Open the ranks' logs; the launch follows.
     OpenLogs,
     /// Append rank 0's report to `metrics.jsonl`.
@@ -233,6 +248,23 @@ struct AgentLink {
     heard: Instant,
 }
 
+impl AgentLink {
+    /// A host that waits to be taken into an elastic run: only its
+    /// connection matters until the next attempt.
+    fn waiting(ip: String, conn: Conn, now: Instant) -> Self {
+        Self {
+            ip,
+            gpus: Vec::new(),
+            free_port: 0,
+            replica_port: None,
+            controller: None,
+            conn,
+            storage_ok: false,
+            heard: now,
+        }
+    }
+}
+
 /// The state of one attempt.
 pub struct Machine {
     plan: RunPlan,
@@ -247,6 +279,8 @@ pub struct Machine {
     launched: bool,
     /// Memory checkpoints and their replicas.
     memory: memory::MemoryTier,
+    /// Elastic runs: the attempt's size and the hosts that wait.
+    elastic: elastic::ElasticState,
     /// When every rank had reported a step: the agents were told to start
     /// their next spares then (not before, so they do not slow the start).
     training: Option<Instant>,
@@ -272,6 +306,7 @@ impl Machine {
     pub fn new(plan: RunPlan, setup: Setup, now: Instant) -> Self {
         Self {
             ranks: vec![RankState::default(); plan.nprocs as usize],
+            elastic: elastic::ElasticState::new(plan.hosts),
             plan,
             setup,
             started: now,
@@ -331,7 +366,8 @@ impl Machine {
     /// Tells every agent the attempt is over (after
     /// [`Machine::is_finished`]); `again` when another follows.
     pub fn shutdown(&mut self, again: bool) {
-        let conns: Vec<Conn> = self.agents.values().map(|a| a.conn).collect();
+        let mut conns: Vec<Conn> = self.agents.values().map(|a| a.conn).collect();
+        conns.extend(self.waiting_conns());
         for conn in conns {
             self.send(conn, Message::Shutdown { again });
         }
@@ -366,6 +402,9 @@ impl Machine {
                 conn,
             ),
             Input::AgentLost { conn, error } => {
+                if self.waiting_host_lost(conn, error.clone()) {
+                    return Ok(());
+                }
                 let Some(host) = self.host_of(conn) else {
                     return Ok(());
                 };
@@ -524,7 +563,8 @@ impl Machine {
             r.forget_timings_before(newest);
         }
         if self.preempt_deadline.is_some() && self.stop.is_none() {
-            self.begin_stop(now, StopReason::Preempted(step));
+            let reason = self.saved_for_stop(step);
+            self.begin_stop(now, reason);
         }
         self.push(Action::ApplyRetention);
     }

@@ -47,6 +47,7 @@ pub fn plan(nprocs: u32) -> RunPlan {
         storage: None,
         rendezvous: false,
         join_timeout_s: None,
+        elastic: None,
     }
 }
 
@@ -72,6 +73,9 @@ impl Sim {
             storage_probe: None,
             first_joined_host: 0,
             memory_step: None,
+            previous_hosts: None,
+            expected_hosts: None,
+            resize_reason: None,
         };
         Self::with_setup(plan, setup)
     }
@@ -215,6 +219,17 @@ impl Sim {
             self.heartbeats();
         }
         self.until(secs);
+    }
+
+    /// Every message sent on `conn` so far (since the last `take`).
+    pub fn sent_to(&self, conn: Conn) -> Vec<&Message> {
+        self.actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Send { to, msg } if *to == conn => Some(msg),
+                _ => None,
+            })
+            .collect()
     }
 
     pub fn take(&mut self) -> Vec<Action> {

@@ -30,6 +30,12 @@ pub enum StopReason {
     Signal(i32),
     /// Stopped after the checkpoint asked for on SIGTERM was committed.
     Preempted(u64),
+    /// An elastic run stopped to go on with `hosts` hosts, after the
+    /// checkpoint asked for was committed (`None`: it never was).
+    Resize {
+        hosts: u32,
+        step: Option<u64>,
+    },
 }
 
 impl Machine {
@@ -85,6 +91,13 @@ impl Machine {
     /// second SIGTERM) it stops now.
     pub(super) fn terminate(&mut self, now: Instant) {
         let sigterm = Signal::SIGTERM as i32;
+        if self.stop.is_none() && self.elastic.growing.take().is_some() {
+            // The save asked for to grow serves the preemption instead.
+            return self.record(Event::Preempting {
+                attempt: self.attempt(),
+                grace_s: PREEMPT_GRACE.as_secs(),
+            });
+        }
         if self.stop.is_some() || self.preempt_deadline.is_some() || !self.checkpointing {
             return self.interrupt(now, sigterm);
         }
@@ -110,7 +123,9 @@ impl Machine {
         let what = if at_once || self.stop.is_some() {
             self.interrupt(now, sigterm);
             "stopping every worker now"
-        } else if self.checkpointing && self.preempt_deadline.is_none() {
+        } else if self.checkpointing
+            && (self.preempt_deadline.is_none() || self.elastic.growing.is_some())
+        {
             self.terminate(now);
             "every worker saves a checkpoint at its next report; the run stops once it is committed"
         } else {
@@ -139,7 +154,9 @@ impl Machine {
         // After a preemption's commit every rank waits in `report` with
         // nothing left to lose: no grace either, so none trains on.
         let grace_ms = match reason {
-            StopReason::Failure | StopReason::Preempted(_) => FAILURE_STOP_GRACE_MS,
+            StopReason::Failure | StopReason::Preempted(_) | StopReason::Resize { .. } => {
+                FAILURE_STOP_GRACE_MS
+            }
             StopReason::Signal(_) => STOP_GRACE_MS,
         };
         for conn in self.agent_conns() {
@@ -172,6 +189,10 @@ impl Machine {
             StopReason::Failure => "failure".to_string(),
             StopReason::Signal(s) => format!("signal {s}"),
             StopReason::Preempted(step) => format!("preempted after checkpoint step {step}"),
+            StopReason::Resize { hosts, step } => match step {
+                Some(step) => format!("growing to {hosts} hosts after checkpoint step {step}"),
+                None => format!("growing to {hosts} hosts (the checkpoint asked for never came)"),
+            },
         };
         self.record(Event::Stopping { attempt, reason });
     }
@@ -188,6 +209,7 @@ impl Machine {
             Some(StopReason::Preempted(step)) => OutcomeStatus::Preempted {
                 step: self.last_committed.unwrap_or(step),
             },
+            Some(StopReason::Resize { hosts, .. }) => OutcomeStatus::Resized { hosts },
             None if self
                 .ranks
                 .iter()
@@ -242,21 +264,32 @@ impl Machine {
     /// This attempt's goodput parts, averaged over its ranks, for an
     /// attempt from `start` to `end` (unix seconds).
     pub fn goodput(&self, status: OutcomeStatus, start: f64, end: f64) -> Parts {
-        let failed = status == OutcomeStatus::Failed;
+        let tail = match status {
+            OutcomeStatus::Failed => goodput::Tail::Failed,
+            OutcomeStatus::Resized { .. } => goodput::Tail::Resized,
+            _ => goodput::Tail::Ended,
+        };
         let ranks: Vec<Parts> = self
             .ranks
             .iter()
             .map(|r| {
-                let cut = if failed {
+                let cut = if tail == goodput::Tail::Ended {
+                    r.timing.as_ref()
+                } else {
                     self.last_committed
                         .and_then(|c| r.saved_timings.range(..=c).next_back().map(|(_, t)| t))
-                } else {
-                    r.timing.as_ref()
                 };
-                goodput::rank_parts(start, end, failed, cut)
+                goodput::rank_parts(start, end, tail, cut)
             })
             .collect();
-        goodput::mean(&ranks)
+        let mut parts = goodput::mean(&ranks);
+        // An attempt on another host count than the one before: its wait
+        // for hosts was the resize's.
+        if let (Some(_), Some(at)) = (self.setup.resize_reason.as_ref(), self.elastic.launched_at) {
+            let waited = at.saturating_duration_since(self.started).as_secs_f64();
+            parts.shift(goodput::Part::Startup, goodput::Part::Resize, waited);
+        }
+        parts
     }
 
     #[cfg(test)]

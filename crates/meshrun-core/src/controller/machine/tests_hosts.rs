@@ -40,17 +40,10 @@ fn setup(probe: bool, payload: Option<&[u8]>) -> Setup {
         }),
         first_joined_host: 1,
         memory_step: None,
+        previous_hosts: None,
+        expected_hosts: None,
+        resize_reason: None,
     }
-}
-
-fn sent_to(sim: &Sim, conn: Conn) -> Vec<&Message> {
-    sim.actions
-        .iter()
-        .filter_map(|a| match a {
-            Action::Send { to, msg } if *to == conn => Some(msg),
-            _ => None,
-        })
-        .collect()
 }
 
 fn storage_ok(sim: &mut Sim, conn: Conn) {
@@ -68,7 +61,9 @@ fn hosts_get_ranks_in_the_order_they_join_unless_they_name_one() {
     sim.join_host(H2, None, "10.0.0.11");
     assert_eq!(sim.m.host_of(H1), Some(1));
     assert_eq!(sim.m.host_of(H2), Some(2));
-    assert!(sent_to(&sim, H1).contains(&&Message::HostAssigned { host: 1 }));
+    assert!(sim
+        .sent_to(H1)
+        .contains(&&Message::HostAssigned { host: 1 }));
     assert!(sim.m.launched(), "all three joined");
 
     // A named rank is kept, and the next joiner gets the one left.
@@ -85,7 +80,7 @@ fn a_rank_taken_out_of_range_or_one_host_too_many_is_refused_with_the_reason() {
     sim.join_host(H0, Some(0), "10.0.0.10");
     sim.join_host(H1, Some(5), "10.0.0.11");
     let refused = |sim: &Sim, conn| {
-        sent_to(sim, conn).iter().find_map(|m| match m {
+        sim.sent_to(conn).iter().find_map(|m| match m {
             Message::Refused { reason } => Some(reason.clone()),
             _ => None,
         })
@@ -120,7 +115,7 @@ fn nothing_launches_before_every_host_has_read_the_storage_marker() {
     let mut sim = Sim::with_setup(joined_plan(2), setup(true, None));
     sim.join_host(H0, Some(0), "10.0.0.10");
     sim.join_host(H1, None, "10.0.0.11");
-    assert!(sent_to(&sim, H1).contains(&&Message::CheckStorage {
+    assert!(sim.sent_to(H1).contains(&&Message::CheckStorage {
         path: "/shared/run/.marker".into(),
         expect: "abc".into()
     }));
@@ -176,7 +171,7 @@ fn the_function_goes_to_every_host_in_parts_before_its_launch() {
     sim.join_host(H0, Some(0), "10.0.0.10");
     sim.join_host(H1, None, "10.0.0.11");
     for conn in [H0, H1] {
-        let msgs = sent_to(&sim, conn);
+        let msgs = sim.sent_to(conn);
         let parts: Vec<(&String, bool)> = msgs
             .iter()
             .filter_map(|m| match m {

@@ -35,6 +35,9 @@ fn setup(resume_step: Option<u64>, memory_step: Option<u64>) -> Setup {
         storage_probe: None,
         first_joined_host: 0,
         memory_step,
+        previous_hosts: None,
+        expected_hosts: None,
+        resize_reason: None,
     }
 }
 
@@ -51,18 +54,8 @@ fn join(sim: &mut Sim, conn: Conn, host: u32) {
     });
 }
 
-fn sent_to(sim: &Sim, conn: Conn) -> Vec<&Message> {
-    sim.actions
-        .iter()
-        .filter_map(|a| match a {
-            Action::Send { to, msg } if *to == conn => Some(msg),
-            _ => None,
-        })
-        .collect()
-}
-
 fn launch_env(sim: &Sim, conn: Conn) -> Vec<(String, String)> {
-    sent_to(sim, conn)
+    sim.sent_to(conn)
         .into_iter()
         .find_map(|m| match m {
             Message::Launch { workers, .. } => Some(workers[0].env.clone()),
@@ -94,11 +87,11 @@ fn each_host_is_told_its_buddy_round_the_ring() {
     let mut sim = Sim::with_setup(two_hosts(), setup(None, None));
     join(&mut sim, H0, 0);
     join(&mut sim, H1, 1);
-    assert!(sent_to(&sim, H0).contains(&&Message::Buddy {
+    assert!(sim.sent_to(H0).contains(&&Message::Buddy {
         host: 1,
         addr: "127.0.0.3:6001".into()
     }));
-    assert!(sent_to(&sim, H1).contains(&&Message::Buddy {
+    assert!(sim.sent_to(H1).contains(&&Message::Buddy {
         host: 0,
         addr: "127.0.0.2:6000".into()
     }));
@@ -112,7 +105,7 @@ fn a_newer_memory_step_every_host_can_make_whole_is_restored() {
     join(&mut sim, H1, 1);
     assert!(!sim.m.launched(), "the hosts prepare first");
     for conn in [H0, H1] {
-        assert!(sent_to(&sim, conn).contains(&&Message::MemoryPrepare {
+        assert!(sim.sent_to(conn).contains(&&Message::MemoryPrepare {
             run_id: "0123456789abcdef".into(),
             step: 7
         }));
