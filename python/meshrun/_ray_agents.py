@@ -10,6 +10,12 @@ signal), so a dead actor or node is a lost agent to the controller, which
 restarts the attempt. This process lives as long as the attempt; when it
 exits, Ray releases the actors and the bundles. Meanwhile it tells the
 controller what the cluster holds back (see ``_ray_waiting``).
+
+An elastic run (``--min-hosts``) asks for each host's bundle as a placement
+group of its own and starts each host's agent as soon as its bundle is
+placed: the controller sizes the attempt from the agents that come (at
+least MIN), and a bundle placed later, when Ray has room, brings a host
+that waits and makes the run grow at its next checkpoint.
 """
 
 from __future__ import annotations
@@ -63,6 +69,7 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--controller", required=True, help="HOST:PORT the controller listens on")
     ap.add_argument("--run-dir", required=True)
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the placement group (--start-timeout)")
+    ap.add_argument("--min-hosts", type=int, help="an elastic run: one placement group per host, started as each is placed")
     args = ap.parse_args(argv)
     token = os.environ["MESHRUN_TOKEN"]
     _check_reachable(args.address)
@@ -102,6 +109,15 @@ def main(argv: list[str]) -> None:
             f"its nodes have {[{k: r.get(k, 0) for k in bundle} for r in nodes]}; lower -n per host, raise --hosts, or add nodes"
         )
     watch = Watch(ray.get_runtime_context().gcs_address)
+    controller_host, port = args.controller.rsplit(":", 1)
+    if controller_host in ("0.0.0.0", "[::]", "::"):
+        # The controller listens everywhere: agents dial this machine as Ray knows it.
+        controller_host = ray.util.get_node_ip_address()
+    controller = f"{controller_host}:{port}"
+    if args.min_hosts is not None:
+        _elastic(args, bundle, controller, token, watch, Agent)
+        ray.shutdown()
+        return
     pg = placement_group([dict(bundle) for _ in range(args.hosts)], strategy=args.strategy)
     deadline = time.monotonic() + args.timeout
     ready = pg.ready()
@@ -114,11 +130,6 @@ def main(argv: list[str]) -> None:
                 "lower -n or --hosts, free resources or add nodes"
             )
         watch.check()
-    controller_host, port = args.controller.rsplit(":", 1)
-    if controller_host in ("0.0.0.0", "[::]", "::"):
-        # The controller listens everywhere: agents dial this machine as Ray knows it.
-        controller_host = ray.util.get_node_ip_address()
-    controller = f"{controller_host}:{port}"
     agents = [
         Agent.options(
             scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=h),
@@ -153,6 +164,61 @@ def main(argv: list[str]) -> None:
                 print(f"meshrun: the Ray actor of host {host}'s agent died: {type(exc).__name__}", file=sys.stderr, flush=True)
     remove_placement_group(pg)
     ray.shutdown()
+
+
+def _elastic(args, bundle: dict, controller: str, token: str, watch: Watch, Agent) -> None:
+    """One placement group per host; each host's agent starts once its
+    group is placed. Fewer than MIN placed by the start timeout ends this
+    process with the reason; the attempt ends when every agent started has
+    exited (those still waiting for room are then given up)."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    groups = [placement_group([dict(bundle)]) for _ in range(args.hosts)]
+    unplaced = {pg.ready(): h for h, pg in enumerate(groups)}
+    running: dict = {}
+    hosts: list[dict] = []
+    deadline = time.monotonic() + args.timeout
+    try:
+        while True:
+            placed, _ = ray.wait(list(unplaced), num_returns=len(unplaced), timeout=0) if unplaced else ([], [])
+            for ref in placed:
+                h = unplaced.pop(ref)
+                agent = Agent.options(
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=groups[h], placement_group_bundle_index=0),
+                    num_cpus=0,
+                    num_gpus=args.gpus,
+                ).remote()
+                ip, node, actor, pid = ray.get(agent.start.remote(controller, h, token))
+                running[agent.wait.remote()] = h
+                hosts.append({"host": h, "ip": ip, "node_id": node, "actor_pid": actor, "agent_pid": pid})
+                with open(os.path.join(args.run_dir, "ray-placement.json"), "w") as f:
+                    json.dump({"elastic": True, "bundle": bundle, "hosts": hosts}, f, indent=2)
+            if len(hosts) < args.min_hosts and time.monotonic() >= deadline:
+                _die(
+                    f"the Ray cluster placed {len(hosts)} of the {args.min_hosts} host bundle(s) of {bundle} the run needs at least "
+                    f"within {args.timeout:g} s (--start-timeout); it has {ray.available_resources()} available; "
+                    "lower MIN, free resources or add nodes"
+                )
+            watch.check()
+            if not running:
+                # Nothing placed yet: wait for the first group.
+                ray.wait(list(unplaced), num_returns=1, timeout=POLL_S)
+                continue
+            done, _ = ray.wait(list(running), num_returns=1, timeout=POLL_S)
+            for ref in done:
+                host = running.pop(ref)
+                try:
+                    ray.get(ref)
+                except Exception as exc:
+                    print(f"meshrun: the Ray actor of host {host}'s agent died: {type(exc).__name__}", file=sys.stderr, flush=True)
+            if not running:
+                # Every agent started has exited: the attempt is over.
+                return
+    finally:
+        for pg in groups:
+            remove_placement_group(pg)
 
 
 if __name__ == "__main__":

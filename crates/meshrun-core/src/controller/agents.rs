@@ -137,6 +137,11 @@ fn start_on_ray(
             "--timeout",
             &plan.failure.start_timeout().as_secs_f64().to_string(),
         ])
+        .args(
+            plan.elastic
+                .iter()
+                .flat_map(|e| ["--min-hosts".to_string(), e.min_hosts.to_string()]),
+        )
         .arg("--run-dir")
         .arg(&plan.run_dir)
         .env("MESHRUN_TOKEN", token.to_hex())

@@ -331,10 +331,12 @@ async fn attempt(
         control_addr: addr.to_string(),
         user_xla_flags: std::env::var("XLA_FLAGS").ok(),
         resume_step: checkpoints.resume_step(),
-        // A restart of an elastic run waits the rejoin timeout for its
-        // hosts, then runs on those there (or ends, with fewer than MIN).
+        // A restart of an elastic run whose hosts join by themselves waits
+        // the rejoin timeout for them, then runs on those there (or ends,
+        // with fewer than MIN). Agents meshrun or Ray starts take the
+        // usual time to come (Ray's placement has its own timeout).
         join_timeout: match &plan.elastic {
-            Some(e) if attempt > 1 => e.rejoin_timeout(),
+            Some(e) if attempt > 1 && plan.rendezvous => e.rejoin_timeout(),
             _ => plan.join_timeout(),
         },
         payload: opts.payload.clone(),

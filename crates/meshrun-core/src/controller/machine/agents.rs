@@ -38,7 +38,12 @@ impl Machine {
         if self.stop.is_none() && self.host_waits(now, ip.clone(), conn) {
             return;
         }
-        let refusal = if self.launched || self.stop.is_some() || self.elastic.sized.is_some() {
+        let refusal = if elastic && self.elastic.sized.is_some() && self.stop.is_none() {
+            Some(format!(
+                "the run has the most hosts it takes ({}, running or waiting)",
+                self.elastic.max_hosts
+            ))
+        } else if self.launched || self.stop.is_some() || self.elastic.sized.is_some() {
             Some(format!(
                 "the attempt has already started with its {hosts} host(s)"
             ))
