@@ -51,15 +51,14 @@ def test_on_ray_an_elastic_run_starts_with_what_fits_and_grows_when_ray_has_room
         wait_for(lambda: proc.poll() is not None or events("checkpoint_committed"), 240, "a commit on the one host Ray placed")
         assert proc.poll() is None, proc.communicate()[1]
         assert [(e["hosts"], e["previous_hosts"]) for e in events("resized")] == [(1, None)]
-        hog.stdin.close()
-        hog.wait(timeout=60)
+        hog.communicate(timeout=60)  # its stdin closes: it lets go
         _, err = proc.communicate(timeout=400)
     finally:
         if proc is not None:
             stop(proc)
         if hog.poll() is None:
             hog.kill()
-            hog.wait()
+        hog.communicate()
     assert proc.returncode == 0, err
     assert [(e["attempt"], e["hosts"]) for e in events("resized")] == [(1, 1), (2, 2)]
     assert [(e["from_hosts"], e["to_hosts"]) for e in events("growing")] == [(1, 2)]
