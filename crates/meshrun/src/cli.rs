@@ -83,6 +83,20 @@ pub enum Command {
         #[arg(long, default_value = "runs", value_name = "DIR")]
         runs_dir: PathBuf,
     },
+    /// Serve a live page of the runs in DIR: the list of runs, and each
+    /// run's report, updating in the browser as the runs go on. Listens on
+    /// 127.0.0.1 unless --host says otherwise; on any other address every
+    /// request must carry the token printed with the address.
+    Serve {
+        #[arg(long, default_value = "runs", value_name = "DIR")]
+        runs_dir: PathBuf,
+        /// The address to listen on.
+        #[arg(long, default_value = "127.0.0.1", value_name = "IP")]
+        host: std::net::IpAddr,
+        /// The port to listen on (0: any free port).
+        #[arg(long, default_value_t = 8070, value_name = "PORT")]
+        port: u16,
+    },
     /// Print a completion script for a shell (e.g. `meshrun completion bash >
     /// ~/.local/share/bash-completion/completions/meshrun`).
     Completion {

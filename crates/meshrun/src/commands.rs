@@ -15,7 +15,7 @@ use crate::cli::{
     completion_command, AgentArgs, Cli, Command, OnOffArg, PlatformArg, RunArgs, SaveErrorArg,
     ScoreOrderArg, TeeArg,
 };
-use crate::{ckpt, join, logs, runs, stop};
+use crate::{ckpt, join, logs, runs, serve, stop};
 use crate::{exit, Launcher};
 
 pub fn dispatch(cli: Cli, launcher: &Launcher) -> i32 {
@@ -45,6 +45,11 @@ pub fn dispatch(cli: Cli, launcher: &Launcher) -> i32 {
             now,
             runs_dir,
         } => stop::stop(&name, &runs_dir, now),
+        Command::Serve {
+            runs_dir,
+            host,
+            port,
+        } => serve::serve(runs_dir, host, port),
         Command::Completion { shell } => completion(shell),
     }
 }

@@ -9,6 +9,7 @@ mod join;
 mod logging;
 mod logs;
 pub mod runs;
+mod serve;
 mod stop;
 mod table;
 

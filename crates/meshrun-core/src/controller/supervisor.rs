@@ -336,7 +336,7 @@ async fn attempt(
         // with fewer than MIN). Agents meshrun or Ray starts take the
         // usual time to come (Ray's placement has its own timeout).
         join_timeout: match &plan.elastic {
-            Some(e) if attempt > 1 && plan.rendezvous => e.rejoin_timeout(),
+            Some(e) if sizes.previous.is_some() && plan.rendezvous => e.rejoin_timeout(),
             _ => plan.join_timeout(),
         },
         payload: opts.payload.clone(),
