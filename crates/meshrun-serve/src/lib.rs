@@ -69,7 +69,13 @@ struct Access {
 /// by the system) and the server, to be awaited.
 pub async fn bind(
     cfg: ServeConfig,
-) -> Result<(SocketAddr, impl std::future::Future<Output = Result<(), ServeError>>), ServeError> {
+) -> Result<
+    (
+        SocketAddr,
+        impl std::future::Future<Output = Result<(), ServeError>>,
+    ),
+    ServeError,
+> {
     let listener = tokio::net::TcpListener::bind(cfg.addr)
         .await
         .map_err(|source| ServeError::Bind {

@@ -51,7 +51,11 @@ pub fn body_of(page: &str) -> String {
 pub fn run_page(dir: &Path) -> String {
     match Run::load(dir) {
         Ok(run) => meshrun_report::html::page(&run),
-        Err(e) => live("meshrun run", &format!("<p>{}</p>", escape(&e.to_string())), ""),
+        Err(e) => live(
+            "meshrun run",
+            &format!("<p>{}</p>", escape(&e.to_string())),
+            "",
+        ),
     }
 }
 
@@ -76,7 +80,9 @@ pub fn list_body(runs_dir: &Path, token: Option<&str>) -> String {
     }
     s.push_str(r#"<table id="runs"><thead><tr><th>run</th><th>state</th><th>attempts</th><th>step</th><th>loss</th></tr></thead><tbody>"#);
     for run in &runs {
-        let state = run.state.map_or_else(|| "starting".to_string(), |s| s.to_string());
+        let state = run
+            .state
+            .map_or_else(|| "starting".to_string(), |s| s.to_string());
         let num = |v: Option<f64>| v.map_or_else(|| "–".to_string(), fmt_num);
         let _ = write!(
             s,
@@ -98,9 +104,13 @@ mod tests {
 
     #[test]
     fn a_report_page_gets_the_script_in_its_head_and_gives_its_body() {
-        let page = "<!doctype html><html><head><title>t</title></head><body><main>x</main></body></html>";
+        let page =
+            "<!doctype html><html><head><title>t</title></head><body><main>x</main></body></html>";
         let live = with_stream(page, "/runs/a/stream?token=\"q\"");
-        assert!(live.contains(r#"new EventSource("/runs/a/stream?token=\"q\"")"#), "{live}");
+        assert!(
+            live.contains(r#"new EventSource("/runs/a/stream?token=\"q\"")"#),
+            "{live}"
+        );
         assert!(live.find("<script>").unwrap() < live.find("</head>").unwrap());
         assert_eq!(body_of(&live), "<main>x</main>");
     }

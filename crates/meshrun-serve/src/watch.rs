@@ -10,7 +10,12 @@ use meshrun_record::names;
 pub const POLL: Duration = Duration::from_millis(500);
 
 /// The files a page is drawn from.
-const DRAWN_FROM: [&str; 4] = [names::RUN_JSON, names::EVENTS, names::METRICS, names::GOODPUT];
+const DRAWN_FROM: [&str; 4] = [
+    names::RUN_JSON,
+    names::EVENTS,
+    names::METRICS,
+    names::GOODPUT,
+];
 
 /// Size and modification time of each drawn-from file of `dir` (a run
 /// folder), or of every run folder in it (a runs folder), in a fixed

@@ -59,7 +59,10 @@ async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
     let mut text = String::new();
     s.read_to_string(&mut text).await.unwrap();
     let status = text[9..12].parse().unwrap();
-    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_string();
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
     (status, body)
 }
 
@@ -76,7 +79,10 @@ async fn the_list_and_a_run_page_are_served_and_the_stream_pushes_each_change() 
     let (status, page) = get(addr, "/runs/gpt").await;
     assert_eq!(status, 200);
     assert!(page.contains("<svg") && page.contains("new EventSource(\"/runs/gpt/stream\")"));
-    assert!(!page.contains("http://") && !page.contains("https://"), "nothing is loaded from elsewhere");
+    assert!(
+        !page.contains("http://") && !page.contains("https://"),
+        "nothing is loaded from elsewhere"
+    );
 
     let mut stream = TcpStream::connect(addr).await.unwrap();
     stream
@@ -108,7 +114,10 @@ async fn a_server_with_a_token_refuses_requests_without_it_and_names_stay_in_the
     assert_eq!(get(addr, "/runs/gpt/stream").await.0, 403);
     let (status, list) = get(addr, "/?token=s3cret").await;
     assert_eq!(status, 200);
-    assert!(list.contains("/runs/gpt?token=s3cret"), "links keep the token");
+    assert!(
+        list.contains("/runs/gpt?token=s3cret"),
+        "links keep the token"
+    );
     assert_eq!(get(addr, "/runs/..?token=s3cret").await.0, 404);
     assert_eq!(get(addr, "/runs/nosuch?token=s3cret").await.0, 404);
 }
