@@ -568,10 +568,12 @@ def one_node_with_gpus():
     after a ``ray.init`` of one cluster and ``ray.shutdown`` in a process,
     Ray 2.60 cannot create actors from a later ``ray.init`` to another
     cluster in the same process (every actor dies before it starts)."""
+    # Taken first: the variable below must not outlive the fixture either
+    # (a node started later with it set refuses to join its cluster).
+    saved = dict(os.environ)
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     import ray
 
-    saved = dict(os.environ)
     # "local": a new cluster, even while the module's two-node cluster is up.
     ray.init(address="local", num_cpus=4, num_gpus=4, include_dashboard=False, logging_level="ERROR")
     try:

@@ -5,6 +5,7 @@ in real processes with real jax.distributed; the configs, ``report`` and
 from __future__ import annotations
 
 import json
+import re
 import threading
 
 import numpy as np
@@ -88,14 +89,14 @@ def test_a_failed_fit_raises_with_the_result_attached(tmp_path):
     [
         (meshrun.ScalingConfig(num_workers=0), "ScalingConfig.num_workers must be at least 1, got 0"),
         (meshrun.ScalingConfig(num_workers=3, num_hosts=2), "ScalingConfig.num_hosts 2 does not divide ScalingConfig.num_workers 3"),
-        (meshrun.ScalingConfig(num_workers="2"), "ScalingConfig.num_workers must be an integer, got '2'"),
+        (meshrun.ScalingConfig(num_workers="2"), "ScalingConfig.num_workers must be an integer, or a pair (MIN, MAX) for an elastic run, got '2'"),
         (meshrun.ScalingConfig(use_gpu=True), "GPUs on host 0"),
         (meshrun.ScalingConfig(platform="tpu9"), "ScalingConfig.platform must be 'cpu', 'cuda' or 'auto', got 'tpu9'"),
     ],
 )
 def test_bad_scaling_config(tmp_path, scaling, message, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    with pytest.raises(meshrun.ConfigError, match=message.replace("(", r"\(")):
+    with pytest.raises(meshrun.ConfigError, match=re.escape(message)):
         meshrun.Trainer(psum_fn, scaling_config=scaling, run_config=meshrun.RunConfig(storage_path=str(tmp_path / "runs"))).fit()
     assert not (tmp_path / "runs").exists()
 
