@@ -85,11 +85,11 @@ def test_elastic_bench_short(tmp_path):
     reason = nshosts_unavailable()
     if reason is not None:
         pytest.skip(f"no network namespaces: {reason}")
-    result, text = run_bench(tmp_path, "elastic.py", "--rounds", "1", "--steps", "28", "--rejoin-timeout", "3")
+    result, text = run_bench(tmp_path, "elastic.py", "--rounds", "1", "--steps", "24", "--rejoin-timeout", "3", "--cases", "elastic")
     assert "loss -> first step" in text
-    e, r = result["median"]["elastic"], result["median"]["restart"]
-    assert (e["hosts_after_loss"], r["hosts_after_loss"]) == (2, 4)
-    assert e["wait"] >= 3 > r["wait"], "the elastic restart waited the rejoin timeout, the plain one did not"
+    e = result["median"]["elastic"]
+    assert e["hosts_after_loss"] == 2
+    assert e["wait"] >= 3, "the restart waited the rejoin timeout"
     assert 0 < e["detect"] < e["loss_to_step"] and e["grow_save"] < e["grow_to_step"]
     assert e["resize_s"] > 0
 

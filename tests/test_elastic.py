@@ -68,7 +68,7 @@ def test_a_lost_host_shrinks_the_gpt_to_two_hosts_and_its_return_grows_it_back_w
     and the run grows back to 4 at its next report. Every step's sample ids
     (in rank order) equal those of a fixed-size run, its losses stay within
     1e-4, and the run ends successfully."""
-    steps = 32
+    steps = 24
     train = [*TINY, "--fsdp", "2", "--tensor", "2", "--steps", str(steps)]
     launch = ["-n", "4", "--devices-per-proc", "2", "--tee", "none", "--checkpoint-every", "4"]
     ref_samples = tmp_path / "ref-samples"
@@ -83,7 +83,7 @@ def test_a_lost_host_shrinks_the_gpt_to_two_hosts_and_its_return_grows_it_back_w
     env = token_env()
     samples = hosts.shared / "samples"
     samples.mkdir()
-    args = run_args(hosts, [*launch, "--max-failures", "2", "--rejoin-timeout", "8", "--join-timeout", "120", PACED, *train, "--data-dir", str(hosts.shared / "data"), "--sample-log", str(samples)], "el", count="2:4")
+    args = run_args(hosts, [*launch, "--max-failures", "2", "--rejoin-timeout", "5", "--join-timeout", "120", PACED, *train, "--data-dir", str(hosts.shared / "data"), "--sample-log", str(samples)], "el", count="2:4")
     controller = hosts.popen(0, args, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     joiners = start_joins(hosts, env, timeout=120)
     run_dir = hosts.tmp(0) / "runs" / "el"

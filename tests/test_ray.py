@@ -568,9 +568,7 @@ def one_node_with_gpus():
     after a ``ray.init`` of one cluster and ``ray.shutdown`` in a process,
     Ray 2.60 cannot create actors from a later ``ray.init`` to another
     cluster in the same process (every actor dies before it starts)."""
-    # Taken first: the variable below must not outlive the fixture either
-    # (a node started later with it set refuses to join its cluster).
-    saved = dict(os.environ)
+    saved = dict(os.environ)  # first: a node started with the variable below set cannot join
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     import ray
 

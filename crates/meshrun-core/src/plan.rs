@@ -249,17 +249,6 @@ impl RunPlan {
         self.storage.as_deref().is_some_and(is_url)
     }
 
-    /// This plan for an attempt on `hosts` hosts (an elastic run's
-    /// processes per host stay fixed).
-    #[must_use]
-    pub fn sized(&self, hosts: u32) -> RunPlan {
-        RunPlan {
-            hosts,
-            nprocs: hosts * self.procs_per_host,
-            ..self.clone()
-        }
-    }
-
     /// How long the hosts' agents may take to join.
     pub fn join_timeout(&self) -> std::time::Duration {
         use crate::controller::machine::{AGENT_JOIN_TIMEOUT, DEFAULT_JOIN_TIMEOUT};

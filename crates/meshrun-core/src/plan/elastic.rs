@@ -7,6 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::RunPlan;
 use crate::error::UsageError;
 
 /// How long a restart waits for a lost host to come back before it runs on
@@ -54,6 +55,19 @@ impl Elastic {
         (self.min_hosts..=present.min(max))
             .rev()
             .find(|&k| self.any_count || max.is_multiple_of(k))
+    }
+}
+
+impl RunPlan {
+    /// This plan for an attempt on `hosts` hosts (an elastic run's
+    /// processes per host stay fixed).
+    #[must_use]
+    pub fn sized(&self, hosts: u32) -> RunPlan {
+        RunPlan {
+            hosts,
+            nprocs: hosts * self.procs_per_host,
+            ..self.clone()
+        }
     }
 }
 
