@@ -155,15 +155,23 @@ def main(argv: list[str]) -> None:
     pending = {a.wait.remote(): h for h, a in enumerate(agents)}
     while pending:
         watch.check()
-        done, _ = ray.wait(list(pending), num_returns=1, timeout=POLL_S)
-        for ref in done:
-            host = pending.pop(ref)
-            try:
-                ray.get(ref)
-            except Exception as exc:
-                print(f"meshrun: the Ray actor of host {host}'s agent died: {type(exc).__name__}", file=sys.stderr, flush=True)
+        _reap(pending)
     remove_placement_group(pg)
     ray.shutdown()
+
+
+def _reap(pending: dict) -> None:
+    """Waits up to ``POLL_S`` for an agent of ``pending`` (its wait ref ->
+    its host) to exit and forgets it, saying so when its actor died."""
+    import ray
+
+    done, _ = ray.wait(list(pending), num_returns=1, timeout=POLL_S)
+    for ref in done:
+        host = pending.pop(ref)
+        try:
+            ray.get(ref)
+        except Exception as exc:  # Ray's actor errors are many and version-specific
+            print(f"meshrun: the Ray actor of host {host}'s agent died: {type(exc).__name__}", file=sys.stderr, flush=True)
 
 
 def _elastic(args, bundle: dict, controller: str, token: str, watch: Watch, Agent) -> None:
@@ -206,13 +214,7 @@ def _elastic(args, bundle: dict, controller: str, token: str, watch: Watch, Agen
                 # Nothing placed yet: wait for the first group.
                 ray.wait(list(unplaced), num_returns=1, timeout=POLL_S)
                 continue
-            done, _ = ray.wait(list(running), num_returns=1, timeout=POLL_S)
-            for ref in done:
-                host = running.pop(ref)
-                try:
-                    ray.get(ref)
-                except Exception as exc:
-                    print(f"meshrun: the Ray actor of host {host}'s agent died: {type(exc).__name__}", file=sys.stderr, flush=True)
+            _reap(running)
             if not running:
                 # Every agent started has exited: the attempt is over.
                 return

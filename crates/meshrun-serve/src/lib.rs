@@ -139,16 +139,25 @@ async fn list_page(State(shared): State<Arc<Shared>>, Query(access): Query<Acces
     .into_response()
 }
 
+/// The folder of run `name` for a request that may see it, or the answer
+/// that refuses the request.
+fn run_access(shared: &Shared, name: &str, access: &Access) -> Result<PathBuf, Box<Response>> {
+    if let Some(no) = refused(shared, access) {
+        return Err(Box::new(no));
+    }
+    run_dir(shared, name).ok_or_else(|| {
+        Box::new((StatusCode::NOT_FOUND, format!("no run named '{name}' here")).into_response())
+    })
+}
+
 async fn run_page(
     State(shared): State<Arc<Shared>>,
     UrlPath(name): UrlPath<String>,
     Query(access): Query<Access>,
 ) -> Response {
-    if let Some(no) = refused(&shared, &access) {
-        return no;
-    }
-    let Some(dir) = run_dir(&shared, &name) else {
-        return (StatusCode::NOT_FOUND, format!("no run named '{name}' here")).into_response();
+    let dir = match run_access(&shared, &name, &access) {
+        Ok(dir) => dir,
+        Err(no) => return *no,
     };
     let page = pages::run_page(&dir);
     let stream = stream_url(&format!("/runs/{name}/stream"), access.token.as_deref());
@@ -172,11 +181,9 @@ async fn run_stream(
     UrlPath(name): UrlPath<String>,
     Query(access): Query<Access>,
 ) -> Response {
-    if let Some(no) = refused(&shared, &access) {
-        return no;
-    }
-    let Some(dir) = run_dir(&shared, &name) else {
-        return (StatusCode::NOT_FOUND, format!("no run named '{name}' here")).into_response();
+    let dir = match run_access(&shared, &name, &access) {
+        Ok(dir) => dir,
+        Err(no) => return *no,
     };
     let watched = dir.clone();
     updates(watched, move || pages::body_of(&pages::run_page(&dir))).into_response()
