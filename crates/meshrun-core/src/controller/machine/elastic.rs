@@ -18,7 +18,7 @@ use std::time::Instant;
 use meshrun_record::Event;
 
 use super::stop::{StopReason, PREEMPT_GRACE};
-use super::{Action, AgentLink, Conn, Machine};
+use super::{Action, Conn, Machine};
 use crate::error::CoreError;
 use crate::protocol::Message;
 
@@ -32,7 +32,7 @@ pub(super) struct ElasticState {
     /// When MIN hosts were first there.
     min_reached: Option<Instant>,
     /// Agents that joined and are not running this attempt.
-    pub waiting: Vec<AgentLink>,
+    pub waiting: Vec<Waiting>,
     /// A save was asked for to grow to this many hosts.
     pub growing: Option<u32>,
     /// When the attempt was launched (the wait before it is a resize's
@@ -40,6 +40,13 @@ pub(super) struct ElasticState {
     pub launched_at: Option<Instant>,
     /// The join timeout has passed: run on what is there, if it is enough.
     pub out_of_time: bool,
+}
+
+/// A host that waits to be taken in at the next attempt: only its address
+/// (for the events) and its connection (to tell it the attempt is over).
+pub(super) struct Waiting {
+    ip: String,
+    conn: Conn,
 }
 
 impl ElasticState {
@@ -111,7 +118,12 @@ impl Machine {
             }
             self.agents.insert(new, link);
         }
-        self.elastic.waiting.extend(agents.into_values());
+        self.elastic
+            .waiting
+            .extend(agents.into_values().map(|a| Waiting {
+                ip: a.ip,
+                conn: a.conn,
+            }));
         self.plan = self.plan.sized(k);
         self.ranks = vec![super::RankState::default(); self.plan.nprocs as usize];
         self.elastic.sized = Some(k);
@@ -187,9 +199,10 @@ impl Machine {
         if k + self.elastic.waiting.len() as u32 >= self.elastic.max_hosts {
             return false;
         }
-        self.elastic
-            .waiting
-            .push(AgentLink::waiting(ip.clone(), conn, now));
+        self.elastic.waiting.push(Waiting {
+            ip: ip.clone(),
+            conn,
+        });
         self.record(Event::HostWaiting {
             attempt: self.attempt(),
             ip,

@@ -248,23 +248,6 @@ struct AgentLink {
     heard: Instant,
 }
 
-impl AgentLink {
-    /// A host that waits to be taken into an elastic run: only its
-    /// connection matters until the next attempt.
-    fn waiting(ip: String, conn: Conn, now: Instant) -> Self {
-        Self {
-            ip,
-            gpus: Vec::new(),
-            free_port: 0,
-            replica_port: None,
-            controller: None,
-            conn,
-            storage_ok: false,
-            heard: now,
-        }
-    }
-}
-
 /// The state of one attempt.
 pub struct Machine {
     plan: RunPlan,
