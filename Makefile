@@ -8,6 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 DEPS_STAMP := $(VENV)/.deps-installed
 BUILD_STAMP := $(VENV)/.meshrun-built
+CHROMIUM_STAMP := $(VENV)/.chromium
 RUST_SOURCES := $(shell find crates -name '*.rs' -o -name 'Cargo.toml') Cargo.toml $(wildcard Cargo.lock) pyproject.toml
 
 .PHONY: help install demo test test-fast test-rust test-python lint bench-startup bench-step-parity bench-data bench-ckpt bench-ckpt-s3 bench-recovery bench-vs-ray bench-hosts bench-elastic soak partition fuzz load clean
@@ -29,13 +30,28 @@ $(BUILD_STAMP): $(DEPS_STAMP) $(RUST_SOURCES)
 
 install: $(BUILD_STAMP)  ## Create .venv, install pinned dependencies, build meshrun into it.
 
+# The browser test (tests/test_browser.py) drives a real Chromium with
+# playwright. Playwright's own browser download (`playwright install`) is
+# not reachable from every machine; Debian's package is, so the test uses
+# that one. apt-get runs only when no chromium is on PATH (it needs root).
+$(CHROMIUM_STAMP): | $(PY)
+	@if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then \
+	  if [ "$$(id -u)" != 0 ]; then \
+	    echo "make: the browser test needs Chromium and none is on PATH; as root run: apt-get update && apt-get install -y --no-install-recommends chromium" >&2; \
+	    exit 1; \
+	  fi; \
+	  echo "apt-get install chromium (for the browser test)"; \
+	  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium; \
+	fi
+	touch $@
+
 demo: install  ## Set up, then run the main job: the sharded GPT on 2 processes x 2 devices (fsdp=2, tensor=2).
 	$(VENV)/bin/meshrun run -n 2 --devices-per-proc 2 examples/gpt.py --fsdp 2 --tensor 2 --steps 150 --eval-every 50
 
 # The Rust tests build in the release profile: they then share every
 # dependency `make install` already compiled, instead of compiling them all
 # again unoptimized.
-test: install  ## Set up, then run the Rust and Python test suites.
+test: install $(CHROMIUM_STAMP)  ## Set up, then run the Rust and Python test suites.
 	cargo test --workspace --release --quiet
 	$(VENV)/bin/pytest
 
@@ -49,7 +65,7 @@ test-fast: install  ## Set up, then the Rust unit tests and the quick Python tes
 test-rust:  ## Rust tests only.
 	cargo test --workspace --release --quiet
 
-test-python: install  ## Python tests only.
+test-python: install $(CHROMIUM_STAMP)  ## Python tests only.
 	$(VENV)/bin/pytest
 
 lint: install  ## rustfmt, clippy.

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import numbers
 import threading
+import time
 import warnings
 from collections import deque
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from meshrun import _cluster, _connection, _goodput, _values, checkpoint as ckpt
+from meshrun import _cluster, _connection, _goodput, _profile, _values, checkpoint as ckpt
 from meshrun.context import get_context
 from meshrun.errors import ConfigError, MeshrunError
 
@@ -136,6 +137,9 @@ def report(
     report and stops. ``total_steps``: how many steps the program runs,
     for the progress line's ETA."""
     global _warned
+    # When this rank got to the step: the straggler measure (see
+    # meshrun_record's lag), taken before anything here can wait.
+    arrived = time.time_ns()
     if not isinstance(metrics, Mapping):
         raise TypeError(f"meshrun.report expects a dict of metrics, got {type(metrics).__name__}")
     if total_steps is not None and (isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 0):
@@ -156,6 +160,10 @@ def report(
             "use meshrun.Checkpoint.from_directory(path) for the folder, or pass the state (a pytree) itself"
         )
     at = _step_of(step, metrics)
+    client = _connection.client()
+    if client is not None:
+        client.step_reached(at, arrived)
+        _profile.at_report(client, at)
     saving = preempting = False
     if checkpoint is not None:
         if _checkpoint_due(at):
@@ -212,4 +220,5 @@ def _drain(wait: bool) -> None:
         _queue.clear()
     client = _connection.client()
     if client is not None:
+        _profile.finish(client)
         client.flush()

@@ -151,6 +151,17 @@ class RunConfig:
     #: ls``/``status`` and the report (``--loss-metric``; default ``loss``,
     #: else the first metric whose name ends in ``loss``, e.g. ``train_loss``).
     loss_metric: str | None = None
+    #: A rank that reaches its steps this share of a step later than the
+    #: median rank, for ``straggler_steps`` steps in a row, is named a
+    #: straggler (``--straggler-threshold``, ``--straggler-steps``).
+    straggler_threshold: float = 0.2
+    straggler_steps: int = 20
+    #: One ``jax.profiler`` capture of every rank when a straggler is named
+    #: (``--profile-stragglers``).
+    profile_stragglers: bool = False
+    #: ``(A, B)``: trace every rank from its report of step A to that of
+    #: step B (``--profile-steps A:B``).
+    profile_steps: tuple[int, int] | None = None
 
 
 @dataclass

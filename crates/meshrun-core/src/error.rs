@@ -11,6 +11,12 @@ use std::path::PathBuf;
 pub enum UsageError {
     #[error("-n/--nprocs must be at least 1, got {0}")]
     NoProcesses(u32),
+    #[error("--straggler-threshold must be a share of a step above 0 (0.2: 20% of a step later than the median rank), got {0}")]
+    BadStragglerThreshold(f64),
+    #[error("--straggler-steps must be at least 1, got {0}")]
+    BadStragglerSteps(u32),
+    #[error("--profile-steps takes A:B, two steps with A below B (5:8 traces from the report of step 5 to that of step 8), got '{0}'")]
+    BadProfileSteps(String),
     #[error("--hosts must be at least 1, got {0}")]
     NoHosts(u32),
     #[error(
@@ -218,8 +224,11 @@ pub enum CoreError {
     AgentGone { host: u32, what: String },
     #[error("could not place the run on Ray: {0}")]
     RayPlacement(String),
-    #[error("run '{name}' is not running (no live controller holds '{}'); nothing to stop", path.display())]
+    #[error("run '{name}' is not running (no live controller holds '{}')", path.display())]
     NotRunning { name: String, path: PathBuf },
+    /// The run's controller would not do what was asked, and said why.
+    #[error("{0}")]
+    Declined(String),
     #[error("the run's controller did not accept the token in '{}' ({why}); it must be the one the run wrote", path.display())]
     TokenRefused { path: PathBuf, why: String },
 }

@@ -150,6 +150,8 @@ pub struct RunSpec {
     /// `--hosts MIN:MAX`: `hosts` (and `nprocs`) are the most; attempts
     /// run on as many hosts as are there, down to MIN.
     pub elastic: Option<Elastic>,
+    /// Stragglers and profile captures.
+    pub observe: Observe,
 }
 
 /// The Ray backend: where the cluster is and how to spread the agents.
@@ -217,6 +219,8 @@ pub struct RunPlan {
     /// [`RunPlan::sized`] for an attempt's own).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub elastic: Option<Elastic>,
+    #[serde(default)]
+    pub observe: Observe,
 }
 
 impl RunPlan {
@@ -342,6 +346,7 @@ impl RunSpec {
         if let Some(e) = &self.elastic {
             e.validate(self.hosts)?;
         }
+        self.observe.validate()?;
         if let Some(ray) = &self.ray {
             if !RAY_STRATEGIES.contains(&ray.strategy.as_str()) {
                 return Err(UsageError::BadRayStrategy(ray.strategy.clone()));
@@ -462,6 +467,7 @@ impl RunSpec {
             rendezvous: self.listen.is_some(),
             join_timeout_s: self.join_timeout_s,
             elastic: self.elastic,
+            observe: self.observe,
         })
     }
 
@@ -588,8 +594,10 @@ fn check_control_address(host: IpAddr, port: u16) -> Result<(), UsageError> {
 
 mod elastic;
 mod failure;
+mod observe;
 mod recovery;
 pub use elastic::{Elastic, DEFAULT_REJOIN_TIMEOUT_S};
+pub use observe::{parse_profile_steps, Observe, DEFAULT_PROFILE_STEPS};
 pub use recovery::{Recovery, DEFAULT_SPARE_IMPORTS};
 mod storage_check;
 use storage_check::{check_remote_storage, check_runs_dir, check_storage};

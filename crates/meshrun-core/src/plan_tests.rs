@@ -39,6 +39,7 @@ fn spec(dir: &Path) -> RunSpec {
         listen: None,
         join_timeout_s: None,
         elastic: None,
+        observe: crate::plan::Observe::default(),
     }
 }
 

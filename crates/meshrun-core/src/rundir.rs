@@ -45,6 +45,8 @@ pub struct RunDir {
     _lock: Flock<File>,
     events: File,
     metrics: BufWriter<File>,
+    /// `lag.jsonl`, opened at its first line.
+    lag: Option<BufWriter<File>>,
 }
 
 impl RunDir {
@@ -92,6 +94,7 @@ impl RunDir {
                 _lock: lock,
                 events,
                 metrics,
+                lag: None,
             }),
             Err(e) => {
                 if fresh {
@@ -170,7 +173,22 @@ impl RunDir {
         ))
     }
 
+    /// Appends one line to `lag.jsonl`; buffered like metrics.
+    pub fn lag(&mut self, record: &meshrun_record::LagRecord) -> Result<(), CoreError> {
+        let path = self.root.join(names::LAG);
+        let out = match &mut self.lag {
+            Some(out) => out,
+            None => self.lag.insert(BufWriter::new(append(&path)?)),
+        };
+        let text = serde_json::to_string(record).expect("lag lines serialize");
+        writeln!(out, "{text}").map_err(CoreError::io("cannot append to", path))
+    }
+
     pub fn flush(&mut self) -> Result<(), CoreError> {
+        if let Some(lag) = &mut self.lag {
+            lag.flush()
+                .map_err(CoreError::io("cannot flush", self.root.join(names::LAG)))?;
+        }
         self.metrics.flush().map_err(CoreError::io(
             "cannot flush",
             self.root.join(names::METRICS),

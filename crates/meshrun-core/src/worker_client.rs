@@ -6,6 +6,7 @@
 //! is being preempted) and notices when the controller is gone.
 
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError, SyncSender, TryRecvError};
 use std::sync::Condvar;
@@ -29,7 +30,15 @@ enum Outgoing {
     Flush(SyncSender<()>),
     /// Sends `Bye`, closes the write side, then acknowledges.
     Close(SyncSender<()>),
+    /// Sends every file under `dir` (a profile trace), then `ProfileDone`.
+    Profile {
+        capture: String,
+        dir: PathBuf,
+    },
 }
+
+/// Raw frames of a file in transfer carry this much each.
+const FILE_CHUNK_BYTES: usize = 512 * 1024;
 
 /// A connected, authenticated worker.
 /// One `meshrun.report`, as the worker sends it.
@@ -46,6 +55,15 @@ pub struct Report {
     pub total_steps: Option<u64>,
 }
 
+/// A profile capture the controller asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProfileRequest {
+    pub capture: String,
+    pub steps: u32,
+    /// Not before the report of this step.
+    pub from_step: Option<u64>,
+}
+
 pub struct WorkerClient {
     tx: mpsc::Sender<Outgoing>,
     writer: Mutex<Option<JoinHandle<()>>>,
@@ -56,6 +74,14 @@ pub struct WorkerClient {
     checkpoint_requested: Arc<AtomicBool>,
     /// The newest step the controller released with `Resume`.
     resumed: Arc<Resumed>,
+    /// A profile capture the controller asked for and the worker has not
+    /// taken yet: its name and how many steps.
+    profile: Arc<Mutex<Option<ProfileRequest>>>,
+    /// Where this rank appends when it reached each step (for its host's
+    /// agent), opened at the first step; `None` inside: not under an agent.
+    steps: std::sync::OnceLock<Option<std::fs::File>>,
+    rank: u32,
+    attempt: u32,
 }
 
 /// `Resume` steps, for a worker waiting after a preemption save.
@@ -116,6 +142,8 @@ impl WorkerClient {
         let requested = Arc::clone(&checkpoint_requested);
         let resumed = Arc::new(Resumed::default());
         let resume_seen = Arc::clone(&resumed);
+        let profile = Arc::new(Mutex::new(None));
+        let profile_asked = Arc::clone(&profile);
         let writer = std::thread::Builder::new()
             .name("meshrun-writer".into())
             .spawn(move || write_loop(out, &rx))
@@ -136,6 +164,20 @@ impl WorkerClient {
                             *newest = (*newest).max(Some(step));
                             resume_seen.changed.notify_all();
                         }
+                        Message::Profile {
+                            capture,
+                            steps,
+                            from_step,
+                        } => {
+                            *profile_asked
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                                Some(ProfileRequest {
+                                    capture,
+                                    steps,
+                                    from_step,
+                                });
+                        }
                         _ => {}
                     }
                 }
@@ -155,7 +197,63 @@ impl WorkerClient {
             closing,
             checkpoint_requested,
             resumed,
+            profile,
+            steps: std::sync::OnceLock::new(),
+            rank,
+            attempt,
         })
+    }
+
+    /// Notes that this rank reached `step` at `unix_ns` (its host's
+    /// clock), for its host's agent to read: one small write, no message.
+    /// Does nothing for a worker that no agent started.
+    pub fn step_reached(&self, step: u64, unix_ns: i64) {
+        use std::io::Write as _;
+        let file = self.steps.get_or_init(|| {
+            let scratch = std::env::var_os(meshrun_record::names::SCRATCH_ENV)?;
+            let dir = meshrun_record::names::steps_dir(scratch.as_ref(), self.attempt);
+            std::fs::create_dir_all(&dir).ok()?;
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(meshrun_record::names::step_file(&dir, self.rank))
+                .ok()
+        });
+        if let Some(f) = file {
+            let mut record = [0u8; meshrun_record::names::STEP_RECORD_BYTES];
+            record[..8].copy_from_slice(&step.to_le_bytes());
+            record[8..].copy_from_slice(&unix_ns.to_le_bytes());
+            // One write of 16 bytes to an append-only file: the agent
+            // never sees half a record unless the disk is full.
+            let _ = (&*f).write_all(&record);
+        }
+    }
+
+    /// The profile capture the controller asked for, once it may begin at
+    /// a report of `step`: taken then, and `None` until.
+    pub fn take_profile_request(&self, step: u64) -> Option<ProfileRequest> {
+        let mut asked = self
+            .profile
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if asked.as_ref()?.from_step.is_some_and(|from| step < from) {
+            return None;
+        }
+        asked.take()
+    }
+
+    /// Sends every file under `dir` (the trace of `capture`) from the
+    /// writer thread, then says it is done; never blocks.
+    pub fn send_profile(&self, capture: String, dir: PathBuf) {
+        let _ = self.tx.send(Outgoing::Profile { capture, dir });
+    }
+
+    /// Says the trace of `capture` could not be taken.
+    pub fn profile_failed(&self, capture: String, error: String) {
+        let _ = self.tx.send(Outgoing::Msg(Message::ProfileDone {
+            capture,
+            error: Some(error),
+        }));
     }
 
     /// Says, before saving, that this rank saves `step` for a preemption.
@@ -340,6 +438,16 @@ fn write_loop(mut out: BlockingWriter<TcpStream>, rx: &mpsc::Receiver<Outgoing>)
                     return;
                 }
             }
+            Outgoing::Profile { capture, dir } => {
+                let error = match send_files(&mut out, &capture, &dir) {
+                    Ok(()) => None,
+                    Err(FileSendError::Net) => return,
+                    Err(FileSendError::Read(e)) => Some(e),
+                };
+                if out.put(&Message::ProfileDone { capture, error }).is_err() {
+                    return;
+                }
+            }
             Outgoing::Flush(ack) => {
                 let _ = out.flush();
                 let _ = ack.send(());
@@ -353,4 +461,60 @@ fn write_loop(mut out: BlockingWriter<TcpStream>, rx: &mpsc::Receiver<Outgoing>)
             }
         }
     }
+}
+
+enum FileSendError {
+    /// The connection failed: the writer ends.
+    Net,
+    /// A file could not be read: said in `ProfileDone`.
+    Read(String),
+}
+
+/// Every file under `dir`, each as a `ProfileFile` and its bytes in raw
+/// frames. A file is read whole before its header goes, so that a read
+/// error never leaves the controller waiting for bytes that will not come.
+fn send_files(
+    out: &mut BlockingWriter<TcpStream>,
+    capture: &str,
+    dir: &std::path::Path,
+) -> Result<(), FileSendError> {
+    let mut pending = vec![dir.to_path_buf()];
+    let mut files = Vec::new();
+    while let Some(d) = pending.pop() {
+        let entries = std::fs::read_dir(&d)
+            .map_err(|e| FileSendError::Read(format!("cannot list '{}': {e}", d.display())))?;
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                pending.push(path);
+            } else {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    for path in files {
+        let data = std::fs::read(&path)
+            .map_err(|e| FileSendError::Read(format!("cannot read '{}': {e}", path.display())))?;
+        let name = path
+            .strip_prefix(dir)
+            .unwrap_or(&path)
+            .to_string_lossy()
+            .into_owned();
+        let head = Message::ProfileFile {
+            capture: capture.to_string(),
+            name,
+            size: data.len() as u64,
+        };
+        out.put(&head).map_err(|_| FileSendError::Net)?;
+        let data = bytes::Bytes::from(data);
+        let mut at = 0;
+        while at < data.len() {
+            let end = (at + FILE_CHUNK_BYTES).min(data.len());
+            out.put(&Message::Raw(data.slice(at..end)))
+                .map_err(|_| FileSendError::Net)?;
+            at = end;
+        }
+    }
+    Ok(())
 }

@@ -58,5 +58,6 @@ pub fn spec(
         listen: None,
         join_timeout_s: None,
         elastic: None,
+        observe: meshrun_core::plan::Observe::default(),
     }
 }

@@ -9,7 +9,7 @@
 use std::net::IpAddr;
 use std::path::PathBuf;
 
-use meshrun_core::plan::{Elastic, Retention, SaveErrorPolicy, ScoreOrder};
+use meshrun_core::plan::{Elastic, Observe, Retention, SaveErrorPolicy, ScoreOrder};
 use meshrun_core::{Entry, FailurePolicy, PlatformChoice, RayTarget, RunSpec, Tee};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyFloat, PyInt};
@@ -362,6 +362,48 @@ pub fn run_spec(
         listen,
         join_timeout_s: s.seconds("join_timeout_s")?,
         elastic,
+        observe: observe(&r)?,
+    })
+}
+
+/// `RunConfig`'s straggler and profile fields.
+fn observe(r: &Config<'_>) -> PyResult<Observe> {
+    let defaults = Observe::default();
+    let profile_steps = match r.get("profile_steps")? {
+        None => None,
+        Some(v) => Some(
+            v.extract::<(u64, u64)>()
+                .ok()
+                .filter(|(a, b)| a < b)
+                .ok_or_else(|| {
+                    r.wrong(
+                        "profile_steps",
+                        Some(&v),
+                        "a pair (A, B) of steps with A below B",
+                    )
+                })?,
+        ),
+    };
+    Ok(Observe {
+        straggler_threshold: match r.get("straggler_threshold")? {
+            None => defaults.straggler_threshold,
+            Some(v) => v
+                .extract::<f64>()
+                .ok()
+                .filter(|t| !v.is_instance_of::<PyBool>() && t.is_finite() && *t > 0.0)
+                .ok_or_else(|| {
+                    r.wrong(
+                        "straggler_threshold",
+                        Some(&v),
+                        "a share of a step above 0 (0.2: 20%)",
+                    )
+                })?,
+        },
+        straggler_steps: r
+            .uint("straggler_steps")?
+            .unwrap_or(defaults.straggler_steps),
+        profile_stragglers: r.truthy("profile_stragglers")?,
+        profile_steps,
     })
 }
 

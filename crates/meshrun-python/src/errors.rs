@@ -90,6 +90,7 @@ pub fn to_py(err: &CoreError) -> PyErr {
         | CoreError::AgentGone { .. }
         | CoreError::RayPlacement(_)
         | CoreError::NotRunning { .. }
+        | CoreError::Declined(_)
         | CoreError::TokenRefused { .. }
         | CoreError::HandshakeFailed { .. }
         | CoreError::JoinRefused(_)

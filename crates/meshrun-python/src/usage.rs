@@ -16,6 +16,14 @@ pub fn python_words(err: &UsageError) -> String {
     match err {
         UsageError::NoProcesses(n) => at_least("ScalingConfig.num_workers", 1, n),
         UsageError::NoHosts(n) => at_least("ScalingConfig.num_hosts", 1, n),
+        UsageError::BadStragglerThreshold(t) => format!(
+            "RunConfig.straggler_threshold must be a share of a step above 0 (0.2: 20% of a step \
+             later than the median rank), got {t}"
+        ),
+        UsageError::BadStragglerSteps(n) => at_least("RunConfig.straggler_steps", 1, n),
+        UsageError::BadProfileSteps(text) => format!(
+            "RunConfig.profile_steps must be a pair (A, B) of steps with A below B, got {text}"
+        ),
         UsageError::HostsDoNotDivide {
             hosts,
             nprocs,

@@ -106,6 +106,31 @@ impl WorkerClient {
             })
     }
 
+    /// Notes that this rank reached `step` at `unix_ns` (for stragglers):
+    /// one small write to a host-local file its agent reads.
+    fn step_reached(&self, step: u64, unix_ns: i64) {
+        self.0.step_reached(step, unix_ns);
+    }
+
+    /// The profile capture the controller asked for, once it may begin at
+    /// this report of `step`: (capture, steps to trace), else None.
+    fn take_profile_request(&self, step: u64) -> Option<(String, u32)> {
+        self.0
+            .take_profile_request(step)
+            .map(|r| (r.capture, r.steps))
+    }
+
+    /// Sends every file under `folder` (a finished trace) to the
+    /// controller, from the sender thread; returns at once.
+    fn send_profile(&self, capture: String, folder: PathBuf) {
+        self.0.send_profile(capture, folder);
+    }
+
+    /// Says the trace of `capture` could not be taken.
+    fn profile_failed(&self, capture: String, error: String) {
+        self.0.profile_failed(capture, error);
+    }
+
     /// Sends where this worker's time went (at the end of its program).
     fn timing(&self, timing: &Bound<'_, PyDict>) -> PyResult<()> {
         self.0.timing(to_typed("timing", timing)?);

@@ -210,6 +210,44 @@ pub enum Event {
         from_hosts: u32,
         to_hosts: u32,
     },
+    /// A rank reached its steps later than the median rank by more than
+    /// the run's threshold, for the run's window of steps (see
+    /// [`crate::lag`]): it holds the others back.
+    Straggler {
+        attempt: u32,
+        rank: u32,
+        host: u32,
+        /// How much later than the median rank it reached each step, as a
+        /// fraction of a step's time (median over the window).
+        slower: f64,
+        /// Its lag behind the first rank to reach the step, in ms (median
+        /// over the window); and the median rank's.
+        lag_ms: f64,
+        median_lag_ms: f64,
+        /// The window's last step, and its length in steps.
+        step: u64,
+        steps: u32,
+    },
+    /// A profile capture began: `ranks` trace `steps` steps from their
+    /// next report into `dir` (under the run folder).
+    ProfileStarted {
+        attempt: u32,
+        dir: String,
+        ranks: Vec<u32>,
+        steps: u32,
+        /// "asked" (`meshrun profile`), "launch" (`--profile-steps`) or
+        /// "straggler rank R" (`--profile-stragglers`).
+        reason: String,
+    },
+    /// A profile capture ended: the traces of `ranks` are in `dir`;
+    /// `missing` names the ranks that sent none, and why.
+    ProfileSaved {
+        attempt: u32,
+        dir: String,
+        ranks: Vec<u32>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        missing: Vec<(u32, String)>,
+    },
     AttemptEnded {
         attempt: u32,
         state: RunState,
@@ -245,6 +283,9 @@ impl Event {
     pub fn attempt(&self) -> Option<u32> {
         match self {
             Event::AttemptStarted { attempt, .. }
+            | Event::Straggler { attempt, .. }
+            | Event::ProfileStarted { attempt, .. }
+            | Event::ProfileSaved { attempt, .. }
             | Event::Launched { attempt, .. }
             | Event::WorkerStarted { attempt, .. }
             | Event::WorkerExited { attempt, .. }

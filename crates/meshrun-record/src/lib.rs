@@ -11,11 +11,13 @@
 //! - [`event`]: the lines of `events.jsonl`;
 //! - [`metrics`]: the lines of `metrics.jsonl`;
 //! - [`goodput`]: `goodput.json`, where the wall time went;
+//! - [`lag`]: `lag.jsonl`, when each rank reached each step (stragglers);
 //! - [`read`]: tolerant readers for files that may be half-written.
 
 pub mod event;
 pub mod failure;
 pub mod goodput;
+pub mod lag;
 pub mod metrics;
 pub mod names;
 pub mod read;
@@ -24,6 +26,7 @@ pub mod run;
 pub use event::{Event, EventLine};
 pub use failure::{Cause, ExitInfo, FailureRecord};
 pub use goodput::{Goodput, Part, Timing};
+pub use lag::LagRecord;
 pub use metrics::{loss_key, MetricsRecord};
 pub use run::{AttemptRecord, RunRecord, RunState};
 

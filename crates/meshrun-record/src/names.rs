@@ -9,6 +9,10 @@ pub const RUN_JSON: &str = "run.json";
 pub const EVENTS: &str = "events.jsonl";
 /// One [`crate::MetricsRecord`] per line: rank 0's reports.
 pub const METRICS: &str = "metrics.jsonl";
+/// One [`crate::LagRecord`] per line: when each rank reached each step.
+pub const LAG: &str = "lag.jsonl";
+/// Profile captures, `profiles/<time>/rank-R/` (see [`profile_dir`]).
+pub const PROFILES: &str = "profiles";
 /// [`crate::Goodput`], rewritten after every attempt.
 pub const GOODPUT: &str = "goodput.json";
 /// The page `meshrun report` writes.
@@ -53,6 +57,33 @@ pub fn log_path(root: &Path, rank: u32) -> PathBuf {
 pub fn stacks_dir(root: &Path, attempt: u32) -> PathBuf {
     root.join(STACKS).join(format!("attempt-{attempt}"))
 }
+
+/// `profiles/<capture>` under `root`: one capture's traces, each rank's
+/// in `rank-R/`, and all of them for `TensorBoard` in [`PROFILE_TENSORBOARD`]
+/// (`plugins/profile/<capture>/rank-R.xplane.pb` inside).
+pub fn profile_dir(root: &Path, capture: &str) -> PathBuf {
+    root.join(PROFILES).join(capture)
+}
+
+/// In a capture's folder, the `--logdir` of `TensorBoard`'s profile plugin.
+pub const PROFILE_TENSORBOARD: &str = "tensorboard";
+
+/// `steps/attempt-N` under a host's run scratch folder: each worker
+/// appends there, in `rank-R.bin`, when it reached each step; the host's
+/// agent reads them (see `meshrun_record::lag`).
+pub fn steps_dir(root: &Path, attempt: u32) -> PathBuf {
+    root.join("steps").join(format!("attempt-{attempt}"))
+}
+
+/// The file rank `rank` appends its step arrivals to, in [`steps_dir`]:
+/// records of [`STEP_RECORD_BYTES`], the step and the Unix time in ns
+/// (both little-endian, `u64` and `i64`).
+pub fn step_file(dir: &Path, rank: u32) -> PathBuf {
+    dir.join(format!("rank-{rank}.bin"))
+}
+
+/// The size of one record of a [`step_file`].
+pub const STEP_RECORD_BYTES: usize = 16;
 
 /// The file rank `rank` dumps its stacks into, inside [`stacks_dir`].
 pub fn stack_file(dir: &Path, rank: u32) -> PathBuf {

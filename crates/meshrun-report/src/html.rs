@@ -4,9 +4,10 @@
 
 use std::fmt::Write as _;
 
-use meshrun_record::RunState;
+use meshrun_record::{Event, RunState};
 use serde_json::Value;
 
+use crate::heatmap;
 use crate::model::{Goodput, Run};
 use crate::series::{self, Series};
 use crate::svg::{ChartKind, LineChart, Marker};
@@ -83,12 +84,13 @@ pub fn page(run: &Run) -> String {
     let mut s = String::new();
     let _ = write!(
         s,
-        r#"<!doctype html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1"><title>meshrun report: {}</title><style>{STYLE}</style></head><body><main>"#,
+        r#"<!doctype html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1"><link rel="icon" href="data:,"><title>meshrun report: {}</title><style>{STYLE}</style></head><body><main>"#,
         escape(&run.name)
     );
     header(&mut s, run);
     step_charts(&mut s, run);
     throughput(&mut s, run);
+    ranks(&mut s, run);
     goodput(&mut s, run);
     attempts(&mut s, run);
     config(&mut s, run);
@@ -265,6 +267,86 @@ fn throughput(s: &mut String, run: &Run) {
         );
     }
     s.push_str("</div></section>");
+}
+
+/// Per-rank lag: the heatmap, the slowest rank now, the stragglers named
+/// and the profile captures saved.
+fn ranks(s: &mut String, run: &Run) {
+    s.push_str(r#"<section id="ranks"><h2>Ranks</h2>"#);
+    let window = run
+        .plan
+        .as_ref()
+        .and_then(|p| p["observe"]["straggler_steps"].as_u64())
+        .unwrap_or(20) as usize;
+    if let Some(slow) = meshrun_record::lag::slowest(&run.lag, window) {
+        let _ = write!(
+            s,
+            r#"<p class="slowest" data-rank="{}" data-slower="{}">Slowest over the last {} steps (to step {}): <b>rank {}</b>, {:.0}% of a step later than the median rank ({} ms behind the first rank to reach each step; the median rank {} ms).</p>"#,
+            slow.rank,
+            fmt_num(slow.slower),
+            slow.steps,
+            slow.last_step,
+            slow.rank,
+            slow.slower * 100.0,
+            fmt_num(slow.lag_ms),
+            fmt_num(slow.median_lag_ms)
+        );
+    }
+    match heatmap::build(&run.lag) {
+        Some(h) => figure(
+            s,
+            "Lag behind the first rank to reach each step",
+            &h.render("chart-lag"),
+        ),
+        None => s.push_str(&empty(
+            "no step times yet (they come once every rank has reported a step)",
+        )),
+    }
+    let mut notes = Vec::new();
+    for e in &run.stragglers {
+        if let Event::Straggler {
+            attempt,
+            rank,
+            host,
+            slower,
+            lag_ms,
+            step,
+            steps,
+            ..
+        } = e
+        {
+            notes.push(format!(
+                r#"<li class="straggler" data-rank="{rank}">attempt {attempt}: rank {rank} (host {host}) named a straggler at step {step}: {:.0}% of a step later than the median rank for {steps} steps ({} ms behind the first)</li>"#,
+                slower * 100.0,
+                fmt_num(*lag_ms)
+            ));
+        }
+    }
+    for e in &run.profiles {
+        if let Event::ProfileSaved {
+            dir,
+            ranks,
+            missing,
+            ..
+        } = e
+        {
+            let list: Vec<String> = ranks.iter().map(u32::to_string).collect();
+            notes.push(format!(
+                r#"<li class="profile">profile of ranks {} in <code>{}</code>{}</li>"#,
+                list.join(", "),
+                escape(dir),
+                if missing.is_empty() {
+                    String::new()
+                } else {
+                    format!("; {} rank(s) sent none", missing.len())
+                }
+            ));
+        }
+    }
+    if !notes.is_empty() {
+        let _ = write!(s, "<ul>{}</ul>", notes.concat());
+    }
+    s.push_str("</section>");
 }
 
 fn goodput(s: &mut String, run: &Run) {

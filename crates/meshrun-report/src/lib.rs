@@ -1,6 +1,6 @@
 //! The run's report page: one self-contained `report.html` in the run
-//! directory, built from `run.json`, `events.jsonl`, `metrics.jsonl` and
-//! `goodput.json` as `meshrun-record` types them. Charts are inline SVG
+//! directory, built from `run.json`, `events.jsonl`, `metrics.jsonl`,
+//! `lag.jsonl` and `goodput.json` as `meshrun-record` types them. Charts are inline SVG
 //! made here; the page has no script and loads nothing.
 //!
 //! The engine does not draw: the CLI and the Python binding call [`write`]
@@ -10,7 +10,8 @@
 //!   half-written lines;
 //! - [`series`] turns metrics records into curves (one segment per attempt,
 //!   thinned past [`series::MAX_POINTS`]);
-//! - [`svg`] draws line charts, [`timeline`] the attempts and goodput bar;
+//! - [`svg`] draws line charts, [`timeline`] the attempts and goodput bar,
+//!   [`heatmap`] the ranks x steps lag;
 //! - [`html`] assembles the page and escapes every string put into it.
 
 use std::path::{Path, PathBuf};
@@ -18,6 +19,7 @@ use std::path::{Path, PathBuf};
 use meshrun_record::names;
 
 mod error;
+pub mod heatmap;
 pub mod html;
 pub mod model;
 pub mod series;

@@ -148,6 +148,12 @@ pub struct Run {
     pub end: Option<f64>,
     /// Lines of the JSONL files that could not be read.
     pub skipped_lines: usize,
+    /// `lag.jsonl`: when each rank reached each step.
+    pub lag: Vec<meshrun_record::LagRecord>,
+    /// The stragglers named (`straggler` events) and the profile captures
+    /// saved (`profile_saved`), as written.
+    pub stragglers: Vec<Event>,
+    pub profiles: Vec<Event>,
 }
 
 /// Whether a metric is one the report draws (the loss is found among
@@ -169,6 +175,7 @@ impl Run {
         let bad_metrics = read::jsonl_each(&dir.join(names::METRICS), |m: MetricsRecord| {
             records.push(Record::reduce(&m, configured.as_deref()));
         })?;
+        let (lag, bad_lag) = read::jsonl(&dir.join(names::LAG))?;
         let goodput = match read::json_file(&dir.join(names::GOODPUT)) {
             Ok(Some(g)) => Goodput::Data(g),
             Ok(None) => Goodput::Missing,
@@ -220,7 +227,10 @@ impl Run {
             goodput,
             start: None,
             end: None,
-            skipped_lines: bad_events + bad_metrics,
+            skipped_lines: bad_events + bad_metrics + bad_lag,
+            lag,
+            stragglers: Vec::new(),
+            profiles: Vec::new(),
         };
         run.apply_events(&events);
         run.interrupt_if_orphaned(read::lock_is_held(dir));
@@ -282,6 +292,8 @@ impl Run {
                     from_step,
                     ..
                 } => resumed.push((after_attempt + 1, *from_step)),
+                Event::Straggler { .. } => self.stragglers.push(event.clone()),
+                Event::ProfileSaved { .. } => self.profiles.push(event.clone()),
                 _ => {}
             }
         }

@@ -25,7 +25,7 @@ fn script(stream: &str) -> String {
 /// A whole page around `body`, live from `stream`.
 pub fn live(title: &str, body: &str, stream: &str) -> String {
     format!(
-        r#"<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{}</title><style>{STYLE}</style>{}</head><body>{body}</body></html>"#,
+        r#"<!doctype html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1"><link rel="icon" href="data:,"><title>{}</title><style>{STYLE}</style>{}</head><body>{body}</body></html>"#,
         escape(title),
         script(stream)
     )

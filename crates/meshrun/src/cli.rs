@@ -83,6 +83,21 @@ pub enum Command {
         #[arg(long, default_value = "runs", value_name = "DIR")]
         runs_dir: PathBuf,
     },
+    /// Trace the next K steps of a running run with jax.profiler, on every
+    /// rank (or those of --ranks); the traces come over the network to the
+    /// run's folder, profiles/<time>/rank-R/, and one TensorBoard view
+    /// shows them all. Waits until they are there and prints where.
+    Profile {
+        name: String,
+        /// How many steps to trace, from each rank's next report.
+        #[arg(long, default_value_t = meshrun_core::plan::DEFAULT_PROFILE_STEPS, value_name = "K")]
+        steps: u32,
+        /// Only these ranks, comma-separated (default: every rank).
+        #[arg(long, value_name = "R,...", value_delimiter = ',')]
+        ranks: Option<Vec<u32>>,
+        #[arg(long, default_value = "runs", value_name = "DIR")]
+        runs_dir: PathBuf,
+    },
     /// Serve a live page of the runs in DIR: the list of runs, and each
     /// run's report, updating in the browser as the runs go on. Listens on
     /// 127.0.0.1 unless --host says otherwise; on any other address every
@@ -288,6 +303,26 @@ pub struct RunArgs {
     #[arg(long, value_name = "NAME")]
     pub loss_metric: Option<String>,
 
+    /// A rank that reaches its steps more than this share of a step later
+    /// than the median rank (0.2: 20%), for --straggler-steps steps in a
+    /// row, is named a straggler: an event, `status` and the report say so.
+    #[arg(long, default_value_t = meshrun_core::plan::Observe::default().straggler_threshold, value_name = "SHARE")]
+    pub straggler_threshold: f64,
+
+    /// See --straggler-threshold.
+    #[arg(long, default_value_t = meshrun_core::plan::Observe::default().straggler_steps, value_name = "N")]
+    pub straggler_steps: u32,
+
+    /// Take one profile capture of the ranks (jax.profiler, 3 steps) when a
+    /// straggler is first named; it lands in the run's profiles/ folder.
+    #[arg(long)]
+    pub profile_stragglers: bool,
+
+    /// Trace every rank with jax.profiler from its report of step A to
+    /// that of step B; the traces land in the run's profiles/ folder.
+    #[arg(long, value_name = "A:B", value_parser = parse_profile_steps)]
+    pub profile_steps: Option<(u64, u64)>,
+
     /// Restart from the newest checkpoint after up to N failed attempts.
     #[arg(long, default_value_t = 0, value_name = "N")]
     pub max_failures: u32,
@@ -450,4 +485,8 @@ fn parse_hosts(text: &str) -> Result<HostsArg, String> {
     parsed.ok_or_else(|| {
         format!("expected a host count H or a range MIN:MAX (like 4 or 2:4), got '{text}'")
     })
+}
+
+fn parse_profile_steps(text: &str) -> Result<(u64, u64), String> {
+    meshrun_core::plan::parse_profile_steps(text).map_err(|e| e.to_string())
 }

@@ -15,7 +15,7 @@ use crate::cli::{
     completion_command, AgentArgs, Cli, Command, OnOffArg, PlatformArg, RunArgs, SaveErrorArg,
     ScoreOrderArg, TeeArg,
 };
-use crate::{ckpt, join, logs, runs, serve, stop};
+use crate::{ckpt, join, logs, profile, runs, serve, stop};
 use crate::{exit, Launcher};
 
 pub fn dispatch(cli: Cli, launcher: &Launcher) -> i32 {
@@ -45,6 +45,12 @@ pub fn dispatch(cli: Cli, launcher: &Launcher) -> i32 {
             now,
             runs_dir,
         } => stop::stop(&name, &runs_dir, now),
+        Command::Profile {
+            name,
+            steps,
+            ranks,
+            runs_dir,
+        } => profile::profile(&name, &runs_dir, steps, ranks),
         Command::Serve {
             runs_dir,
             host,
@@ -170,6 +176,12 @@ pub fn spec(args: RunArgs, launcher: &Launcher) -> Result<RunSpec, UsageError> {
         listen: args.listen,
         join_timeout_s: args.join_timeout,
         elastic,
+        observe: meshrun_core::plan::Observe {
+            straggler_threshold: args.straggler_threshold,
+            straggler_steps: args.straggler_steps,
+            profile_stragglers: args.profile_stragglers,
+            profile_steps: args.profile_steps,
+        },
     })
 }
 

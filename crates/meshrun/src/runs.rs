@@ -107,6 +107,8 @@ pub struct RunView {
     /// The memory checkpoint a live run holds: its step and each host's
     /// bytes of it.
     pub memory: Option<String>,
+    /// The slowest rank lately, and whether it was named a straggler.
+    pub slowest: Option<String>,
 }
 
 fn parse_time(text: Option<&str>) -> Option<SystemTime> {
@@ -115,7 +117,7 @@ fn parse_time(text: Option<&str>) -> Option<SystemTime> {
 
 /// The complete records among the last 64 KiB of a JSON-lines file,
 /// newest first.
-fn last_records<T: DeserializeOwned>(path: &Path) -> Vec<T> {
+pub(crate) fn last_records<T: DeserializeOwned>(path: &Path) -> Vec<T> {
     let Ok(mut file) = File::open(path) else {
         return Vec::new();
     };
@@ -302,6 +304,7 @@ impl RunView {
             goodput,
             waiting: live.then(|| waiting_now(dir, last)).flatten(),
             memory: live.then(|| memory_now(dir)).flatten(),
+            slowest: crate::lag::slowest_now(dir, &record.plan),
             record: Some(record),
         })
     }
@@ -400,6 +403,9 @@ pub fn render_status(run: &RunView) -> String {
     }
     if let Some(m) = &run.memory {
         let _ = writeln!(out, "memory    {m}");
+    }
+    if let Some(s) = &run.slowest {
+        let _ = writeln!(out, "slowest   {s}");
     }
     if let Some(Value::Object(m)) = &run.last {
         let shown: Vec<String> = m

@@ -15,6 +15,7 @@ mod memory;
 mod scratch;
 mod spares;
 mod spawn;
+mod steps;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -37,6 +38,7 @@ pub use memory::{memory_root, MEMORY_ENV};
 use scratch::RunScratch;
 pub use scratch::{append_base64 as decode_function_part, scratch_root};
 pub use spares::Spares;
+pub use steps::unix_ns;
 
 /// Longer lines are forwarded in pieces of this size.
 const MAX_LINE_BYTES: usize = 64 * 1024;
@@ -184,6 +186,9 @@ async fn session(
     let mut mem: Option<(memory::HostMemory, String)> = None;
     let mut buddy: Option<String> = None;
     let mut heartbeat = tokio::time::interval(HEARTBEAT_EVERY);
+    let mut beats: u64 = 0;
+    let mut clock = steps::ClockOffset::default();
+    let mut step_times: Option<steps::StepReader> = None;
     let ended = loop {
         tokio::select! {
             msg = from_controller.recv() => match msg {
@@ -244,7 +249,11 @@ async fn session(
                         refill = Some((pool, launched, imports));
                     }
                     tracing::debug!(attempt, "launched");
+                    step_times = Some(steps::StepReader::new(scratch.steps_dir()));
                     run = Some(scratch);
+                }
+                Ok(Message::ClockEcho { sent_ns, controller_ns }) => {
+                    clock.sample(sent_ns, controller_ns, steps::unix_ns());
                 }
                 Ok(Message::Buddy { host: _, addr }) => buddy = Some(addr),
                 Ok(Message::MemoryPrepare { run_id, step }) => {
@@ -283,13 +292,36 @@ async fn session(
             Some(event) = events.recv() => {
                 if let Message::WorkerExited { rank, .. } = &event {
                     live.remove(rank);
+                    // Its last steps go before its exit, not after the
+                    // controller has stopped listening for them.
+                    if let Some(reader) = &mut step_times {
+                        let times = reader.read_new(clock.offset_ns());
+                        if !times.is_empty() && sink.send(&Message::StepTimes { times }).await.is_err() {
+                            break Ended::Lost;
+                        }
+                    }
                 }
                 if sink.send(&event).await.is_err() {
                     break Ended::Lost;
                 }
             }
             _ = heartbeat.tick() => {
-                if sink.send(&Message::Heartbeat).await.is_err() {
+                beats += 1;
+                let mut out = vec![Message::Heartbeat];
+                if clock.due(beats) {
+                    out.push(Message::ClockProbe { sent_ns: steps::unix_ns() });
+                }
+                if let Some(reader) = &mut step_times {
+                    let times = reader.read_new(clock.offset_ns());
+                    if !times.is_empty() {
+                        out.push(Message::StepTimes { times });
+                    }
+                }
+                let mut sent = true;
+                for msg in &out {
+                    sent = sent && sink.send(msg).await.is_ok();
+                }
+                if !sent {
                     break Ended::Lost;
                 }
             }

@@ -72,6 +72,11 @@ impl RunScratch {
         env
     }
 
+    /// Where its workers write when they reached each step.
+    pub fn steps_dir(&self) -> PathBuf {
+        names::steps_dir(&self.dir, self.attempt)
+    }
+
     pub fn stacks_reader(&self) -> StacksReader {
         StacksReader(names::stacks_dir(&self.dir, self.attempt))
     }

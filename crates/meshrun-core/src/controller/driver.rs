@@ -15,8 +15,10 @@ use super::agents::Agents;
 use super::checkpoints::{Checkpoints, Done};
 use super::machine::{Action, Conn, Input, Machine};
 use super::output::Output;
+use super::profiles::Captures;
 use super::progress::Progress;
 use super::server::Event as Net;
+use super::stragglers::Stragglers;
 use super::StopHandle;
 use crate::error::CoreError;
 use crate::plan::RunPlan;
@@ -52,12 +54,15 @@ pub struct Driver<'a> {
     pub checkpoints: Checkpoints,
     pub progress: Progress,
     pub output: Option<Output>,
-    plan: &'a RunPlan,
+    pub(super) plan: &'a RunPlan,
     /// The attempt's ranks (fewer than the plan's in an elastic run on
     /// fewer hosts).
     world: u32,
-    attempt: u32,
-    conns: HashMap<Conn, mpsc::UnboundedSender<Message>>,
+    pub(super) attempt: u32,
+    pub(super) conns: HashMap<Conn, mpsc::UnboundedSender<Message>>,
+    pub(super) stragglers: Stragglers,
+    /// Profile captures, kept across the run's attempts.
+    pub(super) captures: &'a mut Captures,
 }
 
 impl<'a> Driver<'a> {
@@ -68,7 +73,9 @@ impl<'a> Driver<'a> {
         rundir: &'a mut RunDir,
         checkpoints: Checkpoints,
         progress: Progress,
+        captures: &'a mut Captures,
     ) -> Self {
+        let o = &plan.observe;
         Self {
             machine,
             rundir,
@@ -79,6 +86,8 @@ impl<'a> Driver<'a> {
             plan,
             attempt,
             conns: HashMap::new(),
+            stragglers: Stragglers::new(plan.nprocs, o.straggler_threshold, o.straggler_steps),
+            captures,
         }
     }
 
@@ -202,6 +211,18 @@ impl<'a> Driver<'a> {
                 }
                 return Ok(());
             }
+            Net::FromAgent {
+                conn,
+                msg: Message::StepTimes { times },
+            } => {
+                // An agent speaks for its own ranks only.
+                let pph = self.plan.procs_per_host;
+                let Some(host) = self.machine.host_of(conn) else {
+                    return Ok(());
+                };
+                let own = times.into_iter().filter(|t| t.0 / pph == host).collect();
+                return self.step_times(own);
+            }
             Net::FromAgent { conn, msg } => Input::FromAgent { conn, msg },
             Net::AgentLost { conn, error } => Input::AgentLost { conn, error },
             Net::WorkerJoined {
@@ -210,18 +231,41 @@ impl<'a> Driver<'a> {
                 attempt,
                 pid,
                 tx,
-            } => Input::WorkerJoined {
-                rank,
-                attempt,
-                pid,
-                conn: self.register(conn, tx),
-            },
-            Net::FromWorker { rank, msg } => Input::FromWorker { rank, msg },
+            } => {
+                let conn = self.register(conn, tx);
+                self.input(Input::WorkerJoined {
+                    rank,
+                    attempt,
+                    pid,
+                    conn,
+                })?;
+                if self.machine.worker_conn(rank) == Some(conn) {
+                    self.worker_joined(conn)?;
+                }
+                return Ok(());
+            }
+            Net::FromWorker { rank, msg } => {
+                if self.profile_message(rank, &msg)? {
+                    // Its trace is a sign of life too.
+                    Input::FromWorker {
+                        rank,
+                        msg: Message::Heartbeat,
+                    }
+                } else {
+                    Input::FromWorker { rank, msg }
+                }
+            }
             Net::WorkerLost { rank, clean } => Input::WorkerLost { rank, clean },
             Net::StopRequested { conn, now, tx } => Input::StopRequested {
                 now,
                 reply: self.register(conn, tx),
             },
+            Net::ProfileRequested {
+                conn,
+                ranks,
+                steps,
+                tx,
+            } => return self.profile_requested(conn, ranks, steps, tx),
             // Recorded as it is: the connection is already closed, and what
             // that means for a worker or an agent comes as its loss next.
             Net::FrameRejected { peer, reason } => {
@@ -251,6 +295,9 @@ impl<'a> Driver<'a> {
                 Action::Record(event) => self.rundir.event(event)?,
                 Action::Sized { hosts: _, nprocs } => {
                     self.world = nprocs;
+                    let o = &self.plan.observe;
+                    self.stragglers =
+                        Stragglers::new(nprocs, o.straggler_threshold, o.straggler_steps);
                     self.checkpoints.set_world(nprocs);
                 }
                 Action::OpenLogs => self.open_logs()?,

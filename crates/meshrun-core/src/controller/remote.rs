@@ -1,5 +1,6 @@
-//! Asking a live run to stop, from another process on the controller's
-//! machine (`meshrun stop NAME`). The request is authenticated with the
+//! Asking a live run to stop (`meshrun stop NAME`) or for a profile
+//! capture (`meshrun profile NAME`), from another process on the
+//! controller's machine. The request is authenticated with the
 //! run's token, which only the run's owner can read, exactly as every agent
 //! and worker connection is: a process id alone proves nothing.
 
@@ -11,7 +12,7 @@ use serde_json::Value;
 use tokio::net::TcpStream;
 
 use crate::error::CoreError;
-use crate::protocol::{auth, Message};
+use crate::protocol::{auth, Connection, Message};
 use crate::rundir::lock_is_held;
 use crate::token::Token;
 
@@ -22,8 +23,8 @@ const ANSWER_WAIT: Duration = Duration::from_secs(10);
 /// one closed reads the new one and tries again, this many times.
 const TRIES: u32 = 20;
 
-/// [`request_stop`] on a runtime of its own, for callers without one.
-pub fn stop_run(run_dir: &Path, name: &str, now: bool) -> Result<String, CoreError> {
+/// A runtime of its own, for callers without one.
+fn block_on<T>(f: impl std::future::Future<Output = Result<T, CoreError>>) -> Result<T, CoreError> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -31,13 +32,80 @@ pub fn stop_run(run_dir: &Path, name: &str, now: bool) -> Result<String, CoreErr
             what: "cannot start a runtime",
             source,
         })?
-        .block_on(request_stop(run_dir, name, now))
+        .block_on(f)
+}
+
+/// [`request_stop`] on a runtime of its own.
+pub fn stop_run(run_dir: &Path, name: &str, now: bool) -> Result<String, CoreError> {
+    block_on(request_stop(run_dir, name, now))
 }
 
 /// Asks the run in `run_dir` to stop: at once with `now`, else after a
 /// checkpoint when its program saves through `meshrun.report` (as SIGTERM
 /// does). Returns the controller's answer, saying what it will do.
 pub async fn request_stop(run_dir: &Path, name: &str, now: bool) -> Result<String, CoreError> {
+    let mut conn = connect_run(run_dir, name).await?;
+    conn.send(&Message::StopRun { now }).await?;
+    match conn.recv_timeout(ANSWER_WAIT).await? {
+        Message::StopAccepted { what } => Ok(what),
+        _ => Err(unexpected("stop_accepted")),
+    }
+}
+
+/// How a profile capture ended (`meshrun profile`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProfileOutcome {
+    pub dir: String,
+    pub ranks: Vec<u32>,
+    pub missing: Vec<(u32, String)>,
+}
+
+/// Asks the run in `run_dir` for a profile capture of `steps` steps of
+/// `ranks` (every rank: `None`); `accepted` is called with the folder and
+/// ranks once the capture begins, and the call returns when it is saved.
+pub fn profile_run(
+    run_dir: &Path,
+    name: &str,
+    ranks: Option<Vec<u32>>,
+    steps: u32,
+    accepted: impl FnOnce(&str, &[u32]),
+) -> Result<ProfileOutcome, CoreError> {
+    block_on(async {
+        let mut conn = connect_run(run_dir, name).await?;
+        conn.send(&Message::ProfileRun { ranks, steps }).await?;
+        match conn.recv_timeout(ANSWER_WAIT).await? {
+            Message::ProfileAccepted { dir, ranks } => accepted(&dir, &ranks),
+            Message::Declined { reason } => return Err(CoreError::Declined(reason)),
+            _ => return Err(unexpected("profile_accepted")),
+        }
+        // As long as the steps take: the run says when the traces are in,
+        // or that its attempt ended without them.
+        match conn.recv().await {
+            Ok(Message::ProfileSaved {
+                dir,
+                ranks,
+                missing,
+            }) => Ok(ProfileOutcome {
+                dir,
+                ranks,
+                missing,
+            }),
+            Ok(_) => Err(unexpected("profile_saved")),
+            Err(_) => Err(CoreError::Declined(
+                "the run ended before the capture was saved".into(),
+            )),
+        }
+    })
+}
+
+fn unexpected(expected: &'static str) -> CoreError {
+    crate::protocol::ProtocolError::Unexpected { expected }.into()
+}
+
+/// Connects to the run's controller with the run's token. Between
+/// attempts the control port changes: a request that found the old one
+/// closed reads the new one and tries again.
+async fn connect_run(run_dir: &Path, name: &str) -> Result<Connection, CoreError> {
     let not_running = || CoreError::NotRunning {
         name: name.to_string(),
         path: run_dir.to_path_buf(),
@@ -54,8 +122,8 @@ pub async fn request_stop(run_dir: &Path, name: &str, now: bool) -> Result<Strin
         let Some(addr) = control_addr(run_dir) else {
             return Err(not_running());
         };
-        match ask(addr, &token, now, &token_path).await {
-            Ok(answer) => return Ok(answer),
+        match connect(addr, &token, &token_path).await {
+            Ok(conn) => return Ok(conn),
             // Nobody listens there (yet): a restart is under way.
             Err(e @ CoreError::Net { .. }) => last_error = Some(e),
             Err(e) => return Err(e),
@@ -65,12 +133,11 @@ pub async fn request_stop(run_dir: &Path, name: &str, now: bool) -> Result<Strin
     Err(last_error.unwrap_or_else(not_running))
 }
 
-async fn ask(
+async fn connect(
     addr: SocketAddr,
     token: &Token,
-    now: bool,
     token_path: &Path,
-) -> Result<String, CoreError> {
+) -> Result<Connection, CoreError> {
     let net = |what| move |source| CoreError::Net { what, source };
     let stream = tokio::time::timeout(ANSWER_WAIT, TcpStream::connect(addr))
         .await
@@ -79,20 +146,12 @@ async fn ask(
         .map_err(net("cannot reach the run's controller"))?;
     // The controller closes a connection that fails the handshake without
     // saying why: whatever ends it here is a refusal of the token.
-    let mut conn = auth::connect(stream, token)
+    auth::connect(stream, token)
         .await
         .map_err(|e| CoreError::TokenRefused {
             path: token_path.to_path_buf(),
             why: e.to_string(),
-        })?;
-    conn.send(&Message::StopRun { now }).await?;
-    match conn.recv_timeout(ANSWER_WAIT).await? {
-        Message::StopAccepted { what } => Ok(what),
-        _ => Err(crate::protocol::ProtocolError::Unexpected {
-            expected: "stop_accepted",
-        }
-        .into()),
-    }
+        })
 }
 
 /// The control address of the run's newest attempt, from `run.json`; a

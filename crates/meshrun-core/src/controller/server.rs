@@ -62,6 +62,13 @@ pub enum Event {
         now: bool,
         tx: mpsc::UnboundedSender<Message>,
     },
+    /// `meshrun profile`: answers go back on `tx` (accepted, then saved).
+    ProfileRequested {
+        conn: Conn,
+        ranks: Option<Vec<u32>>,
+        steps: u32,
+        tx: mpsc::UnboundedSender<Message>,
+    },
     /// A frame from `peer` did not authenticate after the handshake; its
     /// connection is closed (and, for a worker or an agent, lost next).
     FrameRejected {
@@ -147,6 +154,9 @@ async fn serve(
         } => {
             let (sink, mut stream) = connection.split();
             let (tx, sender) = spawn_sender(sink);
+            // Clock probes are answered here, not by the supervisor: the
+            // shorter the path, the tighter the agent's estimate.
+            let echo = tx.clone();
             let _ = events.send(Event::AgentJoined {
                 conn,
                 host,
@@ -160,6 +170,12 @@ async fn serve(
             });
             let error = loop {
                 match stream.recv().await {
+                    Ok(Message::ClockProbe { sent_ns }) => {
+                        let _ = echo.send(Message::ClockEcho {
+                            sent_ns,
+                            controller_ns: crate::agent::unix_ns(),
+                        });
+                    }
                     Ok(msg) => {
                         let _ = events.send(Event::FromAgent { conn, msg });
                     }
@@ -212,6 +228,26 @@ async fn serve(
             let (tx, sender) = spawn_sender(sink);
             let _ = events.send(Event::StopRequested { conn, now, tx });
             // Held open until the requester has read the answer and gone.
+            let end = loop {
+                if let Err(e) = stream.recv().await {
+                    break e;
+                }
+            };
+            if rejected(&end) {
+                sender.abort();
+            }
+            Ok(())
+        }
+        Message::ProfileRun { ranks, steps } => {
+            let (sink, mut stream) = connection.split();
+            let (tx, sender) = spawn_sender(sink);
+            let _ = events.send(Event::ProfileRequested {
+                conn,
+                ranks,
+                steps,
+                tx,
+            });
+            // Held open until the capture is saved and the requester gone.
             let end = loop {
                 if let Err(e) = stream.recv().await {
                     break e;

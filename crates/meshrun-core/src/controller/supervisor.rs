@@ -17,6 +17,7 @@ use super::agents;
 use super::checkpoints::Checkpoints;
 use super::driver::{Driver, Signals};
 use super::machine::{Machine, Setup};
+use super::profiles::Captures;
 use super::progress::Progress;
 use super::server::{bind, spawn_accept_loop};
 use super::stacks;
@@ -100,6 +101,8 @@ pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, Core
     // Elastic runs: the host count of the last attempt launched, and the
     // count the next attempt starts with without waiting.
     let mut sizes = Sizes::default();
+    // Profile captures: those taken once per run are remembered here.
+    let mut captures = Captures::default();
     loop {
         let end = attempt(
             &plan,
@@ -107,6 +110,7 @@ pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, Core
             &spares,
             &mut memory_step,
             &mut sizes,
+            &mut captures,
             &mut signals,
             &mut rundir,
             &token,
@@ -248,6 +252,7 @@ async fn attempt(
     spares: &crate::agent::Spares,
     memory_step: &mut Option<u64>,
     sizes: &mut Sizes,
+    captures: &mut Captures,
     signals: &mut Signals,
     rundir: &mut RunDir,
     token: &Token,
@@ -350,10 +355,19 @@ async fn attempt(
     };
     let machine = Machine::new(plan.clone(), setup, Instant::now());
     let progress = Progress::new(opts.progress, attempt).with_loss_metric(plan.loss_metric.clone());
-    let mut driver = Driver::new(machine, plan, attempt, rundir, checkpoints, progress);
+    let mut driver = Driver::new(
+        machine,
+        plan,
+        attempt,
+        rundir,
+        checkpoints,
+        progress,
+        captures,
+    );
     let result = driver
         .run(&mut events, &mut agent_procs, opts.stop.as_ref(), signals)
         .await;
+    let result = result.and_then(|()| driver.end_captures());
     driver.progress.finish();
     if let Some(m) = driver.machine.memory_committed() {
         *memory_step = Some(m);

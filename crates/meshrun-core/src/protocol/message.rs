@@ -165,6 +165,23 @@ pub enum Message {
     /// Bytes of a file in transfer (never JSON: see `frame`).
     #[serde(skip)]
     Raw(bytes::Bytes),
+    /// Agent to controller, once a second: when its workers reached their
+    /// steps, as `(rank, step, Unix ns)` on the controller's clock (the
+    /// agent applies its estimate of the offset, see `ClockProbe`). One
+    /// message per host rather than one per rank and step.
+    StepTimes {
+        times: Vec<(u32, u64, i64)>,
+    },
+    /// Agent to controller: the agent's clock (Unix ns) as it sent this;
+    /// answered at once with [`Message::ClockEcho`], from which the agent
+    /// estimates how far its host's clock is from the controller's.
+    ClockProbe {
+        sent_ns: i64,
+    },
+    ClockEcho {
+        sent_ns: i64,
+        controller_ns: i64,
+    },
     /// Every rank of the attempt has trained a step: an agent starts its
     /// next warm spares now, when they no longer slow the start.
     Training,
@@ -200,6 +217,30 @@ pub enum Message {
     /// What the controller will do about it.
     StopAccepted {
         what: String,
+    },
+
+    // --- `meshrun profile` <-> controller ---
+    /// Trace `steps` steps of `ranks` (`None`: every rank) with
+    /// `jax.profiler`, from their next report.
+    ProfileRun {
+        ranks: Option<Vec<u32>>,
+        steps: u32,
+    },
+    /// The capture began: the traces come to `dir`.
+    ProfileAccepted {
+        dir: String,
+        ranks: Vec<u32>,
+    },
+    /// The capture ended: `ranks` sent their traces, `missing` did not (and
+    /// why). Sent on the same connection as `ProfileAccepted`.
+    ProfileSaved {
+        dir: String,
+        ranks: Vec<u32>,
+        missing: Vec<(u32, String)>,
+    },
+    /// Controller to a requester: it cannot do that, and why.
+    Declined {
+        reason: String,
     },
     WorkerStarted {
         rank: u32,
@@ -266,6 +307,29 @@ pub enum Message {
     /// Where the worker's time went, sent once more when its program ends.
     Timing {
         timing: meshrun_record::Timing,
+    },
+    /// Controller to worker: trace `steps` steps with `jax.profiler` from
+    /// the next report (of step `from_step` or later, when given), then
+    /// send the trace files as `ProfileFile`s and `ProfileDone`, naming
+    /// `capture`.
+    Profile {
+        capture: String,
+        steps: u32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        from_step: Option<u64>,
+    },
+    /// Worker to controller: one file of its trace, `name` relative to the
+    /// trace's folder; its `size` bytes follow in raw frames.
+    ProfileFile {
+        capture: String,
+        name: String,
+        size: u64,
+    },
+    /// Worker to controller: every file of the capture was sent, or the
+    /// trace failed (`error`).
+    ProfileDone {
+        capture: String,
+        error: Option<String>,
     },
     /// Controller to worker: save a checkpoint at the next `report` that
     /// carries the state (preemption), whatever the checkpoint interval.

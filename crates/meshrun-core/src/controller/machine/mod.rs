@@ -357,6 +357,13 @@ impl Machine {
     }
 
     /// The host of the agent on `conn`, once it has one.
+    /// The connection of rank `rank`'s worker, while it is connected and
+    /// has not ended (for requests beside the machine's own: profiles).
+    pub fn worker_conn(&self, rank: u32) -> Option<Conn> {
+        let r = self.ranks.get(rank as usize)?;
+        r.conn.filter(|_| !r.done && self.stop.is_none())
+    }
+
     pub fn host_of(&self, conn: Conn) -> Option<u32> {
         self.agents
             .iter()

@@ -48,6 +48,7 @@ pub fn plan(nprocs: u32) -> RunPlan {
         rendezvous: false,
         join_timeout_s: None,
         elastic: None,
+        observe: crate::plan::Observe::default(),
     }
 }
 

@@ -1,0 +1,255 @@
+//! The driver's part in seeing inside a run: arrival times from the agents
+//! go to [`Stragglers`] and what it finds is recorded; profile captures are
+//! started (by `meshrun profile`, `--profile-steps` or a straggler) and
+//! their files received (see `profiles`).
+
+use std::time::SystemTime;
+
+use meshrun_record::{unix_time, Event};
+use tokio::sync::mpsc;
+
+use super::driver::Driver;
+use super::machine::Conn;
+use super::profiles::Saved;
+use super::stragglers::Found;
+use crate::error::CoreError;
+use crate::plan::DEFAULT_PROFILE_STEPS;
+use crate::protocol::Message;
+
+/// A straggler's automatic capture takes every rank up to this many, else
+/// the straggler's host and one rank of another for comparison.
+const CAPTURE_ALL_UP_TO: u32 = 8;
+
+impl Driver<'_> {
+    /// `StepTimes` from an agent.
+    pub(super) fn step_times(&mut self, times: Vec<(u32, u64, i64)>) -> Result<(), CoreError> {
+        let now = unix_time();
+        for (rank, step, ns) in times {
+            self.stragglers.arrived(rank, step, ns, self.attempt, now);
+        }
+        let (lines, found) = self.stragglers.take();
+        for line in &lines {
+            self.rundir.lag(line)?;
+        }
+        for f in found {
+            self.straggler(&f)?;
+        }
+        Ok(())
+    }
+
+    fn straggler(&mut self, f: &Found) -> Result<(), CoreError> {
+        let host = f.rank / self.plan.procs_per_host.max(1);
+        tracing::warn!(
+            rank = f.rank,
+            "rank {} (host {host}) reaches its steps {:.0}% of a step later than the median rank ({:.1} ms behind the first, over {} steps)",
+            f.rank,
+            f.slower * 100.0,
+            f.lag_ms,
+            f.steps
+        );
+        self.rundir.event(Event::Straggler {
+            attempt: self.attempt,
+            rank: f.rank,
+            host,
+            slower: (f.slower * 1000.0).round() / 1000.0,
+            lag_ms: f.lag_ms,
+            median_lag_ms: f.median_lag_ms,
+            step: f.step,
+            steps: f.steps,
+        })?;
+        if self.plan.observe.profile_stragglers
+            && !self.captures.straggler_taken
+            && self.captures.busy().is_none()
+        {
+            self.captures.straggler_taken = true;
+            let ranks = self.straggler_ranks(f.rank);
+            let reason = format!("straggler rank {}", f.rank);
+            self.start_capture(&ranks, DEFAULT_PROFILE_STEPS, None, &reason, None)?;
+        }
+        Ok(())
+    }
+
+    fn straggler_ranks(&self, rank: u32) -> Vec<u32> {
+        let world = self.machine.world();
+        if world <= CAPTURE_ALL_UP_TO {
+            return (0..world).collect();
+        }
+        let pph = self.plan.procs_per_host.max(1);
+        let host = rank / pph;
+        let mut ranks: Vec<u32> = (host * pph..(host + 1) * pph).collect();
+        ranks.push(if host == 0 { pph } else { 0 });
+        ranks
+    }
+
+    /// `meshrun profile`: starts a capture or says why not.
+    pub(super) fn profile_requested(
+        &mut self,
+        conn: Conn,
+        ranks: Option<Vec<u32>>,
+        steps: u32,
+        tx: mpsc::UnboundedSender<Message>,
+    ) -> Result<(), CoreError> {
+        self.conns.insert(conn, tx);
+        let world = self.machine.world();
+        let declined = if !self.machine.launched() {
+            Some("the run has not started its workers yet; try again once it trains".to_string())
+        } else if let Some(dir) = self.captures.busy() {
+            Some(format!(
+                "a capture is under way into {}; try again when it is saved",
+                dir.display()
+            ))
+        } else if steps == 0 {
+            Some("--steps must be at least 1, got 0".to_string())
+        } else {
+            ranks.iter().flatten().find(|&&r| r >= world).map(|r| {
+                format!(
+                    "--ranks names rank {r}, but this attempt has ranks 0 to {}",
+                    world - 1
+                )
+            })
+        };
+        if let Some(reason) = declined {
+            self.send_to(conn, Message::Declined { reason });
+            return Ok(());
+        }
+        let mut ranks = ranks.unwrap_or_else(|| (0..world).collect());
+        ranks.sort_unstable();
+        ranks.dedup();
+        self.start_capture(&ranks, steps, None, "asked", Some(conn))
+            .map(drop)
+    }
+
+    /// `--profile-steps A:B`: the capture begins with the attempt's first
+    /// worker and every worker is told as it connects.
+    pub(super) fn worker_joined(&mut self, conn: Conn) -> Result<(), CoreError> {
+        let Some((a, b)) = self.plan.observe.profile_steps else {
+            return Ok(());
+        };
+        if self.captures.launch_taken {
+            return Ok(());
+        }
+        if self.captures.launch.is_none() && self.captures.busy().is_none() {
+            let ranks: Vec<u32> = (0..self.machine.world()).collect();
+            let reason = format!("--profile-steps {a}:{b}");
+            let name = self.start_capture(&ranks, 0, None, &reason, None)?;
+            self.captures.launch = Some(name);
+        }
+        if let Some(capture) = self.captures.launch.clone() {
+            self.send_to(
+                conn,
+                Message::Profile {
+                    capture,
+                    steps: u32::try_from(b - a).unwrap_or(u32::MAX),
+                    from_step: Some(a),
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// Starts a capture of `ranks` and tells them (`steps` 0: the caller
+    /// tells them itself); returns its name.
+    fn start_capture(
+        &mut self,
+        ranks: &[u32],
+        steps: u32,
+        from_step: Option<u64>,
+        reason: &str,
+        requester: Option<Conn>,
+    ) -> Result<String, CoreError> {
+        let (capture, dir) =
+            self.captures
+                .start(self.rundir.path(), SystemTime::now(), ranks, requester);
+        let shown = dir.display().to_string();
+        if let Some(conn) = requester {
+            self.send_to(
+                conn,
+                Message::ProfileAccepted {
+                    dir: shown.clone(),
+                    ranks: ranks.to_vec(),
+                },
+            );
+        }
+        self.rundir.event(Event::ProfileStarted {
+            attempt: self.attempt,
+            dir: shown,
+            ranks: ranks.to_vec(),
+            steps,
+            reason: reason.to_string(),
+        })?;
+        if steps > 0 {
+            for &rank in ranks {
+                if let Some(conn) = self.machine.worker_conn(rank) {
+                    let msg = Message::Profile {
+                        capture: capture.clone(),
+                        steps,
+                        from_step,
+                    };
+                    self.send_to(conn, msg);
+                }
+            }
+        }
+        Ok(capture)
+    }
+
+    /// A worker's message about a capture; `false` when it is none.
+    pub(super) fn profile_message(&mut self, rank: u32, msg: &Message) -> Result<bool, CoreError> {
+        match msg {
+            Message::ProfileFile {
+                capture,
+                name,
+                size,
+            } => self.captures.file(rank, capture, name, *size),
+            Message::Raw(data) => self.captures.bytes(rank, data),
+            Message::ProfileDone { capture, error } => {
+                if let Some(saved) = self.captures.rank_done(rank, capture, error.clone()) {
+                    self.saved(saved)?;
+                }
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// The attempt is over: a capture still waiting for traces ends here.
+    pub fn end_captures(&mut self) -> Result<(), CoreError> {
+        if let Some(saved) = self
+            .captures
+            .give_up("the attempt ended before this rank sent its trace")
+        {
+            self.saved(saved)?;
+        }
+        Ok(())
+    }
+
+    fn saved(&mut self, saved: Saved) -> Result<(), CoreError> {
+        let dir = saved.dir.display().to_string();
+        if !saved.ranks.is_empty() && self.captures.launch.is_some() {
+            self.captures.launch_taken = true;
+        }
+        self.captures.launch = None;
+        self.rundir.event(Event::ProfileSaved {
+            attempt: self.attempt,
+            dir: dir.clone(),
+            ranks: saved.ranks.clone(),
+            missing: saved.missing.clone(),
+        })?;
+        if let Some(conn) = saved.requester {
+            self.send_to(
+                conn,
+                Message::ProfileSaved {
+                    dir,
+                    ranks: saved.ranks,
+                    missing: saved.missing,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    fn send_to(&self, conn: Conn, msg: Message) {
+        if let Some(tx) = self.conns.get(&conn) {
+            let _ = tx.send(msg);
+        }
+    }
+}

@@ -1,0 +1,298 @@
+//! Profile captures: the traces each rank takes with `jax.profiler` come
+//! over its control connection (hosts share nothing) and are written into
+//! the run folder, `profiles/<capture>/rank-R/`, as the rank's profiler
+//! laid them out; each rank's `XPlane` is also linked as
+//! `profiles/<capture>/tensorboard/plugins/profile/<capture>/rank-R.xplane.pb`,
+//! the layout in which `TensorBoard`'s profile plugin shows every rank of the
+//! capture as one run with a host per rank (its trace viewer takes several
+//! hosts on one timeline). That folder holds nothing else, so the plugin
+//! lists no other run.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
+use std::io::Write;
+use std::path::{Component, Path, PathBuf};
+
+use meshrun_record::names;
+
+use super::machine::Conn;
+
+/// One capture under way.
+struct Capture {
+    name: String,
+    dir: PathBuf,
+    ranks: BTreeSet<u32>,
+    /// rank -> `None` when its trace came whole, else why not.
+    done: BTreeMap<u32, Option<String>>,
+    /// Who asked (`meshrun profile`), to be told when it is saved.
+    requester: Option<Conn>,
+}
+
+/// A file being received from a rank.
+struct Incoming {
+    file: Option<File>,
+    left: u64,
+}
+
+/// A capture that ended: what to record and whom to tell.
+#[derive(Debug)]
+pub struct Saved {
+    pub dir: PathBuf,
+    pub ranks: Vec<u32>,
+    pub missing: Vec<(u32, String)>,
+    pub requester: Option<Conn>,
+}
+
+#[derive(Default)]
+pub struct Captures {
+    active: Option<Capture>,
+    incoming: BTreeMap<u32, Incoming>,
+    /// `--profile-stragglers` takes one capture per run.
+    pub straggler_taken: bool,
+    /// `--profile-steps`: the capture of this attempt, and whether one
+    /// was saved (it is taken once per run).
+    pub launch: Option<String>,
+    pub launch_taken: bool,
+}
+
+impl Captures {
+    /// Whether a capture is under way (one at a time: every rank traces
+    /// the same steps).
+    pub fn busy(&self) -> Option<&Path> {
+        self.active.as_ref().map(|c| c.dir.as_path())
+    }
+
+    /// Begins a capture named after the time `now` into the run folder
+    /// `root`; returns its name and folder.
+    pub fn start(
+        &mut self,
+        root: &Path,
+        now: std::time::SystemTime,
+        ranks: &[u32],
+        requester: Option<Conn>,
+    ) -> (String, PathBuf) {
+        let stamp = humantime::format_rfc3339_seconds(now)
+            .to_string()
+            .replace(['-', ':'], "")
+            .replace('T', "-")
+            .trim_end_matches('Z')
+            .to_string();
+        let mut name = stamp.clone();
+        let mut n = 1;
+        while names::profile_dir(root, &name).exists() {
+            n += 1;
+            name = format!("{stamp}-{n}");
+        }
+        let dir = names::profile_dir(root, &name);
+        self.incoming.clear();
+        self.active = Some(Capture {
+            name: name.clone(),
+            dir: dir.clone(),
+            ranks: ranks.iter().copied().collect(),
+            done: BTreeMap::new(),
+            requester,
+        });
+        (name, dir)
+    }
+
+    /// A `ProfileFile` from `rank`: its bytes follow in raw frames.
+    pub fn file(&mut self, rank: u32, capture: &str, name: &str, size: u64) {
+        let Some(c) = self.active.as_ref().filter(|c| c.name == capture) else {
+            // A capture given up on: the bytes that follow are skipped.
+            self.incoming.insert(
+                rank,
+                Incoming {
+                    file: None,
+                    left: size,
+                },
+            );
+            return;
+        };
+        let file = safe_relative(name).and_then(|rel| {
+            let path = c.dir.join(format!("rank-{rank}")).join(rel);
+            std::fs::create_dir_all(path.parent()?).ok()?;
+            File::create(&path).ok()
+        });
+        self.incoming.insert(rank, Incoming { file, left: size });
+    }
+
+    /// Raw bytes from `rank`, of the file it announced.
+    pub fn bytes(&mut self, rank: u32, data: &[u8]) {
+        let Some(inc) = self.incoming.get_mut(&rank) else {
+            return;
+        };
+        let take = data.len().min(inc.left as usize);
+        if let Some(f) = &mut inc.file {
+            if f.write_all(&data[..take]).is_err() {
+                inc.file = None;
+            }
+        }
+        inc.left -= take as u64;
+        if inc.left == 0 {
+            self.incoming.remove(&rank);
+        }
+    }
+
+    /// `rank` sent all it had of `capture` (or failed to take it).
+    pub fn rank_done(&mut self, rank: u32, capture: &str, error: Option<String>) -> Option<Saved> {
+        let c = self.active.as_mut().filter(|c| c.name == capture)?;
+        if !c.ranks.contains(&rank) {
+            return None;
+        }
+        let error = error.or_else(|| {
+            self.incoming
+                .contains_key(&rank)
+                .then(|| "its trace came incomplete".to_string())
+        });
+        c.done.insert(rank, error);
+        if c.done.len() < c.ranks.len() {
+            return None;
+        }
+        self.finish(None)
+    }
+
+    /// The attempt is ending: ranks that have not sent their trace never
+    /// will (`why`).
+    pub fn give_up(&mut self, why: &str) -> Option<Saved> {
+        self.active.as_ref()?;
+        self.finish(Some(why))
+    }
+
+    fn finish(&mut self, why_missing: Option<&str>) -> Option<Saved> {
+        let c = self.active.take()?;
+        self.incoming.clear();
+        let mut ranks = Vec::new();
+        let mut missing = Vec::new();
+        for &rank in &c.ranks {
+            match c.done.get(&rank) {
+                Some(None) => ranks.push(rank),
+                Some(Some(e)) => missing.push((rank, e.clone())),
+                None => missing.push((rank, why_missing.unwrap_or("it sent no trace").to_string())),
+            }
+        }
+        link_for_tensorboard(&c.dir, &c.name, &ranks);
+        Some(Saved {
+            dir: c.dir,
+            ranks,
+            missing,
+            requester: c.requester,
+        })
+    }
+}
+
+/// A path a worker named, if it stays inside the folder it is joined to.
+fn safe_relative(name: &str) -> Option<PathBuf> {
+    let path = Path::new(name);
+    let plain = path.components().all(|c| matches!(c, Component::Normal(_)));
+    (plain && !name.is_empty()).then(|| path.to_path_buf())
+}
+
+/// `tensorboard/plugins/profile/<capture>/rank-R.xplane.pb`, hard links
+/// (or copies) of each rank's `XPlane`: `TensorBoard`'s profile plugin names a
+/// run's hosts after these files.
+fn link_for_tensorboard(dir: &Path, capture: &str, ranks: &[u32]) {
+    let tb = dir
+        .join(names::PROFILE_TENSORBOARD)
+        .join("plugins")
+        .join("profile")
+        .join(capture);
+    for &rank in ranks {
+        let Some(xplane) = find_file(&dir.join(format!("rank-{rank}")), ".xplane.pb") else {
+            continue;
+        };
+        if std::fs::create_dir_all(&tb).is_err() {
+            return;
+        }
+        let link = tb.join(format!("rank-{rank}.xplane.pb"));
+        if std::fs::hard_link(&xplane, &link).is_err() {
+            let _ = std::fs::copy(&xplane, &link);
+        }
+    }
+}
+
+/// The first file under `dir` whose name ends in `suffix`.
+pub fn find_file(dir: &Path, suffix: &str) -> Option<PathBuf> {
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(d) = pending.pop() {
+        let mut entries: Vec<PathBuf> = std::fs::read_dir(&d)
+            .ok()?
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        entries.sort();
+        for path in entries {
+            if path.is_dir() {
+                pending.push(path);
+            } else if path.to_string_lossy().ends_with(suffix) {
+                return Some(path);
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_from_each_rank_land_in_its_folder_and_link_for_tensorboard() {
+        let root = tempfile::tempdir().unwrap();
+        let mut c = Captures::default();
+        let (name, dir) = c.start(
+            root.path(),
+            std::time::SystemTime::UNIX_EPOCH,
+            &[0, 1],
+            Some(9),
+        );
+        assert_eq!(name, "19700101-000000");
+        assert!(c.busy().is_some());
+        for rank in [0, 1] {
+            c.file(rank, &name, "plugins/profile/x/h.xplane.pb", 6);
+            c.bytes(rank, b"abc");
+            c.bytes(rank, b"def");
+        }
+        assert!(c.rank_done(0, &name, None).is_none());
+        c.file(1, &name, "../../escape", 3);
+        c.bytes(1, b"xyz");
+        let saved = c.rank_done(1, &name, None).unwrap();
+        assert_eq!((saved.ranks, saved.requester), (vec![0, 1], Some(9)));
+        let tb = dir.join("tensorboard/plugins/profile").join(&name);
+        assert_eq!(
+            std::fs::read(tb.join("rank-1.xplane.pb")).unwrap(),
+            b"abcdef"
+        );
+        assert!(
+            !root.path().join("escape").exists(),
+            "names stay inside the capture"
+        );
+        assert!(c.busy().is_none());
+        let (again, _) = c.start(root.path(), std::time::SystemTime::UNIX_EPOCH, &[0], None);
+        assert_eq!(again, "19700101-000000-2");
+    }
+
+    #[test]
+    fn ranks_that_send_nothing_are_missing_with_the_reason() {
+        let root = tempfile::tempdir().unwrap();
+        let mut c = Captures::default();
+        let (name, _) = c.start(
+            root.path(),
+            std::time::SystemTime::UNIX_EPOCH,
+            &[0, 1, 2],
+            None,
+        );
+        c.rank_done(0, &name, None);
+        c.file(1, &name, "t.json.gz", 10);
+        c.bytes(1, b"abc");
+        assert!(c.rank_done(1, &name, None).is_none());
+        let saved = c.give_up("the attempt ended").unwrap();
+        assert_eq!(saved.ranks, vec![0]);
+        assert_eq!(
+            saved.missing,
+            vec![
+                (1, "its trace came incomplete".into()),
+                (2, "the attempt ended".into())
+            ]
+        );
+    }
+}

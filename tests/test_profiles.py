@@ -1,0 +1,153 @@
+"""Seeing why a healthy run is slow: a rank that sleeps in every step is
+named a straggler (event, `status`, the report's heatmap) and profiled
+with the others; `meshrun profile` collects one trace per rank of a running
+GPT over the control connection; `--profile-steps` traces a step range.
+The traces are read back with XLA's own reader (in a subprocess: the test
+process never imports JAX)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, SCRIPTS, assert_none_left, cli, meshrun, read_jsonl, start, stop, wait_for
+
+PACED = str(SCRIPTS / "gpt_paced.py")
+# A GPT small enough that a step takes a few tens of ms on 2 cores: the
+# 50 ms a slow rank sleeps is then most of a step.
+SMALL = ["--fsdp", "2", "--tensor", "2", "--d-model", "32", "--layers", "1", "--seq-len", "32", "--batch-size", "4", "--eval-every", "1000"]
+WINDOW = 10
+
+
+def check_traces(capture: Path, ranks: list[int]) -> dict[str, int]:
+    """Every rank's XPlane parses with XLA's reader (jax.profiler.ProfileData)
+    and its trace.json.gz as JSON; the TensorBoard layout links them all.
+    Returns each rank's count of trace events."""
+    counts = {}
+    for rank in ranks:
+        (trace,) = (capture / f"rank-{rank}").rglob("*.trace.json.gz")
+        with gzip.open(trace) as f:
+            events = json.load(f)["traceEvents"]
+        assert len(events) > 100, f"rank {rank}: only {len(events)} trace events"
+        counts[f"rank-{rank}"] = len(events)
+    (tb,) = (capture / "tensorboard" / "plugins" / "profile").iterdir()
+    assert sorted(p.name for p in tb.iterdir()) == [f"rank-{r}.xplane.pb" for r in ranks]
+    read = subprocess.run(
+        [sys.executable, "-c", "import sys, jax\nfor p in sys.argv[1:]:\n    d = jax.profiler.ProfileData.from_file(p)\n    print(p, sorted(pl.name for pl in d.planes))", *map(str, sorted(tb.iterdir()))],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )
+    assert read.returncode == 0, read.stderr
+    assert read.stdout.count("/host:CPU") == len(ranks), read.stdout
+    return counts
+
+
+class _Rows(HTMLParser):
+    """The heatmap's rows: rank -> the mean lag it is drawn from."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows: dict[int, float] = {}
+        self.opacity: dict[int, list[float]] = {}
+        self._rank = None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "g" and a.get("class") == "row":
+            self._rank = int(a["data-rank"])
+            self.rows[self._rank] = float(a["data-mean-lag-ms"])
+            self.opacity[self._rank] = []
+        elif tag == "rect" and self._rank is not None:
+            self.opacity[self._rank].append(float(a["fill-opacity"]))
+
+    def handle_endtag(self, tag):
+        if tag == "g":
+            self._rank = None
+
+
+@pytest.mark.slow
+def test_a_rank_sleeping_in_each_step_is_named_and_profiled_with_the_others(tmp_path):
+    runs = tmp_path / "runs"
+    done = meshrun(
+        ["-n", "2", "--devices-per-proc", "2", "--quiet", "--straggler-steps", str(WINDOW), "--profile-stragglers", "--profile-steps", "3:5",
+         PACED, *SMALL, "--steps", "60", "--data-dir", str(tmp_path / "data")],
+        runs_dir=runs, name="slow", env={"GPT_PACE_S": "0.05", "GPT_PACE_RANKS": "1"}, timeout=300,
+    )
+    assert done.code == 0, done.stderr
+    events = done.events()
+    named = [e for e in events if e["event"] == "straggler"]
+    assert [e["rank"] for e in named] == [1], named
+    lag = read_jsonl(done.run_dir / "lag.jsonl")
+    # Named within the window: the first WINDOW steps judged (every step
+    # after the first one all ranks reported) are enough.
+    judged = [line["step"] for line in lag if line["step_ms"] > 0]
+    assert named[0]["step"] <= judged[WINDOW - 1] + 2, (named[0], judged[:WINDOW + 2])
+    assert named[0]["slower"] > 0.2 and named[0]["lag_ms"] > 25, named[0]
+
+    status = cli("status", "slow", "--runs-dir", runs)
+    assert re.search(r"^slowest\s+rank 1 \(host 0\): \d+% of a step later than the median rank", status.stdout, re.M), status.stdout
+    assert "named a straggler at step" in status.stdout
+
+    rows = _Rows()
+    rows.feed((done.run_dir / "report.html").read_text())
+    assert set(rows.rows) == {0, 1}
+    assert rows.rows[1] > 25 and rows.rows[0] < 5, rows.rows
+    assert sum(rows.opacity[1]) > 3 * sum(rows.opacity[0]), "rank 1's row is drawn darker"
+
+    saved = {e["dir"]: e for e in events if e["event"] == "profile_saved"}
+    started = {e["reason"]: e for e in events if e["event"] == "profile_started"}
+    assert set(started) == {"--profile-steps 3:5", "straggler rank 1"}, started
+    for reason, e in started.items():
+        assert saved[e["dir"]]["ranks"] == [0, 1] and not saved[e["dir"]].get("missing"), (reason, saved)
+        check_traces(Path(e["dir"]), [0, 1])
+
+
+@pytest.mark.slow
+def test_meshrun_profile_collects_one_trace_per_rank_of_a_running_gpt(tmp_path):
+    runs = tmp_path / "runs"
+    run_dir = runs / "g"
+    proc = start(["-n", "2", "--devices-per-proc", "2", "--quiet", "--tee", "none", PACED, *SMALL, "--steps", "400", "--data-dir", str(tmp_path / "data")],
+                 runs_dir=runs, name="g", env={"GPT_PACE_S": "0.1"})
+    try:
+        wait_for(lambda: proc.poll() is not None or any((r["step"] or 0) >= 3 for r in read_jsonl(run_dir / "metrics.jsonl")), 180, "step 3")
+        assert proc.poll() is None, proc.communicate()[1]
+
+        wrong = cli("profile", "g", "--runs-dir", runs, "--ranks", "0,7")
+        assert wrong.returncode == 1 and "--ranks names rank 7, but this attempt has ranks 0 to 1" in wrong.stderr, wrong.stderr
+
+        took = cli("profile", "g", "--runs-dir", runs, "--steps", "3")
+        assert took.returncode == 0, took.stderr
+        found = re.search(r"traces of ranks 0, 1 saved in (\S+)\n", took.stdout)
+        assert found, took.stdout
+        capture = Path(found.group(1))
+        assert capture.parent == run_dir / "profiles"
+        assert f"tensorboard --logdir {capture / 'tensorboard'} " in took.stdout
+        check_traces(capture, [0, 1])
+
+        one = cli("profile", "g", "--runs-dir", runs, "--steps", "1", "--ranks", "1")
+        assert one.returncode == 0, one.stderr
+        (only,) = re.findall(r"traces of rank 1 saved in (\S+)\n", one.stdout)
+        assert sorted(p.name for p in Path(only).iterdir()) == ["rank-1", "tensorboard"]
+        assert proc.poll() is None, "profiling does not stop the run"
+    finally:
+        stop(proc)
+        assert_none_left(run_dir)
+    done = cli("profile", "g", "--runs-dir", runs)
+    assert done.returncode == 1 and "run 'g' is not running" in done.stderr, done.stderr
+
+
+def test_profile_and_straggler_options_are_checked_before_anything_starts(tmp_path):
+    for args, message in [
+        (["--profile-steps", "5:2"], "--profile-steps takes A:B, two steps with A below B"),
+        (["--profile-steps", "x"], "got 'x'"),
+        (["--straggler-threshold", "0"], "--straggler-threshold must be a share of a step above 0"),
+        (["--straggler-steps", "0"], "--straggler-steps must be at least 1, got 0"),
+    ]:
+        done = cli("run", "--runs-dir", tmp_path / "runs", *args, SCRIPTS / "hello.py")
+        assert done.returncode == 2 and message in done.stderr, (args, done.stderr)
+        assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
