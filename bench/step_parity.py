@@ -4,7 +4,9 @@ alternately, in one run. Reports the median step time of each (steps after
 the first few, which compile) and parity = by-hand / meshrun (goal >= 0.98).
 meshrun runs on a pseudo-terminal, so its live progress bar is drawn (and
 rank 0's output printed above it) as on a user's terminal; ``--no-bar``
-runs it without one (``--quiet``, output to /dev/null).
+runs it without one (``--quiet``, output to /dev/null). Straggler
+measurement is on, as in every run: the figures count the lines of
+``lag.jsonl`` each meshrun run wrote (one per step every rank reported).
 
     python bench/step_parity.py [--rounds 3] [--steps 60] [--no-bar] [--json OUT]
 """
@@ -70,6 +72,7 @@ def on_terminal(cmd: list[str]) -> tuple[int, str]:
 
 
 BAR_REDRAWS: list[int] = []
+LAG_LINES: list[int] = []
 
 
 def with_meshrun(steps: int, tmp: Path, i: int, bar: bool = True) -> list[float]:
@@ -86,6 +89,8 @@ def with_meshrun(steps: int, tmp: Path, i: int, bar: bool = True) -> list[float]
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=900,
         )
         assert proc.returncode == 0, proc.stderr
+    lag = tmp / "runs" / f"p{i}" / "lag.jsonl"
+    LAG_LINES.append(len(lag.read_text().splitlines()) if lag.exists() else 0)
     return json.loads(out.read_text())[WARMUP:]
 
 
@@ -112,12 +117,15 @@ def main() -> None:
         "parity": statistics.median(hand) / statistics.median(mesh),
         "progress_bar": args.bar,
         "bar_redraws_per_run": BAR_REDRAWS,
+        # Straggler measurement was on: every step's arrivals reached the
+        # controller (steps + the validation report of step 0).
+        "lag_lines_per_run": LAG_LINES,
     }
     publish(
         f"step parity, demo GPT (2 processes x 2 CPU devices, fsdp=2 tensor=2), {args.rounds} runs each, steps {WARMUP + 1}..{args.steps}",
         ("launch", "median step (s)"),
         [("by hand, explicit jax.distributed arguments", f"{result['hand_median_step_s']:.4f}"), ("meshrun run" + (" (progress bar on a terminal)" if args.bar else " --quiet"), f"{result['meshrun_median_step_s']:.4f}")],
-        f"parity (by hand / meshrun): {result['parity']:.3f}",
+        f"parity (by hand / meshrun): {result['parity']:.3f}; straggler measurement on: lag.jsonl lines per meshrun run {LAG_LINES}",
         result,
         args.json,
     )

@@ -6,7 +6,7 @@ every such test names a row. The tests themselves sit beside their feature:
   test_control_plane.py (control port), test_cli_states.py (a name in use),
   test_ray.py (a Ray address that does not answer, a cluster that holds
   back resources past the start timeout);
-- ``status`` and ``logs``: test_cli_states.py;
+- ``status`` and ``logs``: test_cli_states.py; ``profile``: test_profiles.py;
 - checkpoints and ``ckpt``: test_checkpoint.py; resuming from a given step:
   test_ckpt_fallback.py; object storage: test_s3.py;
 - Python configuration, ``report`` and ``save``: test_trainer.py; Ray

@@ -179,6 +179,8 @@ PY_CONFIGS = {
     "py-memory-every-zero": dict(run={"checkpoint_config": meshrun.CheckpointConfig(memory_every_n_steps=0)}),
     "py-spare-imports-string": dict(run={"failure_config": meshrun.FailureConfig(spare_imports="jax")}),
     "py-warm-spares-not-bool": dict(run={"failure_config": meshrun.FailureConfig(warm_spares="yes")}),
+    "py-straggler-threshold-zero": dict(run={"straggler_threshold": 0}),
+    "py-profile-steps-backwards": dict(run={"profile_steps": (5, 2)}),
     "py-score-order-unknown": dict(run={"checkpoint_config": meshrun.CheckpointConfig(score_order="best")}),
 }
 covers(*PY_CONFIGS)

@@ -11,6 +11,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from meshrun import _native
+
 # (capture, reports left, folder) while a trace runs.
 _active: tuple[str, int, Path] | None = None
 
@@ -64,7 +66,7 @@ def _folder(capture: str) -> Path:
     else a temporary folder."""
     scratch = os.environ.get("MESHRUN_SCRATCH")
     if scratch:
-        folder = Path(scratch) / "profiles" / capture / f"rank-{os.environ.get('MESHRUN_RANK', '0')}"
+        folder = _native.profile_folder(scratch, capture, int(os.environ.get("MESHRUN_RANK", "0")))
         folder.mkdir(parents=True, exist_ok=True)
         return folder
     return Path(tempfile.mkdtemp(prefix=f"meshrun-profile-{capture}-"))

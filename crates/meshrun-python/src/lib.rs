@@ -34,6 +34,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(run::run, m)?)?;
     m.add_class::<worker::WorkerClient>()?;
     m.add_function(wrap_pyfunction!(worker::stacks_file, m)?)?;
+    m.add_function(wrap_pyfunction!(worker::profile_folder, m)?)?;
     m.add_function(wrap_pyfunction!(worker::read_metrics, m)?)?;
     m.add_class::<data::DataSource>()?;
     m.add_class::<data::DataLoader>()?;

@@ -228,6 +228,14 @@ pub fn stacks_file(scratch: PathBuf, attempt: u32, rank: u32) -> PathBuf {
     names::stack_file(&names::stacks_dir(&scratch, attempt), rank)
 }
 
+/// Where rank `rank` writes its trace of profile capture `capture` before
+/// sending it, under the run's scratch folder on its host.
+#[pyfunction]
+#[allow(clippy::needless_pass_by_value)] // PyO3 hands arguments over as owned values
+pub fn profile_folder(scratch: PathBuf, capture: &str, rank: u32) -> PathBuf {
+    names::profile_dir(&scratch, capture).join(format!("rank-{rank}"))
+}
+
 /// Rank 0's metrics records in `run_dir`'s `metrics.jsonl` from byte
 /// `offset` on, as dicts, and the offset to read on from: the follower of a
 /// live run (`--tensorboard`) reads the file through the run folder's types.

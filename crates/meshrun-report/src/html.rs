@@ -84,7 +84,7 @@ pub fn page(run: &Run) -> String {
     let mut s = String::new();
     let _ = write!(
         s,
-        r#"<!doctype html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1"><link rel="icon" href="data:,"><title>meshrun report: {}</title><style>{STYLE}</style></head><body><main>"#,
+        r#"<!doctype html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1"><title>meshrun report: {}</title><style>{STYLE}</style></head><body><main>"#,
         escape(&run.name)
     );
     header(&mut s, run);
@@ -353,6 +353,9 @@ fn goodput(s: &mut String, run: &Run) {
     s.push_str(r#"<section id="goodput-section"><h2>Goodput</h2>"#);
     match &run.goodput {
         Goodput::Data(v) => s.push_str(&timeline::goodput(v)),
+        Goodput::Missing if run.state == Some(RunState::Running) => s.push_str(&empty(
+            "not yet: goodput.json is written when an attempt ends",
+        )),
         Goodput::Missing => s.push_str(&empty("no goodput data (goodput.json is missing)")),
         Goodput::Unreadable(e) => {
             s.push_str(&empty(&format!("no goodput data: {e}")));

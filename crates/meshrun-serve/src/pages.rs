@@ -25,16 +25,20 @@ fn script(stream: &str) -> String {
 /// A whole page around `body`, live from `stream`.
 pub fn live(title: &str, body: &str, stream: &str) -> String {
     format!(
-        r#"<!doctype html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1"><link rel="icon" href="data:,"><title>{}</title><style>{STYLE}</style>{}</head><body>{body}</body></html>"#,
+        r#"<!doctype html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">{NO_ICON}<title>{}</title><style>{STYLE}</style>{}</head><body>{body}</body></html>"#,
         escape(title),
         script(stream)
     )
 }
 
+/// Says the page has no icon, so that a browser asks for none (the
+/// report file itself links nothing).
+const NO_ICON: &str = r#"<link rel="icon" href="data:,">"#;
+
 /// A report page made live from `stream`.
 pub fn with_stream(page: &str, stream: &str) -> String {
     match page.find("</head>") {
-        Some(at) => format!("{}{}{}", &page[..at], script(stream), &page[at..]),
+        Some(at) => format!("{}{NO_ICON}{}{}", &page[..at], script(stream), &page[at..]),
         None => page.to_string(),
     }
 }

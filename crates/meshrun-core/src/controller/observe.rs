@@ -100,6 +100,11 @@ impl Driver<'_> {
             ))
         } else if steps == 0 {
             Some("--steps must be at least 1, got 0".to_string())
+        } else if ranks.as_ref().is_some_and(Vec::is_empty) {
+            Some(
+                "--ranks names no rank; give ranks such as 0,3, or leave it out for every rank"
+                    .to_string(),
+            )
         } else {
             ranks.iter().flatten().find(|&&r| r >= world).map(|r| {
                 format!(

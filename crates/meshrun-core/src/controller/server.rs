@@ -13,7 +13,7 @@ use tokio::task::JoinHandle;
 
 use super::machine::Conn;
 use crate::protocol::auth::{self, HANDSHAKE_TIMEOUT};
-use crate::protocol::{FrameSink, Message, ProtocolError};
+use crate::protocol::{Connection, FrameSink, Message, ProtocolError};
 use crate::token::Token;
 
 /// What the connections tell the supervisor. Every connection is
@@ -224,42 +224,47 @@ async fn serve(
             Ok(())
         }
         Message::StopRun { now } => {
-            let (sink, mut stream) = connection.split();
-            let (tx, sender) = spawn_sender(sink);
-            let _ = events.send(Event::StopRequested { conn, now, tx });
-            // Held open until the requester has read the answer and gone.
-            let end = loop {
-                if let Err(e) = stream.recv().await {
-                    break e;
-                }
-            };
-            if rejected(&end) {
-                sender.abort();
-            }
-            Ok(())
+            hold_request(connection, events, rejected, |tx| Event::StopRequested {
+                conn,
+                now,
+                tx,
+            })
+            .await
         }
         Message::ProfileRun { ranks, steps } => {
-            let (sink, mut stream) = connection.split();
-            let (tx, sender) = spawn_sender(sink);
-            let _ = events.send(Event::ProfileRequested {
+            hold_request(connection, events, rejected, |tx| Event::ProfileRequested {
                 conn,
                 ranks,
                 steps,
                 tx,
-            });
-            // Held open until the capture is saved and the requester gone.
-            let end = loop {
-                if let Err(e) = stream.recv().await {
-                    break e;
-                }
-            };
-            if rejected(&end) {
-                sender.abort();
-            }
-            Ok(())
+            })
+            .await
         }
         _ => Err("first message after authentication was not a hello".into()),
     }
+}
+
+/// A request from a command (`meshrun stop`, `meshrun profile`): the
+/// supervisor gets `event` with the sender its answers go back on, and the
+/// connection is held open until the requester has read them and gone.
+async fn hold_request(
+    connection: Connection,
+    events: &mpsc::UnboundedSender<Event>,
+    rejected: impl Fn(&ProtocolError) -> bool,
+    event: impl FnOnce(mpsc::UnboundedSender<Message>) -> Event,
+) -> Result<(), String> {
+    let (sink, mut stream) = connection.split();
+    let (tx, sender) = spawn_sender(sink);
+    let _ = events.send(event(tx));
+    let end = loop {
+        if let Err(e) = stream.recv().await {
+            break e;
+        }
+    };
+    if rejected(&end) {
+        sender.abort();
+    }
+    Ok(())
 }
 
 /// A task that writes what the supervisor sends to `sink`, until the
