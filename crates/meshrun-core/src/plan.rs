@@ -296,7 +296,9 @@ impl RunSpec {
                 divisors: divisors.join(", "),
             });
         }
-        if self.hosts > MAX_LOCAL_HOSTS {
+        // Only the local backend's own agents need a loopback address each;
+        // hosts that join (`--listen`) or Ray's bring their own.
+        if self.hosts > MAX_LOCAL_HOSTS && self.listen.is_none() && self.ray.is_none() {
             return Err(UsageError::TooManyHosts {
                 hosts: self.hosts,
                 max: MAX_LOCAL_HOSTS,

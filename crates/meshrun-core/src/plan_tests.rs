@@ -61,6 +61,21 @@ fn valid_spec_plans_without_touching_disk() {
 }
 
 #[test]
+fn hosts_that_join_are_not_bound_by_the_loopback_addresses() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = spec(dir.path());
+    (s.nprocs, s.hosts) = (1024, 512);
+    let msg = check(s.clone()).unwrap_err().to_string();
+    assert!(
+        msg.contains("more than the local backend supports (250)"),
+        "{msg}"
+    );
+    s.listen = Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
+    let plan = check(s).unwrap();
+    assert_eq!((plan.hosts, plan.procs_per_host), (512, 2));
+}
+
+#[test]
 fn bad_counts_are_refused_with_the_value() {
     let dir = tempfile::tempdir().unwrap();
     let mut s = spec(dir.path());

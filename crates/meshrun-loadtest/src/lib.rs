@@ -10,6 +10,11 @@ pub const SECONDS_ENV: &str = "MESHRUN_LOAD_SECONDS";
 pub const CONNECT_ENV: &str = "MESHRUN_LOAD_CONNECT";
 /// A JSON object of metrics added to every record.
 pub const METRICS_ENV: &str = "MESHRUN_LOAD_METRICS";
+/// At which record (from 0) a fake worker writes its part of a checkpoint
+/// of that step, in attempts after the first (the scale rig's scenario).
+pub const CHECKPOINT_AT_ENV: &str = "MESHRUN_LOAD_CHECKPOINT_AT";
+
+pub mod scale;
 
 use std::path::{Path, PathBuf};
 

@@ -94,7 +94,7 @@ impl<'a> Driver<'a> {
     /// Runs the attempt until every worker has ended (or an engine error).
     pub async fn run(
         &mut self,
-        events: &mut mpsc::UnboundedReceiver<Net>,
+        events: &mut mpsc::Receiver<Net>,
         agent_procs: &mut Agents,
         stop: Option<&StopHandle>,
         signals: &mut Signals,
@@ -157,7 +157,7 @@ impl<'a> Driver<'a> {
     }
 
     /// Everything already queued, without waiting.
-    fn feed_queued(&mut self, events: &mut mpsc::UnboundedReceiver<Net>) -> Result<(), CoreError> {
+    fn feed_queued(&mut self, events: &mut mpsc::Receiver<Net>) -> Result<(), CoreError> {
         while let Ok(event) = events.try_recv() {
             self.feed(event)?;
         }

@@ -87,7 +87,7 @@ pub enum Event {
 pub fn spawn_accept_loop(
     listener: TcpListener,
     token: Token,
-    events: mpsc::UnboundedSender<Event>,
+    events: mpsc::Sender<Event>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut connections = tokio::task::JoinSet::new();
@@ -119,29 +119,29 @@ async fn serve(
     peer: SocketAddr,
     conn: Conn,
     token: &Token,
-    events: &mpsc::UnboundedSender<Event>,
+    events: &mpsc::Sender<Event>,
 ) -> Result<(), String> {
     let mut connection = auth::accept(stream, token)
         .await
         .map_err(|e| e.to_string())?;
-    let rejected = |e: &ProtocolError| {
-        if let ProtocolError::Rejected(reason) = e {
-            let _ = events.send(Event::FrameRejected {
-                peer,
-                reason: (*reason).to_string(),
-            });
-            true
-        } else {
-            false
+    // A frame that failed authentication: recorded, and its connection
+    // closed at once.
+    let rejected = |e: &ProtocolError| match e {
+        ProtocolError::Rejected(reason) => Some(Event::FrameRejected {
+            peer,
+            reason: (*reason).to_string(),
+        }),
+        _ => None,
+    };
+    let hello = match connection.recv_timeout(HANDSHAKE_TIMEOUT).await {
+        Ok(hello) => hello,
+        Err(e) => {
+            if let Some(event) = rejected(&e) {
+                let _ = events.send(event).await;
+            }
+            return Err(e.to_string());
         }
     };
-    let hello = connection
-        .recv_timeout(HANDSHAKE_TIMEOUT)
-        .await
-        .map_err(|e| {
-            rejected(&e);
-            e.to_string()
-        })?;
     match hello {
         Message::AgentHello {
             host,
@@ -157,17 +157,19 @@ async fn serve(
             // Clock probes are answered here, not by the supervisor: the
             // shorter the path, the tighter the agent's estimate.
             let echo = tx.clone();
-            let _ = events.send(Event::AgentJoined {
-                conn,
-                host,
-                host_ip,
-                pid,
-                gpus,
-                free_port,
-                controller,
-                replica_port,
-                tx,
-            });
+            let _ = events
+                .send(Event::AgentJoined {
+                    conn,
+                    host,
+                    host_ip,
+                    pid,
+                    gpus,
+                    free_port,
+                    controller,
+                    replica_port,
+                    tx,
+                })
+                .await;
             let error = loop {
                 match stream.recv().await {
                     Ok(Message::ClockProbe { sent_ns }) => {
@@ -177,17 +179,18 @@ async fn serve(
                         });
                     }
                     Ok(msg) => {
-                        let _ = events.send(Event::FromAgent { conn, msg });
+                        let _ = events.send(Event::FromAgent { conn, msg }).await;
                     }
                     Err(e) => {
-                        if rejected(&e) {
+                        if let Some(event) = rejected(&e) {
+                            let _ = events.send(event).await;
                             sender.abort();
                         }
                         break e.to_string();
                     }
                 }
             };
-            let _ = events.send(Event::AgentLost { conn, error });
+            let _ = events.send(Event::AgentLost { conn, error }).await;
             Ok(())
         }
         Message::WorkerHello { rank, attempt, pid } => {
@@ -196,30 +199,33 @@ async fn serve(
             // never mistakes a goodbye for the controller's death.
             let (sink, mut stream) = connection.split();
             let (tx, sender) = spawn_sender(sink);
-            let _ = events.send(Event::WorkerJoined {
-                conn,
-                rank,
-                attempt,
-                pid,
-                tx,
-            });
+            let _ = events
+                .send(Event::WorkerJoined {
+                    conn,
+                    rank,
+                    attempt,
+                    pid,
+                    tx,
+                })
+                .await;
             let clean = loop {
                 match stream.recv().await {
                     Ok(Message::Bye) => break true,
                     Ok(msg) => {
-                        let _ = events.send(Event::FromWorker { rank, msg });
+                        let _ = events.send(Event::FromWorker { rank, msg }).await;
                     }
                     Err(e) => {
                         // Closed at once: the supervisor would otherwise
                         // hold the sending half open.
-                        if rejected(&e) {
+                        if let Some(event) = rejected(&e) {
+                            let _ = events.send(event).await;
                             sender.abort();
                         }
                         break false;
                     }
                 }
             };
-            let _ = events.send(Event::WorkerLost { rank, clean });
+            let _ = events.send(Event::WorkerLost { rank, clean }).await;
             while stream.recv().await.is_ok() {}
             Ok(())
         }
@@ -249,19 +255,20 @@ async fn serve(
 /// connection is held open until the requester has read them and gone.
 async fn hold_request(
     connection: Connection,
-    events: &mpsc::UnboundedSender<Event>,
-    rejected: impl Fn(&ProtocolError) -> bool,
+    events: &mpsc::Sender<Event>,
+    rejected: impl Fn(&ProtocolError) -> Option<Event>,
     event: impl FnOnce(mpsc::UnboundedSender<Message>) -> Event,
 ) -> Result<(), String> {
     let (sink, mut stream) = connection.split();
     let (tx, sender) = spawn_sender(sink);
-    let _ = events.send(event(tx));
+    let _ = events.send(event(tx)).await;
     let end = loop {
         if let Err(e) = stream.recv().await {
             break e;
         }
     };
-    if rejected(&end) {
+    if let Some(event) = rejected(&end) {
+        let _ = events.send(event).await;
         sender.abort();
     }
     Ok(())

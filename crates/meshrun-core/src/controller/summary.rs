@@ -84,43 +84,112 @@ pub fn render(
             }
         }
     }
-    let others: Vec<String> = ranks
-        .iter()
-        .filter(|r| r.rank != failure.rank)
-        .map(|r| {
-            let how = match r.exit {
-                Some(exit) if r.stopped_by_meshrun => format!("stopped by meshrun ({exit})"),
-                Some(exit) => format!("{exit}"),
-                None => "lost".to_string(),
-            };
-            format!("rank {} {how}", r.rank)
-        })
-        .collect();
+    let others = grouped(ranks.iter().filter(|r| r.rank != failure.rank).map(|r| {
+        let how = match r.exit {
+            Some(exit) if r.stopped_by_meshrun => format!("stopped by meshrun ({exit})"),
+            Some(exit) => format!("{exit}"),
+            None => "lost".to_string(),
+        };
+        (r.rank, how)
+    }));
     if !others.is_empty() {
         let _ = writeln!(s, "  other ranks: {}", others.join("; "));
     }
-    for r in ranks.iter().filter(|r| r.rank != failure.rank) {
-        if let Some(early) = r.finished_early {
-            let when = early.last_step.map_or_else(
+    let early: Vec<(u32, String)> = ranks
+        .iter()
+        .filter(|r| r.rank != failure.rank)
+        .filter_map(|r| {
+            let when = r.finished_early?.last_step.map_or_else(
                 || "before its first report".to_string(),
                 |s| format!("after step {s}"),
             );
-            let _ = writeln!(
-                s,
-                "  note: rank {} had already finished its program successfully ({when}) while the \
-                 others still ran; a rank that leaves early makes the others wait in their next \
-                 collective",
-                r.rank
-            );
-        }
+            Some((r.rank, when))
+        })
+        .collect();
+    for (ranks, when) in groups(early) {
+        let (who, their) = if ranks.len() == 1 {
+            (format!("rank {}", ranges(&ranks)), "its")
+        } else {
+            (format!("ranks {}", ranges(&ranks)), "their")
+        };
+        let _ = writeln!(
+            s,
+            "  note: {who} had already finished {their} program successfully ({when}) while the \
+             others still ran; a rank that leaves early makes the others wait in their next \
+             collective"
+        );
     }
     let _ = write!(s, "  log: {}", log.display());
     s
 }
 
+/// `(rank, what)` pairs as one entry per `what`, in the order first seen,
+/// each naming its ranks as ranges: "rank 4 lost", "ranks 1-3, 5-1023
+/// stopped by meshrun (...)". A thousand ranks stopped alike are one short
+/// entry, not a thousand.
+pub fn grouped(pairs: impl IntoIterator<Item = (u32, String)>) -> Vec<String> {
+    groups(pairs)
+        .into_iter()
+        .map(|(ranks, what)| {
+            let word = if ranks.len() == 1 { "rank" } else { "ranks" };
+            format!("{word} {} {what}", ranges(&ranks))
+        })
+        .collect()
+}
+
+/// The ranks of each `what`, sorted, in the order first seen.
+fn groups(pairs: impl IntoIterator<Item = (u32, String)>) -> Vec<(Vec<u32>, String)> {
+    let mut groups: Vec<(Vec<u32>, String)> = Vec::new();
+    for (rank, what) in pairs {
+        match groups.iter_mut().find(|(_, w)| *w == what) {
+            Some((ranks, _)) => ranks.push(rank),
+            None => groups.push((vec![rank], what)),
+        }
+    }
+    for (ranks, _) in &mut groups {
+        ranks.sort_unstable();
+        ranks.dedup();
+    }
+    groups
+}
+
+/// Sorted ranks as "1-3, 5, 7-9".
+fn ranges(ranks: &[u32]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < ranks.len() {
+        let mut j = i;
+        while j + 1 < ranks.len() && ranks[j + 1] == ranks[j] + 1 {
+            j += 1;
+        }
+        out.push(if i == j {
+            ranks[i].to_string()
+        } else {
+            format!("{}-{}", ranks[i], ranks[j])
+        });
+        i = j + 1;
+    }
+    out.join(", ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ranks_that_ended_alike_are_one_entry_with_ranges() {
+        let mut pairs: Vec<(u32, String)> = (1..1024).map(|r| (r, "lost".to_string())).collect();
+        pairs[3].1 = "stopped by meshrun (signal 15 (SIGTERM))".into();
+        pairs.push((2000, "lost".into()));
+        assert_eq!(
+            grouped(pairs),
+            vec![
+                "ranks 1-3, 5-1023, 2000 lost".to_string(),
+                "rank 4 stopped by meshrun (signal 15 (SIGTERM))".to_string()
+            ]
+        );
+        assert!(grouped(Vec::new()).is_empty());
+    }
 
     #[test]
     fn hang_and_attempt_lines_name_what_happened() {

@@ -243,6 +243,10 @@ fn previous<T>(
     }
 }
 
+/// What the connections may have handed the supervisor and it has not
+/// read yet: about a megabyte of small messages.
+const EVENT_QUEUE: usize = 4096;
+
 /// One attempt: its own control port, agents and workers, from launch to
 /// the last worker's exit.
 #[allow(clippy::too_many_arguments)]
@@ -269,7 +273,11 @@ async fn attempt(
             what: "cannot bind the control port",
             source,
         })?;
-    let (events_tx, mut events) = mpsc::unbounded_channel();
+    // Bounded: when the supervisor falls behind, the connections' tasks
+    // wait to hand over what they read, stop reading, and TCP holds the
+    // senders back; nothing is dropped and the backlog is not the
+    // controller's memory.
+    let (events_tx, mut events) = mpsc::channel(EVENT_QUEUE);
     let accept = spawn_accept_loop(listener, token.clone(), events_tx);
 
     record.attempts.push(AttemptRecord {

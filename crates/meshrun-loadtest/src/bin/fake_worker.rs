@@ -4,14 +4,17 @@
 //! `MESHRUN_LOAD_RATE` records a second for `MESHRUN_LOAD_SECONDS`, writes
 //! how many it sent to `sent-<rank>` in the run directory, and says goodbye.
 //! `MESHRUN_LOAD_CONNECT` and `MESHRUN_LOAD_METRICS` let a test put a proxy
-//! on its way and add metrics of its own.
+//! on its way and add metrics of its own; with `MESHRUN_LOAD_CHECKPOINT_AT`
+//! it writes its part of a checkpoint at that record of a second attempt
+//! (the scale rig's scenario).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use meshrun_ckpt::manifest::{Leaf, ShardRecord};
 use meshrun_core::token::Token;
 use meshrun_core::worker_client::{OnControllerLoss, Report, WorkerClient};
-use meshrun_loadtest::{CONNECT_ENV, METRICS_ENV, RATE_ENV, SECONDS_ENV};
+use meshrun_loadtest::{CHECKPOINT_AT_ENV, CONNECT_ENV, METRICS_ENV, RATE_ENV, SECONDS_ENV};
 
 fn var(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set"))
@@ -29,7 +32,17 @@ fn main() {
     let addr = std::env::var(CONNECT_ENV).unwrap_or_else(|_| var("MESHRUN_CONTROL_ADDR"));
     let client = WorkerClient::connect(&addr, &token, rank, attempt, OnControllerLoss::Ignore)
         .expect("the controller accepts the worker");
-    let total = (rate * seconds) as u64;
+    let checkpoint_at: Option<u64> = std::env::var(CHECKPOINT_AT_ENV)
+        .ok()
+        .map(|v| v.parse().expect("a record number"))
+        .filter(|_| attempt > 1);
+    // The scale rig's scenario: the first attempt fails elsewhere and
+    // stops this worker; it reports until then.
+    let total = if std::env::var_os(CHECKPOINT_AT_ENV).is_some() && attempt == 1 {
+        u64::MAX / 2
+    } else {
+        (rate * seconds) as u64
+    };
     let start = Instant::now();
     for i in 0..total {
         // Paced in batches of 10, as a training loop reports in bursts.
@@ -38,6 +51,24 @@ fn main() {
             if let Some(wait) = due.checked_duration_since(Instant::now()) {
                 std::thread::sleep(wait);
             }
+        }
+        if checkpoint_at == Some(i) {
+            let dir = Path::new(&var("MESHRUN_STORAGE_DIR"))
+                .join("checkpoints")
+                .join(format!("tmp-{i}"));
+            std::fs::create_dir_all(&dir).expect("the storage is writable");
+            let leaf = Leaf {
+                path: "params/w".into(),
+                dtype: "float32".into(),
+                shape: vec![var("MESHRUN_WORLD_SIZE").parse().expect("a world size")],
+                shards: vec![ShardRecord {
+                    file: format!("rank-{rank}.safetensors"),
+                    tensor: "w:0".into(),
+                    region: vec![(rank as usize, rank as usize + 1)],
+                }],
+            };
+            let extra = (rank == 0).then(|| serde_json::json!({ "step": i }));
+            client.checkpoint_written(i, vec![leaf], None, extra);
         }
         let mut metrics =
             serde_json::json!({ "step": i, "loss": 1.0 / (i + 1) as f64, "rank": rank });

@@ -126,6 +126,7 @@ impl Machine {
             }));
         self.plan = self.plan.sized(k);
         self.ranks = vec![super::RankState::default(); self.plan.nprocs as usize];
+        self.stepped = 0;
         self.elastic.sized = Some(k);
         self.push(Action::Sized {
             hosts: k,

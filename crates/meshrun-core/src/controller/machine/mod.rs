@@ -267,6 +267,8 @@ pub struct Machine {
     /// When every rank had reported a step: the agents were told to start
     /// their next spares then (not before, so they do not slow the start).
     training: Option<Instant>,
+    /// How many ranks have reported a step.
+    stepped: usize,
     /// A report of this attempt came with the state to checkpoint, so
     /// SIGTERM can end in a checkpoint.
     checkpointing: bool,
@@ -300,6 +302,7 @@ impl Machine {
             last_metrics: None,
             launched: false,
             training: None,
+            stepped: 0,
             memory: memory::MemoryTier::default(),
             checkpointing: false,
             preempt_deadline: None,

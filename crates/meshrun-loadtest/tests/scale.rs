@@ -1,0 +1,259 @@
+//! The controller at many ranks: a real controller (this process) and the
+//! scale rig (another process: fake hosts and workers as tasks, see
+//! `meshrun_loadtest::scale`) play one scenario per size: join and start,
+//! a report and a heartbeat per rank per second, one rank fails and every
+//! host is told to stop, the restart, a checkpoint with every rank's shard
+//! list, the end. Host 0 is the controller's own agent, whose workers are
+//! fake-worker processes.
+//!
+//! `MESHRUN_SCALE_RANKS` (comma-separated, default 64) picks the sizes,
+//! `MESHRUN_SCALE_PER_HOST` (default 8) the ranks per host; `make scale`
+//! runs 64 to 10,000 and prints the table.
+
+use std::io::Read as _;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use meshrun_core::controller::progress::ProgressMode;
+use meshrun_core::{execute, ExecOptions, OutcomeStatus};
+use meshrun_loadtest::scale::{Scenario, Timings};
+use meshrun_loadtest::{spec, CHECKPOINT_AT_ENV, RATE_ENV, SECONDS_ENV};
+
+const FAIL_AT: u64 = 5;
+const CHECKPOINT_AT: u64 = 4;
+const END_AT: u64 = 8;
+
+fn env_list(name: &str, default: &str) -> Vec<u32> {
+    std::env::var(name)
+        .unwrap_or_else(|_| default.to_string())
+        .split(',')
+        .map(|v| v.trim().parse().expect("a number"))
+        .collect()
+}
+
+/// This process's CPU seconds (the controller and host 0's agent).
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let fields: Vec<f64> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| {
+            rest.split_whitespace()
+                .filter_map(|f| f.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    (fields.get(10).copied().unwrap_or(0.0) + fields.get(11).copied().unwrap_or(0.0)) / 100.0
+}
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[derive(Debug)]
+struct Row {
+    ranks: u32,
+    join_s: f64,
+    start_s: f64,
+    stop_s: f64,
+    restart_s: f64,
+    commit_s: f64,
+    cpu_s: f64,
+    peak_mib: f64,
+    messages_per_s: f64,
+    lost: u64,
+    wall_s: f64,
+}
+
+fn run(ranks: u32, per_host: u32) -> Row {
+    let hosts = ranks / per_host;
+    assert!(
+        hosts >= 2 && hosts * per_host == ranks,
+        "{ranks} ranks in hosts of {per_host}"
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut s = spec(
+        "scale",
+        ranks,
+        &tmp.path().join("runs"),
+        env!("CARGO_BIN_EXE_fake-worker"),
+        vec![
+            (RATE_ENV.into(), "1".into()),
+            (SECONDS_ENV.into(), END_AT.to_string()),
+            (CHECKPOINT_AT_ENV.into(), CHECKPOINT_AT.to_string()),
+        ],
+    );
+    s.hosts = hosts;
+    s.listen = Some(addr);
+    s.failure.max_failures = 1;
+    s.join_timeout_s = Some(120.0);
+    let plan = s.validate().expect("a valid plan");
+    let run_dir = plan.run_dir.clone();
+    let scenario = Scenario {
+        controller: addr,
+        hosts: hosts - 1,
+        per_host,
+        fail_rank: ranks - 1,
+        fail_at: FAIL_AT,
+        checkpoint_at: CHECKPOINT_AT,
+        end_at: END_AT,
+        checkpoints: run_dir.join("checkpoints"),
+    };
+    // The rig starts once the controller has written the token.
+    let rig = {
+        let run_dir = run_dir.clone();
+        let scenario = serde_json::to_string(&scenario).unwrap();
+        std::thread::spawn(move || {
+            let token = run_dir.join("token");
+            let deadline = Instant::now() + Duration::from_mins(1);
+            while !token.exists() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_scale-rig"))
+                .arg(scenario)
+                .arg(&token)
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .expect("the rig starts");
+            let mut out = String::new();
+            child
+                .stdout
+                .take()
+                .unwrap()
+                .read_to_string(&mut out)
+                .unwrap();
+            assert!(child.wait().unwrap().success(), "the rig failed");
+            serde_json::from_str::<Timings>(out.trim()).expect("the rig's timings")
+        })
+    };
+    let done = Arc::new(AtomicBool::new(false));
+    let memory = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let mut peak = 0;
+            while !done.load(Ordering::Relaxed) {
+                peak = peak.max(rss_kib());
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            peak
+        })
+    };
+    let cpu0 = cpu_seconds();
+    let t0 = Instant::now();
+    let outcome = execute(
+        plan,
+        ExecOptions {
+            progress: ProgressMode::Off,
+            ..ExecOptions::default()
+        },
+    )
+    .expect("the run ends");
+    let wall_s = t0.elapsed().as_secs_f64();
+    let cpu_s = cpu_seconds() - cpu0;
+    done.store(true, Ordering::Relaxed);
+    let peak = memory.join().unwrap();
+    let t = rig.join().expect("the rig's thread");
+    assert!(t.errors.is_empty(), "the rig: {:?}", t.errors);
+    assert_eq!(
+        outcome.status,
+        OutcomeStatus::Succeeded,
+        "{:?}",
+        outcome.summary
+    );
+
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run_dir.join("run.json")).unwrap()).unwrap();
+    let received = record["attempts"][1]["reports"]
+        .as_array()
+        .expect("attempt 2's reports")
+        .clone();
+    let lost: u64 = t
+        .reports
+        .iter()
+        .map(|(rank, sent)| sent.saturating_sub(received[*rank as usize].as_u64().unwrap_or(0)))
+        .sum();
+    let events: Vec<serde_json::Value> = std::fs::read_to_string(run_dir.join("events.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let committed = events
+        .iter()
+        .find(|e| e["event"] == "checkpoint_committed")
+        .expect("the checkpoint was committed")["time"]
+        .as_f64()
+        .unwrap();
+    let manifest: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(run_dir.join(format!("checkpoints/step-{CHECKPOINT_AT}/manifest.json")))
+            .unwrap(),
+    )
+    .unwrap();
+    let shards = manifest["leaves"][0]["shards"]
+        .as_array()
+        .map_or(0, Vec::len);
+    assert_eq!(
+        shards as u32, ranks,
+        "every rank's shard is in the manifest"
+    );
+    let rig_s = t.ended - t.started;
+    Row {
+        ranks,
+        join_s: t.launched[0] - t.started,
+        start_s: t.training[0] - t.started,
+        stop_s: t.stop_last - t.failed,
+        restart_s: t.training[1] - t.failed,
+        commit_s: committed - t.checkpoint_sent,
+        cpu_s,
+        peak_mib: peak as f64 / 1024.0,
+        messages_per_s: t.messages as f64 / rig_s,
+        lost,
+        wall_s,
+    }
+}
+
+#[test]
+fn the_controller_at_many_ranks() {
+    let per_host = env_list("MESHRUN_SCALE_PER_HOST", "8")[0];
+    let mut rows = Vec::new();
+    for ranks in env_list("MESHRUN_SCALE_RANKS", "64") {
+        let row = run(ranks, per_host);
+        eprintln!("{row:?}");
+        rows.push(row);
+    }
+    eprintln!("| ranks | join all (s) | all trained a step (s) | failure to all told to stop (s) | restart: failure to all trained (s) | commit (s) | controller CPU (s) | controller peak (MiB) | messages/s from the rig | reports lost | run (s) |");
+    eprintln!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    for r in &rows {
+        eprintln!(
+            "| {} | {:.2} | {:.2} | {:.3} | {:.2} | {:.3} | {:.1} | {:.0} | {:.0} | {} | {:.1} |",
+            r.ranks,
+            r.join_s,
+            r.start_s,
+            r.stop_s,
+            r.restart_s,
+            r.commit_s,
+            r.cpu_s,
+            r.peak_mib,
+            r.messages_per_s,
+            r.lost,
+            r.wall_s
+        );
+    }
+    for r in &rows {
+        assert_eq!(r.lost, 0, "reports lost at {} ranks", r.ranks);
+    }
+}
