@@ -538,49 +538,6 @@ impl RunSpec {
     }
 }
 
-fn is_module_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.split('.').all(|part| {
-            let mut chars = part.chars();
-            chars.next().is_some_and(|c| c.is_alphabetic() || c == '_')
-                && chars.all(|c| c.is_alphanumeric() || c == '_')
-        })
-}
-
-/// Run names become folder names and command-line arguments: a safe,
-/// portable alphabet, no leading '.' (hidden, or `..`), no leading '-' (it
-/// would read as an option to `status`, `logs` ...), and no `..` anywhere,
-/// so the rule is the one the message states. `run` and every command that
-/// takes a run's name check it the same way.
-pub fn check_run_name(name: &str) -> Result<(), UsageError> {
-    let ok = !name.is_empty()
-        && name.len() <= 100
-        && !name.starts_with(['.', '-'])
-        && !name.contains("..")
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
-    if ok {
-        Ok(())
-    } else {
-        Err(UsageError::BadRunName(name.to_string()))
-    }
-}
-
-fn default_run_name() -> String {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    let mut suffix = [0u8; 2];
-    // A clash within one second is possible without the suffix.
-    getrandom::fill(&mut suffix).unwrap_or_default();
-    format!(
-        "run-{}-{}",
-        crate::rundir::utc_compact(now.as_secs()),
-        hex::encode(suffix)
-    )
-}
-
 /// The controller must be able to listen where it was told to. Checked by
 /// binding once before anything is written (the attempt binds again, so a
 /// port taken in between still fails, later, as a run failure naming it).
@@ -596,9 +553,12 @@ fn check_control_address(host: IpAddr, port: u16) -> Result<(), UsageError> {
 
 mod elastic;
 mod failure;
+mod names;
 mod observe;
 mod recovery;
 pub use elastic::{Elastic, DEFAULT_REJOIN_TIMEOUT_S};
+pub use names::check_run_name;
+use names::{default_run_name, is_module_name};
 pub use observe::{parse_profile_steps, Observe, DEFAULT_PROFILE_STEPS};
 pub use recovery::{Recovery, DEFAULT_SPARE_IMPORTS};
 mod storage_check;

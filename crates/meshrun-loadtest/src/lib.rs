@@ -14,6 +14,7 @@ pub const METRICS_ENV: &str = "MESHRUN_LOAD_METRICS";
 /// of that step, in attempts after the first (the scale rig's scenario).
 pub const CHECKPOINT_AT_ENV: &str = "MESHRUN_LOAD_CHECKPOINT_AT";
 
+pub mod proc_stats;
 pub mod scale;
 
 use std::path::{Path, PathBuf};

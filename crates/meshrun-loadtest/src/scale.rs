@@ -80,6 +80,16 @@ impl Shared {
     }
 }
 
+/// Notes now as attempt `attempt`'s time in `per_attempt`, when later
+/// than what another host noted.
+fn latest(per_attempt: &mut Vec<f64>, attempt: u32) {
+    let i = attempt as usize - 1;
+    if per_attempt.len() <= i {
+        per_attempt.resize(i + 1, 0.0);
+    }
+    per_attempt[i] = per_attempt[i].max(unix_now());
+}
+
 pub fn unix_now() -> f64 {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
@@ -199,14 +209,7 @@ async fn attempt(
                 Message::Launch { attempt, workers, .. } => {
                     attempt_no = attempt;
                     *launched = true;
-                    let now = unix_now();
-                    shared.note(|t| {
-                        let i = attempt as usize - 1;
-                        if t.launched.len() <= i {
-                            t.launched.resize(i + 1, 0.0);
-                        }
-                        t.launched[i] = t.launched[i].max(now);
-                    });
+                    shared.note(|t| latest(&mut t.launched, attempt));
                     for w in workers {
                         let rank = w.rank;
                         sink.send(&Message::WorkerStarted { rank, pid: 1, warm: false }).await.map_err(err)?;
@@ -218,14 +221,7 @@ async fn attempt(
                     }
                 }
                 Message::Training => {
-                    let now = unix_now();
-                    shared.note(|t| {
-                        let i = attempt_no as usize - 1;
-                        if t.training.len() <= i {
-                            t.training.resize(i + 1, 0.0);
-                        }
-                        t.training[i] = t.training[i].max(now);
-                    });
+                    shared.note(|t| latest(&mut t.training, attempt_no));
                 }
                 Message::Stop { .. } => {
                     let now = unix_now();

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use meshrun_core::controller::progress::ProgressMode;
 use meshrun_core::{execute, ExecOptions, OutcomeStatus};
+use meshrun_loadtest::proc_stats::{cpu_seconds, rss_kib};
 use meshrun_loadtest::{spec, RATE_ENV, SECONDS_ENV};
 
 const RATE: u64 = 1000;
@@ -20,36 +21,6 @@ fn env_or(name: &str, default: u64) -> u64 {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-/// CPU seconds of this process (the controller and its in-process agent)
-/// and of its children that have ended (the fake workers), from
-/// `/proc/self/stat`: utime, stime, cutime, cstime, in `USER_HZ` ticks
-/// (100 a second on Linux).
-fn cpu_seconds() -> (f64, f64) {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // The command name may hold spaces; the fields after it do not.
-    let fields: Vec<f64> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| {
-            rest.split_whitespace()
-                .filter_map(|f| f.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default();
-    // After the state letter (not a number): ppid is fields[0], utime fields[10].
-    let tick = |i: usize| fields.get(i).copied().unwrap_or(0.0) / 100.0;
-    (tick(10) + tick(11), tick(12) + tick(13))
-}
-
-/// This process's resident memory in KiB (the controller runs in it).
-fn rss_kib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
 }
 
 #[test]

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use meshrun_core::controller::progress::ProgressMode;
 use meshrun_core::{execute, ExecOptions, OutcomeStatus};
+use meshrun_loadtest::proc_stats::{cpu_seconds, rss_kib};
 use meshrun_loadtest::scale::{Scenario, Timings};
 use meshrun_loadtest::{spec, CHECKPOINT_AT_ENV, RATE_ENV, SECONDS_ENV};
 
@@ -30,29 +31,6 @@ fn env_list(name: &str, default: &str) -> Vec<u32> {
         .split(',')
         .map(|v| v.trim().parse().expect("a number"))
         .collect()
-}
-
-/// This process's CPU seconds (the controller and host 0's agent).
-fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let fields: Vec<f64> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| {
-            rest.split_whitespace()
-                .filter_map(|f| f.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default();
-    (fields.get(10).copied().unwrap_or(0.0) + fields.get(11).copied().unwrap_or(0.0)) / 100.0
-}
-
-fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
 }
 
 fn free_port() -> u16 {
@@ -153,7 +131,7 @@ fn run(ranks: u32, per_host: u32) -> Row {
             peak
         })
     };
-    let cpu0 = cpu_seconds();
+    let cpu0 = cpu_seconds().0;
     let t0 = Instant::now();
     let outcome = execute(
         plan,
@@ -164,7 +142,7 @@ fn run(ranks: u32, per_host: u32) -> Row {
     )
     .expect("the run ends");
     let wall_s = t0.elapsed().as_secs_f64();
-    let cpu_s = cpu_seconds() - cpu0;
+    let cpu_s = cpu_seconds().0 - cpu0;
     done.store(true, Ordering::Relaxed);
     let peak = memory.join().unwrap();
     let t = rig.join().expect("the rig's thread");
