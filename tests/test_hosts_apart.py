@@ -222,7 +222,9 @@ def test_a_joined_host_that_lost_its_memory_restores_from_its_buddy_over_the_net
     wiped. The restart hands both ranks to warm spares, host 1 fetches its
     step back from host 0's replica over the bridge, and the final
     parameters equal those of an uninterrupted run on one host."""
-    train = [EXAMPLE, *TINY, "--fsdp", "2", "--tensor", "2", "--steps", "16", "--data-dir", str(tmp_path / "data")]
+    # Enough steps that the run is still training when the kill comes,
+    # on a fast machine too (16 were done before it on one).
+    train = [EXAMPLE, *TINY, "--fsdp", "2", "--tensor", "2", "--steps", "48", "--data-dir", str(tmp_path / "data")]
     launch = ["-n", "2", "--devices-per-proc", "2", "--tee", "none"]
     ref = meshrun([*launch, *train, "--params-digest", str(tmp_path / "ref.sha")], runs_dir=tmp_path / "runs", name="ref", timeout=900)
     assert ref.code == 0, ref.stderr
@@ -240,7 +242,9 @@ def test_a_joined_host_that_lost_its_memory_restores_from_its_buddy_over_the_net
         time.sleep(2)  # the spares start once every rank has trained a step
         worker = next(e["pid"] for e in events("worker_started") if e["rank"] == 1)
         agent = next(e["pid"] for e in events("agent_joined") if e["host"] == 1)
-        (memory,) = (hosts.scratch(1) / "memory").iterdir()
+        held = list((hosts.scratch(1) / "memory").iterdir())
+        assert len(held) == 1 and controller.poll() is None, f"the run ended before the kill (host 1's memory holds {held})"
+        (memory,) = held
         os.kill(agent, signal.SIGSTOP)  # it commits nothing newer meanwhile
         try:
             os.kill(worker, signal.SIGKILL)
