@@ -16,6 +16,7 @@ pub mod controller;
 pub mod error;
 pub mod gpu;
 pub mod leftovers;
+pub mod limits;
 pub mod plan;
 pub mod process;
 pub mod protocol;

@@ -156,6 +156,20 @@ fn run(ranks: u32, per_host: u32) -> Row {
 
     let record: serde_json::Value =
         serde_json::from_slice(&std::fs::read(run_dir.join("run.json")).unwrap()).unwrap();
+    // The scenario as planned: every rank trained in both attempts, and
+    // the first attempt ended with the rank the rig failed, not another.
+    assert!(
+        t.training.len() == 2 && t.training.iter().all(|&at| at > 0.0) && t.failed > 0.0,
+        "the rig saw training {:?} and the failure at {}",
+        t.training,
+        t.failed
+    );
+    assert_eq!(
+        record["attempts"][0]["failure"]["rank"].as_u64(),
+        Some(u64::from(ranks - 1)),
+        "attempt 1 failed with another rank: {}",
+        record["attempts"][0]["failure"]
+    );
     let received = record["attempts"][1]["reports"]
         .as_array()
         .expect("attempt 2's reports")

@@ -19,6 +19,7 @@ mod observe;
 mod output;
 mod profiles;
 pub mod progress;
+mod rank_logs;
 pub mod remote;
 mod server;
 mod stacks;
@@ -159,6 +160,7 @@ impl Outcome {
 
 /// Runs a plan to its end on a private tokio runtime.
 pub fn execute(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, CoreError> {
+    crate::limits::raise_open_files();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("meshrun-controller")

@@ -1,16 +1,15 @@
 //! Worker output: every line goes to `logs/rank-R.log` (each attempt
-//! appended under a header) and, for the ranks being teed, to the terminal.
+//! appended under a header, see [`super::rank_logs`]) and, for the ranks being teed, to the terminal.
 //! The last lines of each rank are kept for the failure summary. The
 //! terminal is written through [`super::terminal`], which never blocks.
 
 use std::borrow::Cow;
 use std::collections::VecDeque;
-use std::fs::{File, OpenOptions};
-use std::io::{LineWriter, Write};
 use std::path::PathBuf;
 
 use indicatif::ProgressBar;
 
+use super::rank_logs::RankLogs;
 use super::terminal::{terminal, Target, Terminal};
 use crate::error::CoreError;
 use crate::plan::Tee;
@@ -32,7 +31,7 @@ pub struct Output {
     tee: Tee,
     /// Lines are printed above the progress bar, which is redrawn under them.
     bar: Option<ProgressBar>,
-    files: Vec<LineWriter<File>>,
+    logs: RankLogs,
     tails: Vec<VecDeque<String>>,
     /// Each rank's stdout and stderr line still coming in pieces.
     partial: Vec<[String; 2]>,
@@ -73,27 +72,13 @@ impl Output {
         attempt: u32,
         started: &str,
     ) -> Result<Self, CoreError> {
-        let mut files = Vec::with_capacity(paths.len());
-        for (rank, path) in paths.iter().enumerate() {
-            let file = OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)
-                .map_err(CoreError::io("cannot open log", path))?;
-            let mut file = LineWriter::new(file);
-            writeln!(
-                file,
-                "===== meshrun attempt {attempt}, rank {rank}, started {started} ====="
-            )
-            .map_err(CoreError::io("cannot write log", path))?;
-            files.push(file);
-        }
+        let logs = RankLogs::open(paths, attempt, started)?;
         Ok(Self {
             tee,
             bar: None,
             tails: vec![VecDeque::with_capacity(TAIL_KEEP); paths.len()],
             partial: vec![Default::default(); paths.len()],
-            files,
+            logs,
             terminal: terminal(),
             verbose: tracing::enabled!(tracing::Level::INFO),
         })
@@ -114,9 +99,7 @@ impl Output {
                     // Past this a line is passed on as it comes, still
                     // without a newline of meshrun's in the log.
                     let text = std::mem::take(open);
-                    if let Some(file) = self.files.get_mut(r) {
-                        let _ = file.write_all(text.as_bytes());
-                    }
+                    self.logs.write(rank, text.as_bytes());
                 }
                 return;
             }
@@ -129,10 +112,7 @@ impl Output {
 
     fn whole_line(&mut self, rank: u32, stream: Stream, line: &str) {
         let r = rank as usize;
-        if let Some(file) = self.files.get_mut(r) {
-            // A full disk must not stop supervision; the terminal still shows it.
-            let _ = writeln!(file, "{line}");
-        }
+        self.logs.line(rank, line);
         // Gloo's connection lines say nothing a user acts on: they stay in
         // the logs, out of the terminal and the summaries unless -v.
         if !self.verbose && is_gloo_noise(line) {
@@ -169,9 +149,8 @@ impl Output {
 
     /// A note from meshrun itself, in the rank's log only.
     pub fn note(&mut self, rank: u32, text: &str) {
-        if let Some(file) = self.files.get_mut(rank as usize) {
-            let _ = writeln!(file, "===== meshrun: {text} =====");
-        }
+        self.logs
+            .line(rank, &format!("===== meshrun: {text} ====="));
     }
 
     pub fn tail(&self, rank: u32) -> Vec<String> {

@@ -6,8 +6,9 @@
 //! so the run records it.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
@@ -92,12 +93,30 @@ pub fn spawn_accept_loop(
     tokio::spawn(async move {
         let mut connections = tokio::task::JoinSet::new();
         let mut numbered: Conn = 0;
+        let mut failing = 0u64;
         loop {
             tokio::select! {
                 accepted = listener.accept() => {
-                    let Ok((stream, peer)) = accepted else {
-                        continue;
+                    let (stream, peer) = match accepted {
+                        Ok(accepted) => accepted,
+                        Err(e) => {
+                            // Out of descriptors (EMFILE, ENFILE) the
+                            // listener stays readable: retrying at once
+                            // would spin on it while the connections that
+                            // could close starve. Said once per run of
+                            // failures, not once per try.
+                            if failing == 0 {
+                                tracing::warn!("cannot accept a connection ({e}); retrying every {} ms", ACCEPT_RETRY.as_millis());
+                            }
+                            failing += 1;
+                            tokio::time::sleep(ACCEPT_RETRY).await;
+                            continue;
+                        }
                     };
+                    if failing > 0 {
+                        tracing::info!("accepting again after {failing} failed tries");
+                        failing = 0;
+                    }
                     let token = token.clone();
                     let events = events.clone();
                     numbered += 1;
@@ -292,8 +311,29 @@ fn spawn_sender(mut sink: FrameSink) -> (mpsc::UnboundedSender<Message>, JoinHan
 /// Binds the control listener on `host` (loopback for the local backend;
 /// the Ray backend's agents may be on other machines) at `port`, or at a
 /// free port when it is 0.
+/// The queue of connections the kernel completes before they are
+/// accepted holds [`LISTEN_BACKLOG`] (capped by `net.core.somaxconn`), not
+/// the 1,024 of `TcpListener::bind`: thousands of workers connect within
+/// a second of their launch, and a full queue drops their SYNs, which the
+/// senders retry only after 1, 3 and 7 seconds.
 pub async fn bind(host: std::net::IpAddr, port: u16) -> std::io::Result<(TcpListener, SocketAddr)> {
-    let listener = TcpListener::bind(SocketAddr::new(host, port)).await?;
+    let addr = SocketAddr::new(host, port);
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    // As TcpListener::bind does: a port of an earlier attempt whose
+    // connections linger in TIME_WAIT can be bound again (--control-port).
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    let listener = socket.listen(LISTEN_BACKLOG)?;
     let addr = listener.local_addr()?;
     Ok((listener, addr))
 }
+
+/// See [`bind`].
+pub const LISTEN_BACKLOG: u32 = 8192;
+
+/// How long the accept loop waits after a failed accept.
+const ACCEPT_RETRY: Duration = Duration::from_millis(50);
