@@ -11,7 +11,7 @@ BUILD_STAMP := $(VENV)/.meshrun-built
 CHROMIUM_STAMP := $(VENV)/.chromium
 RUST_SOURCES := $(shell find crates -name '*.rs' -o -name 'Cargo.toml') Cargo.toml $(wildcard Cargo.lock) pyproject.toml
 
-.PHONY: help install demo test test-fast test-rust test-python lint bench-startup bench-step-parity bench-data bench-ckpt bench-ckpt-s3 bench-recovery bench-vs-ray bench-hosts bench-elastic soak partition fuzz load scale clean
+.PHONY: help install demo test test-fast test-rust test-python lint bench-startup bench-step-parity bench-data bench-ckpt bench-ckpt-s3 bench-recovery bench-vs-ray bench-hosts bench-elastic soak partition fuzz load bench-scale clean
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -108,7 +108,7 @@ soak: install  ## The GPT killed with SIGKILL at 10 random moments, with durable
 load:  ## 64 fake workers x 1,000 records/s for 60 s through the controller: records lost (0) and its peak memory.
 	MESHRUN_LOAD_SECONDS=60 cargo test --release -q -p meshrun-loadtest -- --nocapture
 
-scale:  ## The controller at 64 to 10,000 ranks (fake hosts and workers as tasks, real protocol): join, failure to stop, restart, commit, CPU, memory (the suite runs 64).
+bench-scale:  ## The controller at 64 to 10,000 ranks (fake hosts and workers as tasks, real protocol): the table of join, failure to stop, restart, commit, CPU, memory, records lost (the suite runs 1,024).
 	MESHRUN_SCALE_RANKS=$(SCALE_RANKS) cargo test --release -q -p meshrun-loadtest --test scale -- --nocapture
 
 SCALE_RANKS ?= 64,256,1024,4096,10000

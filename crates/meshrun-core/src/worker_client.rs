@@ -7,7 +7,7 @@
 
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError, SyncSender, TryRecvError};
 use std::sync::Condvar;
 use std::sync::{Arc, Mutex};
@@ -21,6 +21,12 @@ use crate::token::Token;
 
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Reports queued and not yet written may hold this many bytes; past it a
+/// report is dropped and counted (`ReportsShed`), so a controller that
+/// falls behind costs records, said, and never the worker's memory.
+/// Heartbeats, failures, exits and checkpoint messages are never shed.
+pub const UNSENT_REPORT_BYTES: usize = 16 << 20;
 
 enum Outgoing {
     Msg(Message),
@@ -66,6 +72,7 @@ pub struct ProfileRequest {
 
 pub struct WorkerClient {
     tx: mpsc::Sender<Outgoing>,
+    unsent: Arc<Unsent>,
     writer: Mutex<Option<JoinHandle<()>>>,
     /// Set once the worker itself closes, so the reader knows the end of
     /// the stream that follows is expected.
@@ -82,6 +89,14 @@ pub struct WorkerClient {
     steps: std::sync::OnceLock<Option<std::fs::File>>,
     rank: u32,
     attempt: u32,
+}
+
+/// Reports queued for the writer: their bytes, and how many were shed
+/// since the writer last said so.
+#[derive(Default)]
+struct Unsent {
+    bytes: AtomicUsize,
+    shed: AtomicU64,
 }
 
 /// `Resume` steps, for a worker waiting after a preemption save.
@@ -144,9 +159,11 @@ impl WorkerClient {
         let resume_seen = Arc::clone(&resumed);
         let profile = Arc::new(Mutex::new(None));
         let profile_asked = Arc::clone(&profile);
+        let unsent = Arc::new(Unsent::default());
+        let unsent_writer = Arc::clone(&unsent);
         let writer = std::thread::Builder::new()
             .name("meshrun-writer".into())
-            .spawn(move || write_loop(out, &rx))
+            .spawn(move || write_loop(out, &rx, &unsent_writer))
             .map_err(net("cannot start the writer thread"))?;
         std::thread::Builder::new()
             .name("meshrun-reader".into())
@@ -193,6 +210,7 @@ impl WorkerClient {
             .map_err(net("cannot start the reader thread"))?;
         Ok(Self {
             tx,
+            unsent,
             writer: Mutex::new(Some(writer)),
             closing,
             checkpoint_requested,
@@ -308,6 +326,12 @@ impl WorkerClient {
         if body.len() > MAX_FRAME_BYTES {
             return Err(ProtocolError::TooLarge(body.len()));
         }
+        let queued = self.unsent.bytes.fetch_add(body.len(), Ordering::SeqCst);
+        if queued + body.len() > UNSENT_REPORT_BYTES {
+            self.unsent.bytes.fetch_sub(body.len(), Ordering::SeqCst);
+            self.unsent.shed.fetch_add(1, Ordering::SeqCst);
+            return Ok(());
+        }
         let _ = self.tx.send(Outgoing::Body(body));
         Ok(())
     }
@@ -408,8 +432,13 @@ impl WorkerClient {
     }
 }
 
-fn write_loop(mut out: BlockingWriter<TcpStream>, rx: &mpsc::Receiver<Outgoing>) {
+fn write_loop(mut out: BlockingWriter<TcpStream>, rx: &mpsc::Receiver<Outgoing>, unsent: &Unsent) {
     loop {
+        // Shed reports are said before whatever comes next.
+        let shed = unsent.shed.swap(0, Ordering::SeqCst);
+        if shed > 0 && out.put(&Message::ReportsShed { count: shed }).is_err() {
+            return;
+        }
         // Drain what is queued without flushing, then flush once and wait.
         let next = match rx.try_recv() {
             Ok(item) => item,
@@ -434,7 +463,9 @@ fn write_loop(mut out: BlockingWriter<TcpStream>, rx: &mpsc::Receiver<Outgoing>)
                 Err(_) => return,
             },
             Outgoing::Body(body) => {
-                if out.put_body(&body).is_err() {
+                let written = out.put_body(&body);
+                unsent.bytes.fetch_sub(body.len(), Ordering::SeqCst);
+                if written.is_err() {
                     return;
                 }
             }
@@ -518,3 +549,7 @@ fn send_files(
     }
     Ok(())
 }
+
+#[cfg(test)]
+#[path = "worker_client_tests.rs"]
+mod tests;

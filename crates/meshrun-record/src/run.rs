@@ -100,6 +100,10 @@ pub struct AttemptRecord {
     /// How many reports each rank sent.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reports: Vec<u64>,
+    /// How many reports each rank dropped before sending them (the
+    /// controller was behind); absent when none was.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reports_shed: Vec<u64>,
     /// The engine error that ended an `errored` attempt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,

@@ -291,6 +291,7 @@ async fn attempt(
         ended: None,
         failure: None,
         reports: Vec::new(),
+        reports_shed: Vec::new(),
         error: None,
     });
     record.state = RunState::Running;
@@ -409,6 +410,7 @@ async fn attempt(
         last.state = status.state();
         last.failure.clone_from(&failure);
         last.reports = machine.reports();
+        last.reports_shed = machine.reports_shed();
     }
     driver.rundir.event(Event::AttemptEnded {
         attempt,

@@ -285,6 +285,12 @@ pub enum Message {
         pid: u32,
     },
     Heartbeat,
+    /// This many of the worker's reports were dropped before they were
+    /// sent: the controller fell behind and the worker's bound on unsent
+    /// reports ([`crate::worker_client::UNSENT_REPORT_BYTES`]) was full.
+    ReportsShed {
+        count: u64,
+    },
     /// A `meshrun.report`; `checkpoint` when it came with the state to save,
     /// so the controller knows a preemption can end in a checkpoint.
     Report {

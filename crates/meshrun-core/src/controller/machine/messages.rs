@@ -175,6 +175,15 @@ impl Machine {
                 self.push(Action::Saving { step: None });
             }
             Message::Timing { timing } => self.ranks[rank as usize].timing = Some(timing),
+            Message::ReportsShed { count } => {
+                let state = &mut self.ranks[rank as usize];
+                state.shed += count;
+                let total = state.shed;
+                self.push(Action::Note {
+                    rank,
+                    text: format!("{count} reports dropped before they were sent ({total} in this attempt): the controller was behind"),
+                });
+            }
             // A rank saving `step` went past every earlier step without a
             // preemption save of it: ranks waiting on those go on, to meet
             // the others at a later step.

@@ -34,6 +34,8 @@ pub(super) struct RankState {
     pub saved_timings: BTreeMap<u64, Timing>,
     /// How many reports it sent (recorded in `run.json`).
     pub reports: u64,
+    /// How many of its reports it dropped unsent (`ReportsShed`).
+    pub shed: u64,
     /// When its program finished (its goodbye came, or it exited 0), and
     /// its last step then: the others must follow it soon (see
     /// `FailurePolicy::finish_timeout_s`).

@@ -256,6 +256,14 @@ impl Machine {
         self.ranks.iter().map(|r| r.reports).collect()
     }
 
+    /// Reports each rank dropped unsent; empty when none did.
+    pub fn reports_shed(&self) -> Vec<u64> {
+        if self.ranks.iter().all(|r| r.shed == 0) {
+            return Vec::new();
+        }
+        self.ranks.iter().map(|r| r.shed).collect()
+    }
+
     /// Rank 0's most recent metrics.
     pub fn take_last_metrics(&mut self) -> Option<serde_json::Value> {
         self.last_metrics.take()

@@ -495,3 +495,29 @@ fn decisions_need_no_wall_clock() {
     assert!(sim.failed().is_none());
     assert!(started.elapsed() < Duration::from_secs(1));
 }
+
+#[test]
+fn reports_a_worker_shed_are_counted_per_rank_and_noted_in_its_log() {
+    let mut sim = Sim::running(2);
+    assert!(
+        sim.m.reports_shed().is_empty(),
+        "nothing shed, nothing recorded"
+    );
+    sim.take();
+    sim.worker(1, Message::ReportsShed { count: 5 });
+    sim.worker(1, Message::ReportsShed { count: 2 });
+    assert_eq!(sim.m.reports_shed(), vec![0, 7]);
+    let notes: Vec<String> = sim
+        .take()
+        .into_iter()
+        .filter_map(|a| match a {
+            Action::Note { rank: 1, text } => Some(text),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(notes.len(), 2);
+    assert!(
+        notes[1].starts_with("2 reports dropped") && notes[1].contains("7 in this attempt"),
+        "{notes:?}"
+    );
+}
