@@ -99,6 +99,38 @@ struct Unsent {
     shed: AtomicU64,
 }
 
+/// A worker started by an agent beats into its file (`names::beat_file`)
+/// rather than sending a heartbeat: its agent tells the controller whose
+/// moved, once a second for the whole host.
+struct Beat(std::fs::File);
+
+impl Beat {
+    /// `None` for a worker that no agent started (no scratch folder).
+    fn open(rank: u32, attempt: u32) -> Option<Self> {
+        let scratch = std::env::var_os(meshrun_record::names::SCRATCH_ENV)?;
+        let dir = meshrun_record::names::beats_dir(scratch.as_ref(), attempt);
+        std::fs::create_dir_all(&dir).ok()?;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(meshrun_record::names::beat_file(&dir, rank))
+            .ok()?;
+        let beat = Self(file);
+        beat.now();
+        Some(beat)
+    }
+
+    /// One write of 8 bytes at the start: the agent reads a whole time.
+    fn now(&self) {
+        use std::os::unix::fs::FileExt as _;
+        let ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        let _ = self.0.write_at(&ns.to_le_bytes(), 0);
+    }
+}
+
 /// `Resume` steps, for a worker waiting after a preemption save.
 #[derive(Default)]
 struct Resumed {
@@ -159,11 +191,12 @@ impl WorkerClient {
         let resume_seen = Arc::clone(&resumed);
         let profile = Arc::new(Mutex::new(None));
         let profile_asked = Arc::clone(&profile);
+        let beat = Beat::open(rank, attempt);
         let unsent = Arc::new(Unsent::default());
         let unsent_writer = Arc::clone(&unsent);
         let writer = std::thread::Builder::new()
             .name("meshrun-writer".into())
-            .spawn(move || write_loop(out, &rx, &unsent_writer))
+            .spawn(move || write_loop(out, &rx, &unsent_writer, beat.as_ref()))
             .map_err(net("cannot start the writer thread"))?;
         std::thread::Builder::new()
             .name("meshrun-reader".into())
@@ -432,7 +465,12 @@ impl WorkerClient {
     }
 }
 
-fn write_loop(mut out: BlockingWriter<TcpStream>, rx: &mpsc::Receiver<Outgoing>, unsent: &Unsent) {
+fn write_loop(
+    mut out: BlockingWriter<TcpStream>,
+    rx: &mpsc::Receiver<Outgoing>,
+    unsent: &Unsent,
+    beat: Option<&Beat>,
+) {
     loop {
         // Shed reports are said before whatever comes next.
         let shed = unsent.shed.swap(0, Ordering::SeqCst);
@@ -449,7 +487,13 @@ fn write_loop(mut out: BlockingWriter<TcpStream>, rx: &mpsc::Receiver<Outgoing>,
                 }
                 match rx.recv_timeout(HEARTBEAT_INTERVAL) {
                     Ok(item) => item,
-                    Err(RecvTimeoutError::Timeout) => Outgoing::Msg(Message::Heartbeat),
+                    Err(RecvTimeoutError::Timeout) => match beat {
+                        Some(beat) => {
+                            beat.now();
+                            continue;
+                        }
+                        None => Outgoing::Msg(Message::Heartbeat),
+                    },
                     Err(RecvTimeoutError::Disconnected) => return,
                 }
             }

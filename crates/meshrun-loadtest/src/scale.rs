@@ -5,7 +5,8 @@
 //! not the machine's ability to run thousands of interpreters.
 //!
 //! One scenario per run: every host joins and its workers start; they
-//! report once a second (a heartbeat each second too); one rank fails and
+//! report once a second, and each host sends its heartbeat and its
+//! workers' (`WorkerBeats`) once a second; one rank fails and
 //! every host is told to stop; the run restarts and every host joins again;
 //! every rank writes its shard list of one checkpoint, which is committed;
 //! the workers end. The rig notes when each thing happened, on the system
@@ -250,9 +251,14 @@ async fn attempt(
                     break e;
                 }
             }
+            // The host's heartbeat and its workers', in one message, as
+            // an agent sends them.
             _ = beat.tick() => {
+                let mut ranks: Vec<u32> = live.keys().copied().collect();
+                ranks.sort_unstable();
+                let msg = if ranks.is_empty() { Message::Heartbeat } else { Message::WorkerBeats { ranks } };
                 shared.messages.fetch_add(1, Ordering::Relaxed);
-                if let Err(e) = sink.send(&Message::Heartbeat).await {
+                if let Err(e) = sink.send(&msg).await {
                     break e;
                 }
             }
@@ -269,7 +275,8 @@ async fn attempt(
     }
 }
 
-/// One fake worker: a report and a heartbeat a second; fails, saves its
+/// One fake worker: a report a second (its heartbeat goes through its
+/// host); fails, saves its
 /// part of a checkpoint or ends as the scenario says.
 async fn worker(
     scenario: Arc<Scenario>,
@@ -367,10 +374,10 @@ async fn worker(
             saving: false,
             total_steps: None,
         };
-        if conn.send(&report).await.is_err() || conn.send(&Message::Heartbeat).await.is_err() {
+        // Its heartbeat goes through its host (`WorkerBeats`).
+        if conn.send(&report).await.is_err() {
             return;
         }
-        count(&shared);
         count(&shared);
         shared
             .note(|t| *t.reports.entry(rank).or_insert(0) = if attempt > 1 { step + 1 } else { 0 });

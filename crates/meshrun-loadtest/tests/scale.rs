@@ -1,9 +1,9 @@
 //! The controller at many ranks: a real controller (this process) and the
 //! scale rig (another process: fake hosts and workers as tasks, see
 //! `meshrun_loadtest::scale`) play one scenario per size: join and start,
-//! a report and a heartbeat per rank per second, one rank fails and every
-//! host is told to stop, the restart, a checkpoint with every rank's shard
-//! list, the end. Host 0 is the controller's own agent, whose workers are
+//! a report per rank and a heartbeat per host (its workers' in it) per
+//! second, one rank fails and every host is told to stop, the restart, a
+//! checkpoint with every rank's shard list, the end. Host 0 is the controller's own agent, whose workers are
 //! fake-worker processes.
 //!
 //! `MESHRUN_SCALE_RANKS` (comma-separated, default 1,024) picks the sizes,

@@ -75,6 +75,19 @@ pub fn steps_dir(root: &Path, attempt: u32) -> PathBuf {
     root.join("steps").join(format!("attempt-{attempt}"))
 }
 
+/// `beats/attempt-N` under a host's run scratch folder: each worker's
+/// writer thread overwrites its `rank-R` there with the Unix time in ns
+/// (8 bytes, little-endian) every second it has nothing else to send; the
+/// host's agent tells the controller whose moved, in one message.
+pub fn beats_dir(root: &Path, attempt: u32) -> PathBuf {
+    root.join("beats").join(format!("attempt-{attempt}"))
+}
+
+/// Rank `rank`'s heartbeat file in [`beats_dir`].
+pub fn beat_file(dir: &Path, rank: u32) -> PathBuf {
+    dir.join(format!("rank-{rank}"))
+}
+
 /// The file rank `rank` appends its step arrivals to, in [`steps_dir`]:
 /// records of [`STEP_RECORD_BYTES`], the step and the Unix time in ns
 /// (both little-endian, `u64` and `i64`).

@@ -10,6 +10,7 @@
 //! stacks) travels back over the connection. An agent that joined by
 //! itself (`meshrun join`, see `join`) takes part in every attempt.
 
+mod beats;
 pub mod join;
 mod memory;
 mod scratch;
@@ -186,9 +187,10 @@ async fn session(
     let mut mem: Option<(memory::HostMemory, String)> = None;
     let mut buddy: Option<String> = None;
     let mut heartbeat = tokio::time::interval(HEARTBEAT_EVERY);
-    let mut beats: u64 = 0;
+    let mut ticks: u64 = 0;
     let mut clock = steps::ClockOffset::default();
     let mut step_times: Option<steps::StepReader> = None;
+    let mut worker_beats: Option<beats::BeatReader> = None;
     let ended = loop {
         tokio::select! {
             msg = from_controller.recv() => match msg {
@@ -250,6 +252,7 @@ async fn session(
                     }
                     tracing::debug!(attempt, "launched");
                     step_times = Some(steps::StepReader::new(scratch.steps_dir()));
+                    worker_beats = Some(beats::BeatReader::new(scratch.beats_dir()));
                     run = Some(scratch);
                 }
                 Ok(Message::ClockEcho { sent_ns, controller_ns }) => {
@@ -306,9 +309,13 @@ async fn session(
                 }
             }
             _ = heartbeat.tick() => {
-                beats += 1;
-                let mut out = vec![Message::Heartbeat];
-                if clock.due(beats) {
+                ticks += 1;
+                // Its workers' heartbeats are the host's too.
+                let mut out = match worker_beats.as_mut().map(beats::BeatReader::moved) {
+                    Some(ranks) if !ranks.is_empty() => vec![Message::WorkerBeats { ranks }],
+                    _ => vec![Message::Heartbeat],
+                };
+                if clock.due(ticks) {
                     out.push(Message::ClockProbe { sent_ns: steps::unix_ns() });
                 }
                 if let Some(reader) = &mut step_times {

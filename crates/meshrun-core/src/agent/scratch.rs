@@ -77,6 +77,11 @@ impl RunScratch {
         names::steps_dir(&self.dir, self.attempt)
     }
 
+    /// Where its workers beat, each in its file, every idle second.
+    pub fn beats_dir(&self) -> PathBuf {
+        names::beats_dir(&self.dir, self.attempt)
+    }
+
     pub fn stacks_reader(&self) -> StacksReader {
         StacksReader(names::stacks_dir(&self.dir, self.attempt))
     }

@@ -172,6 +172,13 @@ pub enum Message {
     StepTimes {
         times: Vec<(u32, u64, i64)>,
     },
+    /// Agent to controller, once a second: the ranks of this host whose
+    /// heartbeat (`names::beat_file`) moved since the last such message.
+    /// Workers under an agent beat into a file instead of sending a
+    /// heartbeat each: one message per host, not one per rank.
+    WorkerBeats {
+        ranks: Vec<u32>,
+    },
     /// Agent to controller: the agent's clock (Unix ns) as it sent this;
     /// answered at once with [`Message::ClockEcho`], from which the agent
     /// estimates how far its host's clock is from the controller's.

@@ -127,6 +127,24 @@ impl Machine {
     ) -> Result<(), CoreError> {
         match msg {
             Message::Heartbeat => {}
+            // Its workers' heartbeats, for the whole host: only its own
+            // ranks, and only those still connected (a lost connection
+            // stays lost).
+            Message::WorkerBeats { ranks } => {
+                let pph = self.plan.procs_per_host;
+                for rank in ranks {
+                    if rank / pph != host {
+                        continue;
+                    }
+                    if let Some(state) = self
+                        .ranks
+                        .get_mut(rank as usize)
+                        .filter(|s| s.conn.is_some())
+                    {
+                        state.heard = Some(now);
+                    }
+                }
+            }
             Message::StorageChecked { problem: None } => {
                 if let Some(link) = self.agents.get_mut(&host) {
                     link.storage_ok = true;

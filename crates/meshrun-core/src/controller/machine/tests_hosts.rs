@@ -323,3 +323,48 @@ fn a_joined_host_that_leaves_before_the_launch_may_join_again() {
     assert_eq!(sim.m.host_of(H1 + 10), Some(1));
     assert!(sim.m.launched());
 }
+
+#[test]
+fn a_worker_beating_through_its_agent_lives_and_its_agent_speaks_only_for_its_own() {
+    let mut sim = running_on_two_hosts();
+    // Neither worker sends a heartbeat of its own. Host 1's agent names
+    // rank 1 every second; host 0's names rank 0 and, wrongly, rank 1.
+    for _ in 0..20 {
+        let next = sim.secs() + 1.0;
+        sim.until(next);
+        for (conn, ranks) in [(H0, vec![0, 1]), (H1, vec![1])] {
+            sim.input(Input::FromAgent {
+                conn,
+                msg: Message::WorkerBeats { ranks },
+            });
+        }
+        assert!(
+            sim.failed().is_none(),
+            "failed at {} s: {:?}",
+            sim.secs(),
+            sim.failed()
+        );
+    }
+    // Host 1's agent stops naming rank 1: host 0's word for it is not
+    // taken, and rank 1 is found frozen.
+    for _ in 0..20 {
+        let next = sim.secs() + 1.0;
+        sim.until(next);
+        for (conn, ranks) in [(H0, vec![0, 1]), (H1, vec![])] {
+            sim.input(Input::FromAgent {
+                conn,
+                msg: Message::WorkerBeats { ranks },
+            });
+        }
+        if sim.failed().is_some() {
+            break;
+        }
+    }
+    let f = sim.failed().expect("rank 1 froze");
+    assert_eq!(f.rank, 1);
+    assert!(
+        matches!(f.cause, Cause::Unresponsive { .. }),
+        "{:?}",
+        f.cause
+    );
+}
