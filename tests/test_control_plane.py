@@ -28,7 +28,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from errors_page import covers, exits
 
 # meshrun-core's PROTOCOL_VERSION: this test speaks the handshake itself.
-VERSION = 6
+VERSION = 7
 PATTERN = b"Noise_NNpsk0_25519_ChaChaPoly_BLAKE2s"
 PROLOGUE = b"meshrun control protocol, version"
 

@@ -44,6 +44,11 @@ struct Pending {
     stances: BTreeMap<u32, Stance>,
     /// Rank 0's metrics and info, or the lowest writing rank's.
     extra: Option<(u32, serde_json::Value)>,
+    /// Ranks below this had settled (a part, or nothing due) when last
+    /// looked at: a step is decided once per arrival without a scan of
+    /// every rank each time (at 10,000 ranks arriving in order, that was
+    /// 5 x 10^7 lookups per checkpoint).
+    settled_below: u32,
 }
 
 /// A step decided.
@@ -196,9 +201,20 @@ impl Gather {
     }
 
     fn decide(&mut self, step: u64) -> Option<Decided> {
-        let p = self.pending.get(&step)?;
+        let p = self.pending.get_mut(&step)?;
         if p.parts.is_empty() {
             return None;
+        }
+        // The cursor only spares work: the pass below still checks every
+        // rank, once, when the cursor has reached the end.
+        while p.settled_below < self.world {
+            let rank = p.settled_below;
+            let settled = p.parts.contains_key(&rank)
+                || matches!(p.stances.get(&rank), Some(Stance::Nothing | Stance::NotDue));
+            if !settled {
+                return None;
+            }
+            p.settled_below += 1;
         }
         let directory = p.parts.values().any(|part| matches!(part, Part::Files(_)));
         let mut without = Vec::new();
@@ -321,6 +337,20 @@ mod tests {
                 _ => None,
             })
             .collect()
+    }
+
+    #[test]
+    fn twenty_thousand_parts_in_rank_order_commit_once_without_a_scan_per_part() {
+        const WORLD: u32 = 20_000;
+        let mut g = Gather::new(WORLD);
+        let started = std::time::Instant::now();
+        for rank in 0..WORLD - 1 {
+            assert!(g.written(rank, 3, shards(), None).is_empty(), "rank {rank}");
+        }
+        assert_eq!(complete(&g.written(WORLD - 1, 3, shards(), None)), vec![3]);
+        // A scan of the ranks before each (2 x 10^8 lookups) took seconds.
+        let took = started.elapsed();
+        assert!(took < std::time::Duration::from_secs(1), "{took:?}");
     }
 
     #[test]
