@@ -44,6 +44,9 @@ pub use steps::unix_ns;
 /// Longer lines are forwarded in pieces of this size.
 const MAX_LINE_BYTES: usize = 64 * 1024;
 
+/// Output lines queued for the controller (at most 64 MiB of them).
+const OUTPUT_QUEUE: usize = 1024;
+
 /// After a worker exits, how long its output may still take to drain
 /// before the exit is reported anyway (a grandchild may hold the pipe).
 const DRAIN_GRACE: Duration = Duration::from_secs(1);
@@ -173,6 +176,9 @@ async fn session(
 
     let (mut sink, mut from_controller) = conn.split();
     let (events_tx, mut events) = mpsc::unbounded_channel::<Message>();
+    // The workers' output has its own queue, bounded (see
+    // `spawn::forward_lines`); what else goes to the controller is rare.
+    let (lines_tx, mut lines) = mpsc::channel::<Message>(OUTPUT_QUEUE);
     let containment = Arc::new(Containment::detect(OWN_PROCESS.load(Ordering::Relaxed)));
     // rank -> every worker that has not been reported as exited.
     let mut live: HashMap<u32, Contained> = HashMap::new();
@@ -238,9 +244,9 @@ async fn session(
                                 let cgroup = containment.cgroup_for(w.rank).filter(|cg| {
                                     cg.adopt(pid).map_err(|e| tracing::warn!(rank = w.rank, "spare not moved into its cgroup: {e}")).is_ok()
                                 });
-                                Some(spawn::watch(spare.child, w.rank, cgroup, true, &events_tx, &containment))
+                                Some(spawn::watch(spare.child, w.rank, cgroup, true, &events_tx, &lines_tx, &containment))
                             }
-                            None => spawn::spawn_worker(&w, &extra, &events_tx, &containment),
+                            None => spawn::spawn_worker(&w, &extra, &events_tx, &lines_tx, &containment),
                         };
                         if let Some(worker) = worker {
                             live.insert(w.rank, worker);
@@ -295,6 +301,18 @@ async fn session(
             Some(event) = events.recv() => {
                 if let Message::WorkerExited { rank, .. } = &event {
                     live.remove(rank);
+                    // Its output was all queued before its exit was: it
+                    // goes first, so the exit never overtakes its last lines.
+                    let mut lost = false;
+                    while let Ok(output) = lines.try_recv() {
+                        if sink.send(&output).await.is_err() {
+                            lost = true;
+                            break;
+                        }
+                    }
+                    if lost {
+                        break Ended::Lost;
+                    }
                     // Its last steps go before its exit, not after the
                     // controller has stopped listening for them.
                     if let Some(reader) = &mut step_times {
@@ -305,6 +323,11 @@ async fn session(
                     }
                 }
                 if sink.send(&event).await.is_err() {
+                    break Ended::Lost;
+                }
+            }
+            Some(output) = lines.recv() => {
+                if sink.send(&output).await.is_err() {
                     break Ended::Lost;
                 }
             }

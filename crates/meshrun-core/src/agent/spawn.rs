@@ -20,6 +20,7 @@ pub(super) fn spawn_worker(
     w: &WorkerLaunch,
     extra_env: &[(String, String)],
     events: &mpsc::UnboundedSender<Message>,
+    lines: &mpsc::Sender<Message>,
     containment: &Arc<Containment>,
 ) -> Option<Contained> {
     let Some((program, args)) = w.argv.split_first() else {
@@ -78,7 +79,15 @@ pub(super) fn spawn_worker(
             return None;
         }
     };
-    Some(watch(child, w.rank, cgroup, false, events, containment))
+    Some(watch(
+        child,
+        w.rank,
+        cgroup,
+        false,
+        events,
+        lines,
+        containment,
+    ))
 }
 
 /// Takes over a started worker (spawned here, or a warm spare that has
@@ -90,6 +99,7 @@ pub(super) fn watch(
     cgroup: Option<WorkerCgroup>,
     warm: bool,
     events: &mpsc::UnboundedSender<Message>,
+    lines: &mpsc::Sender<Message>,
     containment: &Arc<Containment>,
 ) -> Contained {
     let pid = child.id().unwrap_or_default();
@@ -105,11 +115,11 @@ pub(super) fn watch(
     let out = child
         .stdout
         .take()
-        .map(|s| forward_lines(s, rank, Stream::Stdout, events.clone()));
+        .map(|s| forward_lines(s, rank, Stream::Stdout, lines.clone()));
     let err = child
         .stderr
         .take()
-        .map(|s| forward_lines(s, rank, Stream::Stderr, events.clone()));
+        .map(|s| forward_lines(s, rank, Stream::Stderr, lines.clone()));
     tokio::spawn(async move {
         let exit = match child.wait().await {
             Ok(status) => exit_info(status),
@@ -156,11 +166,15 @@ fn spawn_in(
     child
 }
 
+/// Sends the worker's output, line by line, into `lines`, a bounded queue:
+/// when the controller falls behind, this stops reading, the pipe fills and
+/// the worker waits in its `print`; no line is lost and the backlog is not
+/// the agent's memory.
 fn forward_lines(
     reader: impl AsyncRead + Unpin + Send + 'static,
     rank: u32,
     stream: Stream,
-    events: mpsc::UnboundedSender<Message>,
+    lines: mpsc::Sender<Message>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut reader = BufReader::new(reader);
@@ -189,13 +203,14 @@ fn forward_lines(
             }
             let line = String::from_utf8_lossy(&buf).into_owned();
             let more = !ended;
-            if events
+            if lines
                 .send(Message::Log {
                     rank,
                     stream,
                     line,
                     more,
                 })
+                .await
                 .is_err()
                 || eof
             {
@@ -268,6 +283,42 @@ mod tests {
         assert_eq!(buf, b"ab");
         let mut whole = b"abc".to_vec();
         assert!(split_cut_char(&mut whole).is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_holds_the_worker_back_and_loses_no_line() {
+        use tokio::io::AsyncWriteExt as _;
+        const LINES: usize = 10_000;
+        let (mut worker, pipe) = tokio::io::duplex(4096);
+        let (tx, mut rx) = mpsc::channel(8);
+        let forwarding = forward_lines(pipe, 3, Stream::Stdout, tx);
+        let printing = tokio::spawn(async move {
+            for i in 0..LINES {
+                worker
+                    .write_all(format!("line {i}\n").as_bytes())
+                    .await
+                    .unwrap();
+            }
+        });
+        // Nothing takes from the queue: it fills, the pipe fills, and the
+        // worker waits in its write.
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        assert!(!printing.is_finished(), "the worker was not held back");
+        assert_eq!(rx.len(), 8, "the queue grew past its bound");
+        for i in 0..LINES {
+            match rx.recv().await {
+                Some(Message::Log {
+                    rank: 3,
+                    line,
+                    more: false,
+                    ..
+                }) => assert_eq!(line, format!("line {i}")),
+                other => panic!("line {i}: {other:?}"),
+            }
+        }
+        printing.await.unwrap();
+        forwarding.await.unwrap();
+        assert!(rx.recv().await.is_none());
     }
 
     #[tokio::test]
