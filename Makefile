@@ -109,9 +109,10 @@ load:  ## 64 fake workers x 1,000 records/s for 60 s through the controller: rec
 	MESHRUN_LOAD_SECONDS=60 cargo test --release -q -p meshrun-loadtest -- --nocapture
 
 bench-scale:  ## The controller at 64 to 10,000 ranks (fake hosts and workers as tasks, real protocol): the table of join, failure to stop, restart, commit, CPU, memory, records lost (the suite runs 1,024).
-	MESHRUN_SCALE_RANKS=$(SCALE_RANKS) cargo test --release -q -p meshrun-loadtest --test scale -- --nocapture
+	MESHRUN_SCALE_RANKS=$(SCALE_RANKS) MESHRUN_SCALE_REPEAT=$(SCALE_REPEAT) cargo test --release -q -p meshrun-loadtest --test scale -- --nocapture
 
 SCALE_RANKS ?= 64,256,1024,4096,10000
+SCALE_REPEAT ?= 3
 
 FUZZ_SECONDS ?= 600
 

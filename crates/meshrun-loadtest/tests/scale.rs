@@ -220,18 +220,33 @@ fn run(ranks: u32, per_host: u32) -> Row {
     }
 }
 
-#[test]
-fn the_controller_at_many_ranks() {
-    let per_host = env_list("MESHRUN_SCALE_PER_HOST", "8")[0];
-    let mut rows = Vec::new();
-    for ranks in env_list("MESHRUN_SCALE_RANKS", "1024") {
-        let row = run(ranks, per_host);
-        eprintln!("{row:?}");
-        rows.push(row);
+/// The median of each figure over `rows` (one size), lost summed.
+fn median_row(rows: &[&Row]) -> Row {
+    let m = |f: fn(&Row) -> f64| {
+        let mut v: Vec<f64> = rows.iter().map(|r| f(r)).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    Row {
+        ranks: rows[0].ranks,
+        join_s: m(|r| r.join_s),
+        start_s: m(|r| r.start_s),
+        stop_s: m(|r| r.stop_s),
+        restart_s: m(|r| r.restart_s),
+        commit_s: m(|r| r.commit_s),
+        cpu_s: m(|r| r.cpu_s),
+        peak_mib: m(|r| r.peak_mib),
+        messages_per_s: m(|r| r.messages_per_s),
+        lost: rows.iter().map(|r| r.lost).sum(),
+        wall_s: m(|r| r.wall_s),
     }
+}
+
+fn print_table(title: &str, rows: &[Row]) {
+    eprintln!("{title}");
     eprintln!("| ranks | join all (s) | all trained a step (s) | failure to all told to stop (s) | restart: failure to all trained (s) | commit (s) | controller CPU (s) | controller peak (MiB) | messages/s from the rig | reports lost | run (s) |");
     eprintln!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
-    for r in &rows {
+    for r in rows {
         eprintln!(
             "| {} | {:.2} | {:.2} | {:.3} | {:.2} | {:.3} | {:.1} | {:.0} | {:.0} | {} | {:.1} |",
             r.ranks,
@@ -245,6 +260,35 @@ fn the_controller_at_many_ranks() {
             r.messages_per_s,
             r.lost,
             r.wall_s
+        );
+    }
+}
+
+/// `MESHRUN_SCALE_REPEAT` (default 1) runs of each size; with more than
+/// one, the table of medians follows every run's row (this machine is
+/// noisy: one run's join time at 10,000 ranks has ranged 1.3-5.0 s).
+#[test]
+fn the_controller_at_many_ranks() {
+    let per_host = env_list("MESHRUN_SCALE_PER_HOST", "8")[0];
+    let repeat = env_list("MESHRUN_SCALE_REPEAT", "1")[0].max(1);
+    let sizes = env_list("MESHRUN_SCALE_RANKS", "1024");
+    let mut rows = Vec::new();
+    for _ in 0..repeat {
+        for &ranks in &sizes {
+            let row = run(ranks, per_host);
+            eprintln!("{row:?}");
+            rows.push(row);
+        }
+    }
+    print_table("every run:", &rows);
+    if repeat > 1 {
+        let medians: Vec<Row> = sizes
+            .iter()
+            .map(|&n| median_row(&rows.iter().filter(|r| r.ranks == n).collect::<Vec<_>>()))
+            .collect();
+        print_table(
+            &format!("medians of {repeat} runs (reports lost: summed):"),
+            &medians,
         );
     }
     for r in &rows {

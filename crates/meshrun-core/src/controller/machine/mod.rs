@@ -31,7 +31,7 @@ mod tests_memory;
 #[cfg(test)]
 mod tests_start;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -254,6 +254,10 @@ pub struct Machine {
     setup: Setup,
     started: Instant,
     agents: BTreeMap<u32, AgentLink>,
+    /// Which host each agent connection is, checked against `agents` at
+    /// each use (so never stale): every agent message and output line
+    /// asks, and a scan of 1,250 agents each time was the cost.
+    conn_hosts: std::cell::RefCell<HashMap<Conn, u32>>,
     ranks: Vec<RankState>,
     failure: Option<FailureRecord>,
     stop: Option<StopReason>,
@@ -296,6 +300,7 @@ impl Machine {
             setup,
             started: now,
             agents: BTreeMap::new(),
+            conn_hosts: std::cell::RefCell::default(),
             failure: None,
             stop: None,
             stop_deadline: None,
@@ -368,9 +373,20 @@ impl Machine {
     }
 
     pub fn host_of(&self, conn: Conn) -> Option<u32> {
-        self.agents
+        let cached = self.conn_hosts.borrow().get(&conn).copied();
+        if let Some(host) = cached.filter(|h| self.agents.get(h).is_some_and(|a| a.conn == conn)) {
+            return Some(host);
+        }
+        let found = self
+            .agents
             .iter()
-            .find_map(|(&host, a)| (a.conn == conn).then_some(host))
+            .find_map(|(&host, a)| (a.conn == conn).then_some(host));
+        let mut cache = self.conn_hosts.borrow_mut();
+        match found {
+            Some(host) => cache.insert(conn, host),
+            None => cache.remove(&conn),
+        };
+        found
     }
 
     pub fn handle(&mut self, now: Instant, input: Input) -> Result<(), CoreError> {
