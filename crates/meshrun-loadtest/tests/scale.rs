@@ -12,7 +12,7 @@
 //! meet the goals: all joined within 10 s, all told to stop within 1 s of
 //! the failure, the controller under 1 GiB, no report lost.
 
-use std::io::Read as _;
+use std::io::{Read as _, Write as _};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -43,7 +43,7 @@ fn free_port() -> u16 {
         .port()
 }
 
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct Row {
     ranks: u32,
     join_s: f64,
@@ -264,18 +264,63 @@ fn print_table(title: &str, rows: &[Row]) {
     }
 }
 
-/// `MESHRUN_SCALE_REPEAT` (default 1) runs of each size; with more than
-/// one, the table of medians follows every run's row (this machine is
-/// noisy: one run's join time at 10,000 ranks has ranged 1.3-5.0 s).
+/// Set in a run of this test that measures one size and prints its row.
+const ONE_ENV: &str = "MESHRUN_SCALE_ONE";
+const ROW_MARK: &str = "scale-row: ";
+
+/// One size in a process of its own (this test again), so that its peak
+/// memory is its own and not what an earlier, larger run left behind.
+fn run_apart(ranks: u32, per_host: u32) -> Row {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "the_controller_at_many_ranks",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(ONE_ENV, ranks.to_string())
+        .env("MESHRUN_SCALE_PER_HOST", per_host.to_string())
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .expect("the test runs again");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the run of {ranks} ranks failed:\n{stdout}"
+    );
+    let line = stdout
+        .lines()
+        .find_map(|l| l.split_once(ROW_MARK).map(|(_, row)| row))
+        .unwrap_or_else(|| panic!("no row from the run of {ranks} ranks:\n{stdout}"));
+    serde_json::from_str(line).expect("a row")
+}
+
+/// `MESHRUN_SCALE_REPEAT` (default 1) runs of each size, each in its own
+/// process; with more than one, the table of medians follows every run's
+/// row (this machine is noisy: one run's join time at 10,000 ranks has
+/// ranged 1.3-5.0 s).
 #[test]
 fn the_controller_at_many_ranks() {
     let per_host = env_list("MESHRUN_SCALE_PER_HOST", "8")[0];
+    if let Ok(one) = std::env::var(ONE_ENV) {
+        let row = run(one.parse().expect("a number of ranks"), per_host);
+        // Straight to the process's stdout, past the test harness.
+        let mut stdout = std::io::stdout().lock();
+        writeln!(
+            stdout,
+            "\n{ROW_MARK}{}",
+            serde_json::to_string(&row).unwrap()
+        )
+        .unwrap();
+        stdout.flush().unwrap();
+        return;
+    }
     let repeat = env_list("MESHRUN_SCALE_REPEAT", "1")[0].max(1);
     let sizes = env_list("MESHRUN_SCALE_RANKS", "1024");
     let mut rows = Vec::new();
     for _ in 0..repeat {
         for &ranks in &sizes {
-            let row = run(ranks, per_host);
+            let row = run_apart(ranks, per_host);
             eprintln!("{row:?}");
             rows.push(row);
         }
