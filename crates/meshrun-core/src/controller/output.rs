@@ -1,7 +1,8 @@
 //! Worker output: every line goes to `logs/rank-R.log` (each attempt
-//! appended under a header, see [`super::rank_logs`]) and, for the ranks being teed, to the terminal.
-//! The last lines of each rank are kept for the failure summary. The
-//! terminal is written through [`super::terminal`], which never blocks.
+//! appended under a header, see [`super::rank_logs`]) and, for the ranks
+//! being teed, to the terminal. The last lines of each rank are kept for
+//! the failure summary. The terminal is written through
+//! [`super::terminal`], which never blocks.
 
 use std::borrow::Cow;
 use std::collections::VecDeque;

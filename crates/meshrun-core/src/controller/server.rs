@@ -311,6 +311,7 @@ fn spawn_sender(mut sink: FrameSink) -> (mpsc::UnboundedSender<Message>, JoinHan
 /// Binds the control listener on `host` (loopback for the local backend;
 /// the Ray backend's agents may be on other machines) at `port`, or at a
 /// free port when it is 0.
+///
 /// The queue of connections the kernel completes before they are
 /// accepted holds [`LISTEN_BACKLOG`] (capped by `net.core.somaxconn`), not
 /// the 1,024 of `TcpListener::bind`: thousands of workers connect within
