@@ -64,6 +64,15 @@ fn run(ranks: u32, per_host: u32) -> Row {
         hosts >= 2 && hosts * per_host == ranks,
         "{ranks} ranks in hosts of {per_host}"
     );
+    // The controller and the rig each hold a connection per host and per
+    // worker (and the controller up to 512 logs): said plainly when this
+    // machine does not allow that many.
+    let needed = u64::from(ranks + hosts) + 1024;
+    let limit = meshrun_core::limits::raise_open_files().unwrap_or(0);
+    assert!(
+        limit >= needed,
+        "{ranks} ranks need about {needed} open files per process; the hard limit here is {limit} (raise it with ulimit -Hn)"
+    );
     let tmp = tempfile::tempdir().unwrap();
     let port = free_port();
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();

@@ -160,7 +160,14 @@ impl Outcome {
 
 /// Runs a plan to its end on a private tokio runtime.
 pub fn execute(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, CoreError> {
-    crate::limits::raise_open_files();
+    // A connection per worker and per host, and up to 512 open logs.
+    let needed = u64::from(plan.nprocs) + u64::from(plan.hosts) + 600;
+    if let Some(limit) = crate::limits::raise_open_files().filter(|&l| l < needed) {
+        tracing::warn!(
+            "this run of {} ranks needs about {needed} open files and the limit is {limit}: connections may be refused (raise it with ulimit -n)",
+            plan.nprocs
+        );
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("meshrun-controller")

@@ -15,6 +15,8 @@ fn main() {
     let token_file = args.next().expect("the run's token file");
     let token = Token::from_hex(std::fs::read_to_string(token_file).expect("a token").trim())
         .expect("a run token");
+    // A connection per fake host and worker, as the controller has.
+    meshrun_core::limits::raise_open_files();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
