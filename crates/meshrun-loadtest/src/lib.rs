@@ -67,3 +67,16 @@ pub fn spec(
         observe: meshrun_core::plan::Observe::default(),
     }
 }
+
+/// Runs `plan` to its end with no progress line, as the load tests do
+/// (their output is the figures they print).
+pub fn execute_quietly(plan: meshrun_core::RunPlan) -> meshrun_core::Outcome {
+    meshrun_core::execute(
+        plan,
+        meshrun_core::ExecOptions {
+            progress: meshrun_core::controller::progress::ProgressMode::Off,
+            ..meshrun_core::ExecOptions::default()
+        },
+    )
+    .expect("the run ends")
+}

@@ -9,10 +9,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use meshrun_core::controller::progress::ProgressMode;
-use meshrun_core::{execute, ExecOptions, OutcomeStatus};
+use meshrun_core::OutcomeStatus;
 use meshrun_loadtest::proc_stats::{cpu_seconds, rss_kib};
-use meshrun_loadtest::{spec, RATE_ENV, SECONDS_ENV};
+use meshrun_loadtest::{execute_quietly, spec, RATE_ENV, SECONDS_ENV};
 
 const RATE: u64 = 1000;
 
@@ -58,14 +57,7 @@ fn controller_keeps_up_with_64_workers_at_1000_records_a_second() {
     };
     let t0 = Instant::now();
     let (own_before, children_before) = cpu_seconds();
-    let outcome = execute(
-        plan,
-        ExecOptions {
-            progress: ProgressMode::Off,
-            ..ExecOptions::default()
-        },
-    )
-    .expect("the run ends");
+    let outcome = execute_quietly(plan);
     let wall = t0.elapsed().as_secs_f64();
     let (own_after, children_after) = cpu_seconds();
     done.store(true, Ordering::Relaxed);

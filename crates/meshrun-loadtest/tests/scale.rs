@@ -17,11 +17,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use meshrun_core::controller::progress::ProgressMode;
-use meshrun_core::{execute, ExecOptions, OutcomeStatus};
+use meshrun_core::OutcomeStatus;
 use meshrun_loadtest::proc_stats::{cpu_seconds, rss_kib};
 use meshrun_loadtest::scale::{Scenario, Timings};
-use meshrun_loadtest::{spec, CHECKPOINT_AT_ENV, RATE_ENV, SECONDS_ENV};
+use meshrun_loadtest::{execute_quietly, spec, CHECKPOINT_AT_ENV, RATE_ENV, SECONDS_ENV};
 
 const FAIL_AT: u64 = 5;
 const CHECKPOINT_AT: u64 = 4;
@@ -144,14 +143,7 @@ fn run(ranks: u32, per_host: u32) -> Row {
     };
     let cpu0 = cpu_seconds().0;
     let t0 = Instant::now();
-    let outcome = execute(
-        plan,
-        ExecOptions {
-            progress: ProgressMode::Off,
-            ..ExecOptions::default()
-        },
-    )
-    .expect("the run ends");
+    let outcome = execute_quietly(plan);
     let wall_s = t0.elapsed().as_secs_f64();
     let cpu_s = cpu_seconds().0 - cpu0;
     done.store(true, Ordering::Relaxed);
