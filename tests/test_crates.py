@@ -1,0 +1,53 @@
+"""Which crate depends on what: the engine's crates (supervision and
+protocol, data loading, checkpoint I/O) carry no web server, no renderer
+and no Python binding; those sit in crates of their own. Read from
+``cargo tree`` over the lock file, so a dependency added to the wrong
+crate fails here."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+from conftest import ROOT
+
+# The web server, the renderer and the binding, by package name. An HTTP
+# client stack (hyper, tower) is not among them: the object-storage client
+# that checkpoints and data read through is built on one.
+WEB = {"axum", "axum-core", "matchit"}
+RENDERING = {"meshrun-report", "meshrun-serve"}
+BINDING = {"pyo3", "numpy", "meshrun-python"}
+
+
+def _packages(crate: str) -> set[str]:
+    """The names of every package ``crate`` builds with (normal and build
+    dependencies, not dev ones), itself included."""
+    cargo = shutil.which("cargo")
+    if cargo is None:
+        pytest.fail("cargo is not on PATH: the dependency check reads `cargo tree`")
+    out = subprocess.run(
+        [cargo, "tree", "--offline", "--locked", "-p", crate, "-e", "normal,build", "--prefix", "none", "--format", "{p}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    return {line.split()[0] for line in out.stdout.splitlines() if line.strip()}
+
+
+@pytest.mark.parametrize("crate", ["meshrun-core", "meshrun-data", "meshrun-ckpt", "meshrun-store", "meshrun-record"])
+def test_the_engine_crates_carry_no_web_rendering_or_binding_dependency(crate):
+    packages = _packages(crate)
+    assert crate in packages, f"cargo tree did not list {crate} itself: {sorted(packages)[:10]}"
+    assert not packages & (WEB | RENDERING | BINDING), f"{crate} depends on {sorted(packages & (WEB | RENDERING | BINDING))}"
+
+
+def test_the_web_stack_is_where_the_live_page_is():
+    """The check above can fail: the live page's crate does pull the web
+    stack and the renderer in."""
+    packages = _packages("meshrun-serve")
+    assert {"axum", "matchit", "meshrun-report"} <= packages, sorted(packages)
+    assert not packages & BINDING, sorted(packages & BINDING)
