@@ -50,12 +50,19 @@ async fn serve(root: &Path, token: Option<&str>) -> SocketAddr {
     addr
 }
 
-/// (status, body) of a GET.
+/// (status, body) of a GET, addressed to the server's own address.
 async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    get_as(addr, &addr.to_string(), path).await
+}
+
+/// (status, body) of a GET whose `Host:` is `host`.
+async fn get_as(addr: SocketAddr, host: &str, path: &str) -> (u16, String) {
     let mut s = TcpStream::connect(addr).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
     let mut text = String::new();
     s.read_to_string(&mut text).await.unwrap();
     let status = text[9..12].parse().unwrap();
@@ -86,7 +93,7 @@ async fn the_list_and_a_run_page_are_served_and_the_stream_pushes_each_change() 
 
     let mut stream = TcpStream::connect(addr).await.unwrap();
     stream
-        .write_all(b"GET /runs/gpt/stream HTTP/1.1\r\nHost: x\r\n\r\n")
+        .write_all(format!("GET /runs/gpt/stream HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes())
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(700)).await;
@@ -120,4 +127,30 @@ async fn a_server_with_a_token_refuses_requests_without_it_and_names_stay_in_the
     );
     assert_eq!(get(addr, "/runs/..?token=s3cret").await.0, 404);
     assert_eq!(get(addr, "/runs/nosuch?token=s3cret").await.0, 404);
+}
+
+#[tokio::test]
+async fn on_loopback_only_requests_addressed_to_loopback_are_answered() {
+    // A page elsewhere that points a name of its own at 127.0.0.1 (DNS
+    // rebinding) sends that name as the Host: it is refused, and says why.
+    let root = tempfile::TempDir::new().unwrap();
+    write_run(root.path(), "gpt");
+    let addr = serve(root.path(), None).await;
+    let port = addr.port();
+    for host in [
+        format!("localhost:{port}"),
+        format!("127.0.0.1:{port}"),
+        "localhost".to_string(),
+    ] {
+        assert_eq!(get_as(addr, &host, "/").await.0, 200, "{host}");
+    }
+    for path in ["/", "/stream", "/runs/gpt", "/runs/gpt/stream"] {
+        let (status, body) = get_as(addr, &format!("rebound.example:{port}"), path).await;
+        assert_eq!(status, 403, "{path}");
+        assert!(
+            body.contains(&format!("addressed to 'rebound.example:{port}'"))
+                && body.contains("127.0.0.1, localhost or [::1]"),
+            "{body}"
+        );
+    }
 }
