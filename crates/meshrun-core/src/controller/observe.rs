@@ -76,8 +76,12 @@ impl Driver<'_> {
         }
         let pph = self.plan.procs_per_host.max(1);
         let host = rank / pph;
-        let mut ranks: Vec<u32> = (host * pph..(host + 1) * pph).collect();
-        ranks.push(if host == 0 { pph } else { 0 });
+        let mut ranks: Vec<u32> = (host * pph..((host + 1) * pph).min(world)).collect();
+        // And one rank of another host to compare with, where there is one.
+        let other = if host == 0 { pph } else { 0 };
+        if other < world {
+            ranks.push(other);
+        }
         ranks
     }
 
@@ -113,13 +117,18 @@ impl Driver<'_> {
                 )
             })
         };
+        let mut ranks = ranks.unwrap_or_else(|| (0..world).collect());
+        ranks.sort_unstable();
+        ranks.dedup();
+        let declined = declined.or_else(|| {
+            (!ranks.iter().any(|&r| self.machine.worker_conn(r).is_some())).then(|| {
+                "none of the chosen ranks' workers is connected (they connect as they start, and leave as they end); try again once the run trains".to_string()
+            })
+        });
         if let Some(reason) = declined {
             self.send_to(conn, Message::Declined { reason });
             return Ok(());
         }
-        let mut ranks = ranks.unwrap_or_else(|| (0..world).collect());
-        ranks.sort_unstable();
-        ranks.dedup();
         self.start_capture(&ranks, steps, None, "asked", Some(conn))
             .map(drop)
     }
@@ -191,6 +200,15 @@ impl Driver<'_> {
                         from_step,
                     };
                     self.send_to(conn, msg);
+                } else {
+                    // Not connected (still starting, or already ended): it
+                    // will not hear of the capture, so it is missing now
+                    // rather than holding the capture open until the
+                    // attempt ends.
+                    let why = Some("it was not connected when the capture began".to_string());
+                    if let Some(saved) = self.captures.rank_done(rank, &capture, why) {
+                        self.saved(saved)?;
+                    }
                 }
             }
         }

@@ -34,6 +34,10 @@ struct Incoming {
     left: u64,
 }
 
+/// Ranks whose files of the capture under way could not be written here,
+/// and why: their trace is missing, not saved.
+type Unwritten = BTreeMap<u32, String>;
+
 /// A capture that ended: what to record and whom to tell.
 #[derive(Debug)]
 pub struct Saved {
@@ -47,6 +51,7 @@ pub struct Saved {
 pub struct Captures {
     active: Option<Capture>,
     incoming: BTreeMap<u32, Incoming>,
+    unwritten: Unwritten,
     /// `--profile-stragglers` takes one capture per run.
     pub straggler_taken: bool,
     /// `--profile-steps`: the capture of this attempt, and whether one
@@ -85,6 +90,7 @@ impl Captures {
         }
         let dir = names::profile_dir(root, &name);
         self.incoming.clear();
+        self.unwritten.clear();
         self.active = Some(Capture {
             name: name.clone(),
             dir: dir.clone(),
@@ -99,21 +105,38 @@ impl Captures {
     pub fn file(&mut self, rank: u32, capture: &str, name: &str, size: u64) {
         let Some(c) = self.active.as_ref().filter(|c| c.name == capture) else {
             // A capture given up on: the bytes that follow are skipped.
-            self.incoming.insert(
-                rank,
-                Incoming {
-                    file: None,
-                    left: size,
-                },
-            );
+            if size > 0 {
+                self.incoming.insert(
+                    rank,
+                    Incoming {
+                        file: None,
+                        left: size,
+                    },
+                );
+            }
             return;
         };
-        let file = safe_relative(name).and_then(|rel| {
-            let path = c.dir.join(format!("rank-{rank}")).join(rel);
-            std::fs::create_dir_all(path.parent()?).ok()?;
-            File::create(&path).ok()
-        });
-        self.incoming.insert(rank, Incoming { file, left: size });
+        let file = match safe_relative(name) {
+            None => Err(format!("it named a file '{name}' outside its folder")),
+            Some(rel) => {
+                let path = c.dir.join(format!("rank-{rank}")).join(rel);
+                path.parent()
+                    .map_or(Ok(()), std::fs::create_dir_all)
+                    .and_then(|()| File::create(&path))
+                    .map_err(|e| format!("cannot write '{}': {e}", path.display()))
+            }
+        };
+        let file = match file {
+            Ok(f) => Some(f),
+            Err(why) => {
+                self.unwritten.entry(rank).or_insert(why);
+                None
+            }
+        };
+        // An empty file has no bytes to wait for.
+        if size > 0 {
+            self.incoming.insert(rank, Incoming { file, left: size });
+        }
     }
 
     /// Raw bytes from `rank`, of the file it announced.
@@ -121,10 +144,17 @@ impl Captures {
         let Some(inc) = self.incoming.get_mut(&rank) else {
             return;
         };
-        let take = data.len().min(inc.left as usize);
+        let take = data
+            .len()
+            .min(usize::try_from(inc.left).unwrap_or(usize::MAX));
         if let Some(f) = &mut inc.file {
-            if f.write_all(&data[..take]).is_err() {
+            if let Err(e) = f.write_all(&data[..take]) {
                 inc.file = None;
+                if self.active.is_some() {
+                    self.unwritten
+                        .entry(rank)
+                        .or_insert_with(|| format!("writing its trace failed: {e}"));
+                }
             }
         }
         inc.left -= take as u64;
@@ -139,11 +169,13 @@ impl Captures {
         if !c.ranks.contains(&rank) {
             return None;
         }
-        let error = error.or_else(|| {
-            self.incoming
-                .contains_key(&rank)
-                .then(|| "its trace came incomplete".to_string())
-        });
+        let error = error
+            .or_else(|| {
+                self.incoming
+                    .contains_key(&rank)
+                    .then(|| "its trace came incomplete".to_string())
+            })
+            .or_else(|| self.unwritten.remove(&rank));
         c.done.insert(rank, error);
         if c.done.len() < c.ranks.len() {
             return None;
@@ -161,6 +193,7 @@ impl Captures {
     fn finish(&mut self, why_missing: Option<&str>) -> Option<Saved> {
         let c = self.active.take()?;
         self.incoming.clear();
+        self.unwritten.clear();
         let mut ranks = Vec::new();
         let mut missing = Vec::new();
         for &rank in &c.ranks {
@@ -253,18 +286,12 @@ mod tests {
             c.bytes(rank, b"def");
         }
         assert!(c.rank_done(0, &name, None).is_none());
-        c.file(1, &name, "../../escape", 3);
-        c.bytes(1, b"xyz");
         let saved = c.rank_done(1, &name, None).unwrap();
         assert_eq!((saved.ranks, saved.requester), (vec![0, 1], Some(9)));
         let tb = dir.join("tensorboard/plugins/profile").join(&name);
         assert_eq!(
             std::fs::read(tb.join("rank-1.xplane.pb")).unwrap(),
             b"abcdef"
-        );
-        assert!(
-            !root.path().join("escape").exists(),
-            "names stay inside the capture"
         );
         assert!(c.busy().is_none());
         let (again, _) = c.start(root.path(), std::time::SystemTime::UNIX_EPOCH, &[0], None);
@@ -293,6 +320,52 @@ mod tests {
                 (1, "its trace came incomplete".into()),
                 (2, "the attempt ended".into())
             ]
+        );
+    }
+
+    #[test]
+    fn a_file_not_written_makes_its_rank_missing_and_an_empty_file_is_whole() {
+        let root = tempfile::tempdir().unwrap();
+        let mut c = Captures::default();
+        let (name, dir) = c.start(
+            root.path(),
+            std::time::SystemTime::UNIX_EPOCH,
+            &[0, 1, 2],
+            None,
+        );
+        // Rank 0's last file is empty: nothing follows it, and it is whole.
+        c.file(0, &name, "h.xplane.pb", 3);
+        c.bytes(0, b"abc");
+        c.file(0, &name, "empty.json", 0);
+        assert!(c.rank_done(0, &name, None).is_none());
+        // Rank 1 names a path outside its folder.
+        c.file(1, &name, "../../escape", 3);
+        c.bytes(1, b"xyz");
+        assert!(c.rank_done(1, &name, None).is_none());
+        // Rank 2's folder cannot be made: a file stands in its place.
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("rank-2"), b"").unwrap();
+        c.file(2, &name, "t.json.gz", 2);
+        c.bytes(2, b"ab");
+        let saved = c.rank_done(2, &name, None).unwrap();
+        assert_eq!(saved.ranks, vec![0]);
+        assert_eq!(saved.missing.len(), 2, "{:?}", saved.missing);
+        assert_eq!(
+            saved.missing[0],
+            (
+                1,
+                "it named a file '../../escape' outside its folder".into()
+            )
+        );
+        assert!(
+            saved.missing[1].0 == 2 && saved.missing[1].1.starts_with("cannot write '"),
+            "{:?}",
+            saved.missing
+        );
+        assert!(dir.join("rank-0/empty.json").exists());
+        assert!(
+            !root.path().join("escape").exists() && !dir.join("escape").exists(),
+            "names stay inside the capture"
         );
     }
 }
