@@ -156,9 +156,20 @@ impl<'a> Driver<'a> {
         self.machine.handle(Instant::now(), input)
     }
 
-    /// Everything already queued, without waiting.
+    /// What is already queued, without waiting: at most a queue's worth,
+    /// so that connections refilling it as fast as it drains cannot hold
+    /// off the deadlines and the actions.
     fn feed_queued(&mut self, events: &mut mpsc::Receiver<Net>) -> Result<(), CoreError> {
-        while let Ok(event) = events.try_recv() {
+        if events.capacity() == 0 {
+            // Full: connections wait to put their messages in, heartbeats
+            // among them, in socket buffers. A silence is not judged while
+            // the controller itself is what is behind.
+            self.machine.backlogged(Instant::now());
+        }
+        for _ in 0..events.max_capacity() {
+            let Ok(event) = events.try_recv() else {
+                break;
+            };
             self.feed(event)?;
         }
         Ok(())
@@ -201,9 +212,11 @@ impl<'a> Driver<'a> {
                         more,
                     },
             } => {
-                // An agent writes only its own ranks' logs.
+                // An agent writes only its own ranks' logs. A line is a
+                // sign of life like its heartbeat, which may be queued
+                // behind its lines.
                 let pph = self.plan.procs_per_host;
-                let host = self.machine.host_of(conn);
+                let host = self.machine.agent_heard(conn, Instant::now());
                 if host == Some(rank / pph) && rank < self.world {
                     if let Some(out) = &mut self.output {
                         out.line(rank, stream, &line, more);
@@ -217,7 +230,7 @@ impl<'a> Driver<'a> {
             } => {
                 // An agent speaks for its own ranks only.
                 let pph = self.plan.procs_per_host;
-                let Some(host) = self.machine.host_of(conn) else {
+                let Some(host) = self.machine.agent_heard(conn, Instant::now()) else {
                     return Ok(());
                 };
                 let own = times.into_iter().filter(|t| t.0 / pph == host).collect();

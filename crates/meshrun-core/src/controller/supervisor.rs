@@ -376,6 +376,10 @@ async fn attempt(
     let result = driver
         .run(&mut events, &mut agent_procs, opts.stop.as_ref(), signals)
         .await;
+    // Nobody reads the queue any more: connections waiting to put a
+    // message in it go back to reading their sockets (an agent held back
+    // in its send would not read its Shutdown).
+    drop(events);
     let result = result.and_then(|()| driver.end_captures());
     driver.progress.finish();
     if let Some(m) = driver.machine.memory_committed() {

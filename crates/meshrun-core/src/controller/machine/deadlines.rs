@@ -168,6 +168,26 @@ impl Machine {
     }
 
     /// `t`, or when the controller was last known to wake, if later.
+    /// The driver handled a message of agent `conn` itself (an output
+    /// line, step times): its host is alive. Returns the host.
+    pub fn agent_heard(&mut self, conn: super::Conn, now: Instant) -> Option<u32> {
+        let host = self.host_of(conn)?;
+        if let Some(link) = self.agents.get_mut(&host) {
+            link.heard = now;
+        }
+        Some(host)
+    }
+
+    /// The queue from the connections was found full at `now`: what they
+    /// sent since may still wait in socket buffers, so silences count from
+    /// now, as after a stall.
+    pub fn backlogged(&mut self, now: Instant) {
+        if now > self.awake_since {
+            tracing::debug!("the event queue is full; silences count from now");
+            self.awake_since = now;
+        }
+    }
+
     pub(super) fn since(&self, t: Instant) -> Instant {
         t.max(self.awake_since)
     }

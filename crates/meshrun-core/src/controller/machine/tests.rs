@@ -521,3 +521,63 @@ fn reports_a_worker_shed_are_counted_per_rank_and_noted_in_its_log() {
         "{notes:?}"
     );
 }
+
+#[test]
+fn no_silence_is_judged_while_the_event_queue_is_backlogged() {
+    // The driver finds the queue full each second for 30 s: the workers'
+    // heartbeats may be waiting behind it in socket buffers.
+    let mut sim = Sim::running(2);
+    for _ in 0..30 {
+        let next = sim.secs() + 1.0;
+        sim.until(next);
+        sim.m.backlogged(sim.now);
+        assert!(
+            sim.failed().is_none(),
+            "judged at {} s while backlogged",
+            sim.secs()
+        );
+    }
+    // The backlog is gone and rank 1 is silent: it is frozen 10 s later.
+    for _ in 0..12 {
+        let next = sim.secs() + 1.0;
+        sim.until(next);
+        if sim.failed().is_some() {
+            break;
+        }
+        sim.worker(0, Message::Heartbeat);
+        sim.agent(Message::Heartbeat);
+    }
+    let f = sim.failed().expect("rank 1 froze once the backlog cleared");
+    assert_eq!(f.rank, 1);
+    // The whole silence is reported.
+    assert!(
+        matches!(f.cause, Cause::Unresponsive { secs } if secs >= 40.0),
+        "{:?}",
+        f.cause
+    );
+    assert!(
+        sim.secs() <= 41.0,
+        "found within 11 s of the backlog's end: {}",
+        sim.secs()
+    );
+}
+
+#[test]
+fn an_agents_output_lines_keep_its_host_alive() {
+    // The agent's heartbeats are queued behind its lines, which the driver
+    // handles itself: each line counts as word from the host.
+    let mut sim = Sim::running(2);
+    for _ in 0..30 {
+        let next = sim.secs() + 1.0;
+        sim.until(next);
+        sim.worker(0, Message::Heartbeat);
+        sim.worker(1, Message::Heartbeat);
+        assert_eq!(sim.m.agent_heard(AGENT, sim.now), Some(0));
+    }
+    assert!(sim.failed().is_none(), "{:?}", sim.failed());
+    assert_eq!(
+        sim.m.agent_heard(Conn::from(77u32), sim.now),
+        None,
+        "not an agent"
+    );
+}
