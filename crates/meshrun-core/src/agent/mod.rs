@@ -303,8 +303,13 @@ async fn session(
                     live.remove(rank);
                     // Its output was all queued before its exit was: it
                     // goes first, so the exit never overtakes its last lines.
+                    // Only what is queued now: other ranks' forwarders refill
+                    // the queue as it drains, and this must end.
                     let mut lost = false;
-                    while let Ok(output) = lines.try_recv() {
+                    for _ in 0..lines.len() {
+                        let Ok(output) = lines.try_recv() else {
+                            break;
+                        };
                         if sink.send(&output).await.is_err() {
                             lost = true;
                             break;

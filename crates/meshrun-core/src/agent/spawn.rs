@@ -2,12 +2,18 @@
 
 use std::os::fd::AsRawFd;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::sync::mpsc;
 
 use super::{DRAIN_GRACE, MAX_LINE_BYTES};
+
+/// The longest a worker's exit waits for its output to be forwarded while
+/// lines still move (the controller far behind): past it the exit goes.
+const DRAIN_LIMIT: Duration = Duration::from_secs(30);
 use crate::cgroup::{self, WorkerCgroup};
 use crate::leftovers::{Contained, Containment};
 use crate::process::exit_info;
@@ -112,14 +118,15 @@ pub(super) fn watch(
     let contained = worker.clone();
     let containment = Arc::clone(containment);
     let events = events.clone();
+    let moved = Arc::new(AtomicU64::new(0));
     let out = child
         .stdout
         .take()
-        .map(|s| forward_lines(s, rank, Stream::Stdout, lines.clone()));
+        .map(|s| forward_lines(s, rank, Stream::Stdout, lines.clone(), Arc::clone(&moved)));
     let err = child
         .stderr
         .take()
-        .map(|s| forward_lines(s, rank, Stream::Stderr, lines.clone()));
+        .map(|s| forward_lines(s, rank, Stream::Stderr, lines.clone(), Arc::clone(&moved)));
     tokio::spawn(async move {
         let exit = match child.wait().await {
             Ok(status) => exit_info(status),
@@ -139,12 +146,34 @@ pub(super) fn watch(
                 how: ended.how.to_string(),
             });
         }
+        let limit = tokio::time::Instant::now() + DRAIN_LIMIT;
         for task in [out, err].into_iter().flatten() {
-            let _ = tokio::time::timeout(DRAIN_GRACE, task).await;
+            drain(task, &moved, limit).await;
         }
         let _ = events.send(Message::WorkerExited { rank, exit });
     });
     worker
+}
+
+/// Waits for a forwarding task to reach the end of its pipe. The grace
+/// counts while no line moves (a grandchild holding the pipe, quiet);
+/// while lines move, the queue to the controller is what is slow, and
+/// the exit waits for them (up to `limit`) so it never overtakes them.
+async fn drain(
+    mut task: tokio::task::JoinHandle<()>,
+    moved: &AtomicU64,
+    limit: tokio::time::Instant,
+) {
+    loop {
+        let before = moved.load(Ordering::Relaxed);
+        let until = (tokio::time::Instant::now() + DRAIN_GRACE).min(limit);
+        if tokio::time::timeout_at(until, &mut task).await.is_ok()
+            || moved.load(Ordering::Relaxed) == before
+            || tokio::time::Instant::now() >= limit
+        {
+            return;
+        }
+    }
 }
 
 /// Spawns `cmd` so that the child joins `cgroup` before it execs: nothing
@@ -175,6 +204,7 @@ fn forward_lines(
     rank: u32,
     stream: Stream,
     lines: mpsc::Sender<Message>,
+    moved: Arc<AtomicU64>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut reader = BufReader::new(reader);
@@ -216,6 +246,7 @@ fn forward_lines(
             {
                 break;
             }
+            moved.fetch_add(1, Ordering::Relaxed);
             open = more;
         }
     })
@@ -291,7 +322,7 @@ mod tests {
         const LINES: usize = 10_000;
         let (mut worker, pipe) = tokio::io::duplex(4096);
         let (tx, mut rx) = mpsc::channel(8);
-        let forwarding = forward_lines(pipe, 3, Stream::Stdout, tx);
+        let forwarding = forward_lines(pipe, 3, Stream::Stdout, tx, Arc::default());
         let printing = tokio::spawn(async move {
             for i in 0..LINES {
                 worker
@@ -328,5 +359,47 @@ mod tests {
         let mut buf = Vec::new();
         read_line_capped(&mut reader, &mut buf, 100).await.unwrap();
         assert_eq!(buf, b"ab\n");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_exit_waits_for_lines_that_still_move_and_not_for_a_quiet_pipe() {
+        use tokio::io::AsyncWriteExt as _;
+        use tokio::time::Instant;
+        // The controller takes a line every 100 ms: 40 lines take 4 s, past
+        // the grace, and the drain waits for all of them.
+        let (mut worker, pipe) = tokio::io::duplex(64);
+        let (tx, mut rx) = mpsc::channel(2);
+        let moved = Arc::new(AtomicU64::new(0));
+        let forwarding = forward_lines(pipe, 0, Stream::Stdout, tx, Arc::clone(&moved));
+        tokio::spawn(async move {
+            for i in 0..40 {
+                worker
+                    .write_all(format!("line {i}\n").as_bytes())
+                    .await
+                    .unwrap();
+            }
+        });
+        let taking = tokio::spawn(async move {
+            let mut n = 0;
+            while rx.recv().await.is_some() {
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            n
+        });
+        let t0 = Instant::now();
+        drain(forwarding, &moved, t0 + DRAIN_LIMIT).await;
+        assert!(t0.elapsed() > DRAIN_GRACE * 3, "{:?}", t0.elapsed());
+        assert_eq!(taking.await.unwrap(), 40, "every line went before the exit");
+
+        // A pipe that stays open with nothing in it (a grandchild holds it)
+        // is waited for one grace only.
+        let (_held, quiet) = tokio::io::duplex(64);
+        let (tx, _rx) = mpsc::channel(2);
+        let moved = Arc::new(AtomicU64::new(0));
+        let forwarding = forward_lines(quiet, 0, Stream::Stdout, tx, Arc::clone(&moved));
+        let t0 = Instant::now();
+        drain(forwarding, &moved, t0 + DRAIN_LIMIT).await;
+        assert_eq!(t0.elapsed().as_millis(), DRAIN_GRACE.as_millis());
     }
 }
