@@ -89,7 +89,8 @@ impl RankLogs {
         let path = self.paths.get(rank as usize)?;
         self.writes += 1;
         if !self.open.contains_key(&rank) {
-            let file = append(path).ok()?;
+            // Close first, open after: short of descriptors, the one
+            // closed is the one this open needs.
             if self.open.len() >= self.limit {
                 // The least recently written goes (a scan of the open
                 // ones, only when a closed log is written).
@@ -102,6 +103,7 @@ impl RankLogs {
                     self.open.remove(&oldest);
                 }
             }
+            let file = append(path).ok()?;
             self.open.insert(rank, (file, 0));
         }
         let (file, at) = self.open.get_mut(&rank)?;

@@ -99,6 +99,12 @@ pub fn spawn_accept_loop(
                 accepted = listener.accept() => {
                     let (stream, peer) = match accepted {
                         Ok(accepted) => accepted,
+                        Err(e) if lost_before_accept(&e) => {
+                            // One connection's trouble (aborted before it
+                            // was taken): the next one is taken at once.
+                            tracing::debug!("a connection was lost before it was accepted ({e})");
+                            continue;
+                        }
                         Err(e) => {
                             // Out of descriptors (EMFILE, ENFILE) the
                             // listener stays readable: retrying at once
@@ -338,3 +344,21 @@ pub const LISTEN_BACKLOG: u32 = 8192;
 
 /// How long the accept loop waits after a failed accept.
 const ACCEPT_RETRY: Duration = Duration::from_millis(50);
+
+/// An accept that failed for one connection's sake (it was aborted or
+/// refused by a filter before it was taken): the next one can be taken at
+/// once. Anything else (out of descriptors or memory) fails again until
+/// something is freed, so it is retried later.
+fn lost_before_accept(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(
+            libc::ECONNABORTED
+                | libc::EPROTO
+                | libc::EPERM
+                | libc::ETIMEDOUT
+                | libc::EHOSTUNREACH
+                | libc::ENETUNREACH
+        )
+    )
+}

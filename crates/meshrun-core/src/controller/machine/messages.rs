@@ -177,7 +177,7 @@ impl Machine {
             Message::Timing { timing } => self.ranks[rank as usize].timing = Some(timing),
             Message::ReportsShed { count } => {
                 let state = &mut self.ranks[rank as usize];
-                state.shed += count;
+                state.shed = state.shed.saturating_add(count);
                 let total = state.shed;
                 self.push(Action::Note {
                     rank,
