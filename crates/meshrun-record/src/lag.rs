@@ -35,13 +35,19 @@ impl LagRecord {
     /// How much later than the median rank `rank` reached the step, as a
     /// fraction of a step's time (0 for the median rank and faster ones).
     pub fn slower(&self, rank: usize) -> f64 {
+        self.slower_than(rank, self.median_lag_ms())
+    }
+
+    /// [`LagRecord::slower`] with the median lag already known, for a
+    /// loop over every rank.
+    pub fn slower_than(&self, rank: usize, median_lag_ms: f64) -> f64 {
         let Some(&lag) = self.lag_ms.get(rank) else {
             return 0.0;
         };
         if self.step_ms <= 0.0 {
             return 0.0;
         }
-        ((lag - self.median_lag_ms()) / self.step_ms).max(0.0)
+        ((lag - median_lag_ms) / self.step_ms).max(0.0)
     }
 }
 

@@ -22,8 +22,11 @@ const CAPTURE_ALL_UP_TO: u32 = 8;
 
 impl Driver<'_> {
     /// `StepTimes` from an agent.
-    pub(super) fn step_times(&mut self, times: Vec<(u32, u64, i64)>) -> Result<(), CoreError> {
+    pub(super) fn step_times(&mut self, mut times: Vec<(u32, u64, i64)>) -> Result<(), CoreError> {
         let now = unix_time();
+        // An agent sends its ranks one after another; in step order, a
+        // step completes before the pending ones crowd it out.
+        times.sort_unstable_by_key(|&(rank, step, _)| (step, rank));
         for (rank, step, ns) in times {
             self.stragglers.arrived(rank, step, ns, self.attempt, now);
         }

@@ -8,9 +8,13 @@ use std::collections::BTreeMap;
 
 use meshrun_record::lag::{median, LagRecord};
 
-/// Steps some rank has not reported yet are kept this many at most; older
-/// ones are dropped (a rank may report steps the others never do).
-const MAX_PENDING_STEPS: usize = 64;
+/// Steps some rank has not reported yet are kept while they hold at most
+/// this many arrivals (16 MiB), and at least 64 steps; older ones are
+/// dropped (a rank may report steps the others never do). A second of
+/// steps must fit: the hosts' messages about a step come up to a second
+/// apart.
+const MAX_PENDING_ARRIVALS: usize = 1 << 20;
+const MIN_PENDING_STEPS: usize = 64;
 
 /// A rank slower than the threshold for the whole window.
 #[derive(Debug, Clone, PartialEq)]
@@ -32,6 +36,7 @@ pub struct Stragglers {
     window: usize,
     /// step -> each rank's arrival (ns), as they come.
     pending: BTreeMap<u64, Vec<Option<i64>>>,
+    max_pending: usize,
     /// The newest step every rank reported, with the arrivals.
     previous: Option<(u64, Vec<i64>)>,
     /// Per rank, the steps in a row it was slow: (slower, lag ms), the
@@ -51,6 +56,7 @@ impl Stragglers {
             threshold,
             window: window.max(1) as usize,
             pending: BTreeMap::new(),
+            max_pending: (MAX_PENDING_ARRIVALS / world.max(1)).max(MIN_PENDING_STEPS),
             previous: None,
             slow: vec![Vec::new(); world],
             named: vec![false; world],
@@ -84,7 +90,7 @@ impl Stragglers {
             self.pending.retain(|&s, _| s > step);
             self.complete(step, times, attempt, now);
         }
-        while self.pending.len() > MAX_PENDING_STEPS {
+        while self.pending.len() > self.max_pending {
             self.pending.pop_first();
         }
     }
@@ -101,14 +107,14 @@ impl Stragglers {
         let first = times.iter().copied().min().unwrap_or(0);
         let lag_ms: Vec<f64> = times
             .iter()
-            .map(|&t| ((t - first) as f64 / 1e4).round() / 100.0)
+            .map(|&t| (t.saturating_sub(first) as f64 / 1e4).round() / 100.0)
             .collect();
         let step_ms = match &self.previous {
             Some((before, then)) => {
                 let per_step: Vec<f64> = times
                     .iter()
                     .zip(then)
-                    .map(|(&t, &b)| (t - b) as f64 / 1e6 / (step - before) as f64)
+                    .map(|(&t, &b)| t.saturating_sub(b) as f64 / 1e6 / (step - before) as f64)
                     .collect();
                 (median(&per_step) * 100.0).round() / 100.0
             }
@@ -129,9 +135,11 @@ impl Stragglers {
     }
 
     fn judge(&mut self, line: &LagRecord) {
+        // Once per step, not once per rank: at 10,000 ranks a sort per rank
+        // would be 10^9 operations a step.
         let median_lag = line.median_lag_ms();
         for rank in 0..self.world {
-            let slower = line.slower(rank);
+            let slower = line.slower_than(rank, median_lag);
             let run = &mut self.slow[rank];
             if slower <= self.threshold {
                 run.clear();
@@ -238,9 +246,26 @@ mod tests {
         let lines = s.take().0;
         assert_eq!(lines.iter().map(|l| l.step).collect::<Vec<_>>(), vec![6]);
         assert_eq!(lines[0].lag_ms, vec![0.0, 2.0]);
-        for step in 100..(100 + MAX_PENDING_STEPS as u64 * 2) {
+        // Two ranks: a second of steps at any pace is kept.
+        for step in 100..1100 {
             s.arrived(0, step, 0, 1, 0.0);
         }
-        assert_eq!(s.pending.len(), MAX_PENDING_STEPS);
+        assert_eq!(s.pending.len(), 1000);
+    }
+
+    #[test]
+    fn pending_steps_are_bounded_by_their_arrivals() {
+        let world = 1 << 15;
+        let mut s = Stragglers::new(world, 0.2, 3);
+        for step in 0..200 {
+            s.arrived(0, step, 0, 1, 0.0);
+        }
+        assert_eq!(s.pending.len(), MIN_PENDING_STEPS);
+        assert_eq!(s.pending.first_key_value().map(|(k, _)| *k), Some(136));
+        let mut s = Stragglers::new(1 << 12, 0.2, 3);
+        for step in 0..400 {
+            s.arrived(0, step, 0, 1, 0.0);
+        }
+        assert_eq!(s.pending.len(), MAX_PENDING_ARRIVALS >> 12);
     }
 }
