@@ -79,32 +79,44 @@ fn read_from(path: &std::path::Path, offset: u64, limit: usize) -> std::io::Resu
 /// The offset from this host's clock to the controller's, from probes
 /// answered at once: each answer says the controller's time somewhere
 /// within the round trip, so the estimate with the shortest round trip
-/// is the tightest (as NTP's clock filter keeps it).
+/// is the tightest (as NTP's clock filter keeps it). Only the newest
+/// samples are weighed, so that a clock that drifts or is stepped is
+/// followed within a window rather than held to its first best sample.
 #[derive(Debug, Default)]
 pub struct ClockOffset {
-    /// (round trip, offset) of the best sample, in ns.
-    best: Option<(i64, i64)>,
+    /// (round trip, offset) of the newest samples, in ns.
+    recent: std::collections::VecDeque<(i64, i64)>,
     samples: u32,
 }
+
+/// Samples weighed: at one probe every 10 heartbeats, about 80 s (a clock
+/// off by 50 ppm drifts 4 ms in that time).
+const CLOCK_WINDOW: usize = 8;
 
 impl ClockOffset {
     /// An answer to a probe sent at `sent_ns`, received at `now_ns`.
     pub fn sample(&mut self, sent_ns: i64, controller_ns: i64, now_ns: i64) {
-        let rtt = now_ns - sent_ns;
+        let rtt = now_ns.saturating_sub(sent_ns);
         if rtt < 0 {
             return;
         }
-        let offset = controller_ns - (sent_ns + rtt / 2);
-        self.samples += 1;
-        if self.best.is_none_or(|(best, _)| rtt <= best) {
-            self.best = Some((rtt, offset));
+        let offset = controller_ns.saturating_sub(sent_ns.saturating_add(rtt / 2));
+        self.samples = self.samples.saturating_add(1);
+        if self.recent.len() == CLOCK_WINDOW {
+            self.recent.pop_front();
         }
+        self.recent.push_back((rtt, offset));
     }
 
     /// Add to this host's times to get the controller's (0 until the
     /// first answer).
     pub fn offset_ns(&self) -> i64 {
-        self.best.map_or(0, |(_, o)| o)
+        // The newest of equally short round trips.
+        self.recent
+            .iter()
+            .rev()
+            .min_by_key(|(rtt, _)| *rtt)
+            .map_or(0, |(_, o)| *o)
     }
 
     /// Whether to probe at this heartbeat: every one of the first few,
@@ -159,5 +171,22 @@ mod tests {
         c.sample(800, 800 + 1_000 + 40, 900);
         assert_eq!(c.offset_ns(), 1_000);
         assert!(!c.due(7) && c.due(10));
+    }
+
+    #[test]
+    fn a_clock_stepped_later_is_followed_within_the_window() {
+        let mut c = ClockOffset::default();
+        // A tight sample at first: 1_000 ahead.
+        c.sample(0, 1_000 + 5, 10);
+        // The host's clock is then stepped 500 back: every later sample,
+        // looser, says 1_500.
+        for i in 1..CLOCK_WINDOW as i64 {
+            let sent = i * 1_000;
+            c.sample(sent, sent + 1_500 + 20, sent + 40);
+            assert_eq!(c.offset_ns(), 1_000, "the tight sample is in the window");
+        }
+        let sent = 100_000;
+        c.sample(sent, sent + 1_500 + 20, sent + 40);
+        assert_eq!(c.offset_ns(), 1_500, "the first sample has left the window");
     }
 }
