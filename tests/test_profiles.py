@@ -140,3 +140,34 @@ def test_meshrun_profile_collects_one_trace_per_rank_of_a_running_gpt(tmp_path):
         stop(proc)
         assert_none_left(run_dir)
     exits("profile-not-running", cli("profile", "g", "--runs-dir", runs))
+
+
+def test_a_trace_spans_steps_not_reports():
+    """A program that reports every 10 steps, asked for 3 steps, traces
+    from one report to the next (10 steps), not over 3 reports (30). The
+    JAX profiler is real; the control connection is a stand-in that
+    records what would be sent (in a process of its own: this one never
+    imports JAX)."""
+    script = """
+import json
+from meshrun import _profile
+
+class Client:
+    asked = [("c", 3)]
+    sent = []
+    def take_profile_request(self, step):
+        return self.asked.pop() if self.asked else None
+    def send_profile(self, capture, folder):
+        self.sent.append((capture, self.step))
+    def profile_failed(self, capture, why):
+        raise AssertionError(why)
+
+client = Client()
+for step in range(0, 50, 10):
+    client.step = step
+    _profile.at_report(client, step)
+print(json.dumps(client.sent))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == [["c", 10]]

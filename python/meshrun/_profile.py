@@ -13,18 +13,19 @@ from typing import Any
 
 from meshrun import _native
 
-# (capture, reports left, folder) while a trace runs.
+# (capture, the step to stop at, folder) while a trace runs.
 _active: tuple[str, int, Path] | None = None
 
 
 def at_report(client: Any, step: int) -> None:
     """Called at each report, a step boundary: starts a trace the
-    controller asked for, or stops the running one after its steps."""
+    controller asked for, or stops the running one at the first report of
+    its last step or later (steps, not reports: a program that reports
+    every 10 steps traces 10, not 30)."""
     global _active
     if _active is not None:
-        capture, left, folder = _active
-        if left > 1:
-            _active = (capture, left - 1, folder)
+        _, until, _ = _active
+        if step < until:
             return
         finish(client)
         return
@@ -40,7 +41,7 @@ def at_report(client: Any, step: int) -> None:
     except Exception as exc:  # the profiler's own errors are RuntimeError, ValueError, ...
         client.profile_failed(capture, f"jax.profiler.start_trace failed: {type(exc).__name__}: {exc}")
         return
-    _active = (capture, max(1, steps), folder)
+    _active = (capture, step + max(1, steps), folder)
 
 
 def finish(client: Any) -> None:
