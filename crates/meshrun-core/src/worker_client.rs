@@ -43,9 +43,6 @@ enum Outgoing {
     },
 }
 
-/// Raw frames of a file in transfer carry this much each.
-const FILE_CHUNK_BYTES: usize = 512 * 1024;
-
 /// A connected, authenticated worker.
 /// One `meshrun.report`, as the worker sends it.
 #[derive(Debug, Default)]
@@ -514,10 +511,10 @@ fn write_loop(
                 }
             }
             Outgoing::Profile { capture, dir } => {
-                let error = match send_files(&mut out, &capture, &dir) {
+                let error = match worker_files::send_files(&mut out, &capture, &dir) {
                     Ok(()) => None,
-                    Err(FileSendError::Net) => return,
-                    Err(FileSendError::Read(e)) => Some(e),
+                    Err(worker_files::FileSendError::Net) => return,
+                    Err(worker_files::FileSendError::Read(e)) => Some(e),
                 };
                 if out.put(&Message::ProfileDone { capture, error }).is_err() {
                     return;
@@ -538,61 +535,8 @@ fn write_loop(
     }
 }
 
-enum FileSendError {
-    /// The connection failed: the writer ends.
-    Net,
-    /// A file could not be read: said in `ProfileDone`.
-    Read(String),
-}
-
-/// Every file under `dir`, each as a `ProfileFile` and its bytes in raw
-/// frames. A file is read whole before its header goes, so that a read
-/// error never leaves the controller waiting for bytes that will not come.
-fn send_files(
-    out: &mut BlockingWriter<TcpStream>,
-    capture: &str,
-    dir: &std::path::Path,
-) -> Result<(), FileSendError> {
-    let mut pending = vec![dir.to_path_buf()];
-    let mut files = Vec::new();
-    while let Some(d) = pending.pop() {
-        let entries = std::fs::read_dir(&d)
-            .map_err(|e| FileSendError::Read(format!("cannot list '{}': {e}", d.display())))?;
-        for entry in entries.flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                pending.push(path);
-            } else {
-                files.push(path);
-            }
-        }
-    }
-    files.sort();
-    for path in files {
-        let data = std::fs::read(&path)
-            .map_err(|e| FileSendError::Read(format!("cannot read '{}': {e}", path.display())))?;
-        let name = path
-            .strip_prefix(dir)
-            .unwrap_or(&path)
-            .to_string_lossy()
-            .into_owned();
-        let head = Message::ProfileFile {
-            capture: capture.to_string(),
-            name,
-            size: data.len() as u64,
-        };
-        out.put(&head).map_err(|_| FileSendError::Net)?;
-        let data = bytes::Bytes::from(data);
-        let mut at = 0;
-        while at < data.len() {
-            let end = (at + FILE_CHUNK_BYTES).min(data.len());
-            out.put(&Message::Raw(data.slice(at..end)))
-                .map_err(|_| FileSendError::Net)?;
-            at = end;
-        }
-    }
-    Ok(())
-}
+#[path = "worker_files.rs"]
+mod worker_files;
 
 #[cfg(test)]
 #[path = "worker_client_tests.rs"]
