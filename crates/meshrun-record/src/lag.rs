@@ -108,6 +108,66 @@ pub fn slowest(records: &[LagRecord], window: usize) -> Option<Slowest> {
     })
 }
 
+/// The lines of a `lag.jsonl` of any length, held to a bounded size: lines
+/// evenly spaced over the whole run (every 2^k-th, k growing as they fill
+/// [`MAX_THINNED_ARRIVALS`]) for a picture of the run, and the newest
+/// `recent` lines whole, for the slowest rank now. A run of a million
+/// steps at 1,024 ranks has 8 GB of lags; this holds 32 MiB of them.
+#[derive(Debug, Default)]
+pub struct LagLines {
+    thinned: Vec<LagRecord>,
+    arrivals: usize,
+    stride: u64,
+    seen: u64,
+    recent: std::collections::VecDeque<LagRecord>,
+    keep_recent: usize,
+}
+
+/// Lags the thinned lines hold at most (8 bytes each).
+pub const MAX_THINNED_ARRIVALS: usize = 1 << 22;
+
+impl LagLines {
+    /// Keeping the newest `recent` lines whole.
+    pub fn new(recent: usize) -> Self {
+        Self {
+            stride: 1,
+            keep_recent: recent,
+            ..Self::default()
+        }
+    }
+
+    pub fn push(&mut self, line: LagRecord) {
+        if self.seen.is_multiple_of(self.stride) {
+            self.arrivals += line.lag_ms.len();
+            self.thinned.push(line.clone());
+            // Full: every other one goes, and from now one in twice as many
+            // is kept. At least two stay, however wide the lines.
+            while self.arrivals > MAX_THINNED_ARRIVALS && self.thinned.len() > 2 {
+                let mut i = 0;
+                self.thinned.retain(|_| {
+                    i += 1;
+                    i % 2 == 1
+                });
+                self.arrivals = self.thinned.iter().map(|l| l.lag_ms.len()).sum();
+                self.stride *= 2;
+            }
+        }
+        self.seen += 1;
+        if self.keep_recent > 0 {
+            if self.recent.len() == self.keep_recent {
+                self.recent.pop_front();
+            }
+            self.recent.push_back(line);
+        }
+    }
+
+    /// (the lines evenly spaced over the run, the newest lines), each in
+    /// file order.
+    pub fn into_parts(self) -> (Vec<LagRecord>, Vec<LagRecord>) {
+        (self.thinned, self.recent.into())
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::float_cmp)] // exact figures from exact inputs
 mod tests {
@@ -159,5 +219,41 @@ mod tests {
             "only the newest attempt"
         );
         assert_eq!(slowest(&[], 5), None);
+    }
+
+    #[test]
+    fn a_long_file_is_thinned_evenly_and_its_newest_lines_kept_whole() {
+        let ranks = 1 << 12;
+        let mut lines = LagLines::new(20);
+        let n = 10_000u64;
+        for step in 0..n {
+            lines.push(line(step, vec![0.0; ranks]));
+        }
+        let (thinned, recent) = lines.into_parts();
+        assert!(
+            thinned.len() * ranks <= MAX_THINNED_ARRIVALS,
+            "{}",
+            thinned.len()
+        );
+        assert!(
+            thinned.len() * ranks * 2 > MAX_THINNED_ARRIVALS,
+            "no more thinned than needed: {}",
+            thinned.len()
+        );
+        let stride = thinned[1].step - thinned[0].step;
+        assert!(stride.is_power_of_two() && stride > 1);
+        assert!(
+            thinned.windows(2).all(|w| w[1].step - w[0].step == stride),
+            "evenly spaced"
+        );
+        assert_eq!(thinned[0].step, 0);
+        assert!(
+            n - thinned.last().unwrap().step <= stride,
+            "it reaches the end"
+        );
+        assert_eq!(
+            recent.iter().map(|l| l.step).collect::<Vec<_>>(),
+            (n - 20..n).collect::<Vec<_>>()
+        );
     }
 }

@@ -273,12 +273,7 @@ fn throughput(s: &mut String, run: &Run) {
 /// and the profile captures saved.
 fn ranks(s: &mut String, run: &Run) {
     s.push_str(r#"<section id="ranks"><h2>Ranks</h2>"#);
-    let window = run
-        .plan
-        .as_ref()
-        .and_then(|p| p["observe"]["straggler_steps"].as_u64())
-        .unwrap_or(20) as usize;
-    if let Some(slow) = meshrun_record::lag::slowest(&run.lag, window) {
+    if let Some(slow) = meshrun_record::lag::slowest(&run.lag_recent, run.straggler_steps) {
         let _ = write!(
             s,
             r#"<p class="slowest" data-rank="{}" data-slower="{}">Slowest over the last {} steps (to step {}): <b>rank {}</b>, {:.0}% of a step later than the median rank ({} ms behind the first rank to reach each step; the median rank {} ms).</p>"#,

@@ -12,6 +12,9 @@ use serde_json::Value;
 
 use crate::error::ReportError;
 
+/// `--straggler-steps` of a run whose record does not say.
+const DEFAULT_STRAGGLER_STEPS: usize = 20;
+
 /// One attempt, from `run.json` completed by the times in `events.jsonl`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Attempt {
@@ -148,8 +151,14 @@ pub struct Run {
     pub end: Option<f64>,
     /// Lines of the JSONL files that could not be read.
     pub skipped_lines: usize,
-    /// `lag.jsonl`: when each rank reached each step.
+    /// `lag.jsonl`: when each rank reached each step, lines evenly spaced
+    /// over the run (all of them unless the file is large, see
+    /// `meshrun_record::lag::LagLines`), and the newest
+    /// `straggler_steps` lines.
     pub lag: Vec<meshrun_record::LagRecord>,
+    pub lag_recent: Vec<meshrun_record::LagRecord>,
+    /// The window a straggler is judged over (`--straggler-steps`).
+    pub straggler_steps: usize,
     /// The stragglers named (`straggler` events) and the profile captures
     /// saved (`profile_saved`), as written.
     pub stragglers: Vec<Event>,
@@ -175,7 +184,15 @@ impl Run {
         let bad_metrics = read::jsonl_each(&dir.join(names::METRICS), |m: MetricsRecord| {
             records.push(Record::reduce(&m, configured.as_deref()));
         })?;
-        let (lag, bad_lag) = read::jsonl(&dir.join(names::LAG))?;
+        let window = record
+            .as_ref()
+            .and_then(|r| r.plan["observe"]["straggler_steps"].as_u64())
+            .map_or(DEFAULT_STRAGGLER_STEPS, |w| {
+                usize::try_from(w).unwrap_or(usize::MAX)
+            });
+        let mut lag = meshrun_record::lag::LagLines::new(window);
+        let bad_lag = read::jsonl_each(&dir.join(names::LAG), |l| lag.push(l))?;
+        let (lag, lag_recent) = lag.into_parts();
         let goodput = match read::json_file(&dir.join(names::GOODPUT)) {
             Ok(Some(g)) => Goodput::Data(g),
             Ok(None) => Goodput::Missing,
@@ -229,6 +246,8 @@ impl Run {
             end: None,
             skipped_lines: bad_events + bad_metrics + bad_lag,
             lag,
+            lag_recent,
+            straggler_steps: window,
             stragglers: Vec::new(),
             profiles: Vec::new(),
         };

@@ -118,22 +118,35 @@ fn parse_time(text: Option<&str>) -> Option<SystemTime> {
 /// The complete records among the last 64 KiB of a JSON-lines file,
 /// newest first.
 pub(crate) fn last_records<T: DeserializeOwned>(path: &Path) -> Vec<T> {
+    last_records_at_least(path, 0)
+}
+
+/// The complete records at the end of a JSON-lines file, newest first: at
+/// least `at_least` where the file has them (the window read doubles from
+/// 64 KiB until it holds them: one line of `lag.jsonl` at 10,000 ranks is
+/// about 60 KB).
+pub(crate) fn last_records_at_least<T: DeserializeOwned>(path: &Path, at_least: usize) -> Vec<T> {
     let Ok(mut file) = File::open(path) else {
         return Vec::new();
     };
     let len = file.metadata().map_or(0, |m| m.len());
-    let mut text = String::new();
-    if file
-        .seek(SeekFrom::Start(len.saturating_sub(64 * 1024)))
-        .is_err()
-        || file.read_to_string(&mut text).is_err()
-    {
-        return Vec::new();
+    let mut window: u64 = 64 * 1024;
+    loop {
+        let mut text = String::new();
+        let from = len.saturating_sub(window);
+        if file.seek(SeekFrom::Start(from)).is_err() || file.read_to_string(&mut text).is_err() {
+            return Vec::new();
+        }
+        let records: Vec<T> = text
+            .lines()
+            .rev()
+            .filter_map(|l| serde_json::from_str::<T>(l).ok())
+            .collect();
+        if records.len() >= at_least || from == 0 {
+            return records;
+        }
+        window = window.saturating_mul(2);
     }
-    text.lines()
-        .rev()
-        .filter_map(|l| serde_json::from_str::<T>(l).ok())
-        .collect()
 }
 
 /// The newest `waiting_for_resources` event, while it names a wait and no
