@@ -6,7 +6,8 @@
 //!
 //! One scenario per run: every host joins and its workers start; they
 //! report once a second, and each host sends its heartbeat and its
-//! workers' (`WorkerBeats`) once a second; one rank fails and
+//! workers' (`WorkerBeats`) and their step arrivals (`StepTimes`) once a
+//! second; one rank fails and
 //! every host is told to stop; the run restarts and every host joins again;
 //! every rank writes its shard list of one checkpoint, which is committed;
 //! the workers end. The rig notes when each thing happened, on the system
@@ -197,6 +198,9 @@ async fn attempt(
     let (to_agent, mut from_workers) = mpsc::unbounded_channel::<Message>();
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut live: HashMap<u32, tokio::task::JoinHandle<()>> = HashMap::new();
+    // When each worker reported each step, sent once a second (`StepTimes`)
+    // as an agent reads them from its workers' step files.
+    let arrivals: Arrivals = Arc::default();
     let mut beat = tokio::time::interval(Duration::from_secs(1));
     let mut attempt_no = 0;
     let ended = loop {
@@ -214,9 +218,13 @@ async fn attempt(
                     for w in workers {
                         let rank = w.rank;
                         sink.send(&Message::WorkerStarted { rank, pid: 1, warm: false }).await.map_err(err)?;
+                        let host = ToHost {
+                            agent: to_agent.clone(),
+                            stopped: stop_rx.clone(),
+                            arrivals: Arc::clone(&arrivals),
+                        };
                         let task = tokio::spawn(worker(
-                            Arc::clone(scenario), token.clone(), Arc::clone(shared), w, attempt,
-                            to_agent.clone(), stop_rx.clone(),
+                            Arc::clone(scenario), token.clone(), Arc::clone(shared), w, attempt, host,
                         ));
                         live.insert(rank, task);
                     }
@@ -261,6 +269,13 @@ async fn attempt(
                 if let Err(e) = sink.send(&msg).await {
                     break e;
                 }
+                let times = std::mem::take(&mut *arrivals.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+                if !times.is_empty() {
+                    shared.messages.fetch_add(1, Ordering::Relaxed);
+                    if let Err(e) = sink.send(&Message::StepTimes { times }).await {
+                        break e;
+                    }
+                }
             }
         }
     };
@@ -275,6 +290,17 @@ async fn attempt(
     }
 }
 
+/// A host's workers' (rank, step, Unix ns) since its last `StepTimes`.
+type Arrivals = Arc<std::sync::Mutex<Vec<(u32, u64, i64)>>>;
+
+/// What ties a fake worker to its host: the agent's connection (its
+/// exit), the host's stop, and its step arrivals.
+struct ToHost {
+    agent: mpsc::UnboundedSender<Message>,
+    stopped: watch::Receiver<bool>,
+    arrivals: Arrivals,
+}
+
 /// One fake worker: a report a second (its heartbeat goes through its
 /// host); fails, saves its
 /// part of a checkpoint or ends as the scenario says.
@@ -284,9 +310,13 @@ async fn worker(
     shared: Arc<Shared>,
     launch: WorkerLaunch,
     attempt: u32,
-    agent: mpsc::UnboundedSender<Message>,
-    mut stopped: watch::Receiver<bool>,
+    host: ToHost,
 ) {
+    let ToHost {
+        agent,
+        mut stopped,
+        arrivals,
+    } = host;
     let rank = launch.rank;
     let Ok(mut conn) = connect(scenario.controller, &token).await else {
         shared.note(|t| t.errors.push(format!("rank {rank} could not connect")));
@@ -374,10 +404,16 @@ async fn worker(
             saving: false,
             total_steps: None,
         };
-        // Its heartbeat goes through its host (`WorkerBeats`).
+        // Its heartbeat goes through its host (`WorkerBeats`), and so does
+        // when it reported (`StepTimes`).
+        let ns = (unix_now() * 1e9) as i64;
         if conn.send(&report).await.is_err() {
             return;
         }
+        arrivals
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push((rank, step, ns));
         count(&shared);
         shared
             .note(|t| *t.reports.entry(rank).or_insert(0) = if attempt > 1 { step + 1 } else { 0 });

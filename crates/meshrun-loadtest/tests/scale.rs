@@ -205,6 +205,21 @@ fn run(ranks: u32, per_host: u32) -> Row {
         shards as u32, ranks,
         "every rank's shard is in the manifest"
     );
+    // Every host sent its ranks' step arrivals: steps every rank reported
+    // are lines of lag.jsonl, each with a lag per rank.
+    let lag = std::fs::read_to_string(run_dir.join("lag.jsonl")).unwrap_or_default();
+    let widths: Vec<usize> = lag
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["lag_ms"]
+                .as_array()
+                .map_or(0, Vec::len)
+        })
+        .collect();
+    assert!(
+        widths.len() >= 3 && widths.iter().all(|&w| w == ranks as usize),
+        "lag.jsonl at {ranks} ranks: lines of widths {widths:?}"
+    );
     let rig_s = t.ended - t.started;
     Row {
         ranks,

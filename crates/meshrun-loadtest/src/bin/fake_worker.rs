@@ -75,6 +75,11 @@ fn main() {
         if let Some(m) = metrics.as_object_mut() {
             m.extend(extra.clone());
         }
+        // As `meshrun.report` does: the arrival for the host's agent.
+        let now_ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
+        client.step_reached(i, now_ns);
         client
             .report(Report {
                 step: Some(i),
