@@ -247,6 +247,22 @@ impl Sim {
             .collect()
     }
 
+    /// A second at a time for up to `seconds`, heartbeats from rank 0 and
+    /// the agent only (rank 1 is silent), until the attempt fails; the
+    /// failure.
+    pub fn only_rank_0_heard(&mut self, seconds: u32) -> Option<FailureRecord> {
+        for _ in 0..seconds {
+            let next = self.secs() + 1.0;
+            self.until(next);
+            if self.failed().is_some() {
+                break;
+            }
+            self.worker(0, Message::Heartbeat);
+            self.agent(Message::Heartbeat);
+        }
+        self.failed()
+    }
+
     pub fn failed(&self) -> Option<FailureRecord> {
         self.m.failure()
     }

@@ -329,16 +329,7 @@ fn a_worker_that_truly_froze_is_still_found_after_a_stall() {
     sim.now = sim.t0 + Duration::from_secs(35);
     sim.m.handle_timeout(sim.now).unwrap();
     // Only rank 0 is heard from again.
-    for _ in 0..15 {
-        let next = sim.secs() + 1.0;
-        sim.until(next);
-        if sim.failed().is_some() {
-            break;
-        }
-        sim.worker(0, Message::Heartbeat);
-        sim.agent(Message::Heartbeat);
-    }
-    let f = sim.failed().expect("rank 1 is unresponsive");
+    let f = sim.only_rank_0_heard(15).expect("rank 1 is unresponsive");
     assert_eq!(f.rank, 1);
     let Cause::Unresponsive { secs } = f.cause else {
         panic!("{:?}", f.cause)
@@ -350,16 +341,7 @@ fn a_worker_that_truly_froze_is_still_found_after_a_stall() {
 #[test]
 fn a_frozen_worker_fails_the_attempt_after_the_heartbeat_timeout() {
     let mut sim = Sim::running(2);
-    for _ in 0..20 {
-        let next = sim.secs() + 1.0;
-        sim.until(next);
-        sim.worker(0, Message::Heartbeat);
-        sim.agent(Message::Heartbeat);
-        if sim.failed().is_some() {
-            break;
-        }
-    }
-    let f = sim.failed().expect("rank 1 froze");
+    let f = sim.only_rank_0_heard(20).expect("rank 1 froze");
     assert_eq!(f.rank, 1);
     assert!(matches!(f.cause, Cause::Unresponsive { secs } if (10.0..11.0).contains(&secs)));
 }
@@ -538,16 +520,9 @@ fn no_silence_is_judged_while_the_event_queue_is_backlogged() {
         );
     }
     // The backlog is gone and rank 1 is silent: it is frozen 10 s later.
-    for _ in 0..12 {
-        let next = sim.secs() + 1.0;
-        sim.until(next);
-        if sim.failed().is_some() {
-            break;
-        }
-        sim.worker(0, Message::Heartbeat);
-        sim.agent(Message::Heartbeat);
-    }
-    let f = sim.failed().expect("rank 1 froze once the backlog cleared");
+    let f = sim
+        .only_rank_0_heard(12)
+        .expect("rank 1 froze once the backlog cleared");
     assert_eq!(f.rank, 1);
     // The whole silence is reported.
     assert!(
