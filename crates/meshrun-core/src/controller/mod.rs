@@ -160,9 +160,10 @@ impl Outcome {
 
 /// Runs a plan to its end on a private tokio runtime.
 pub fn execute(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, CoreError> {
-    // A connection per worker and per host, and up to 512 open logs.
+    // A connection per worker and per host, and up to 512 open logs; the
+    // limit is raised to twice that, for room.
     let needed = u64::from(plan.nprocs) + u64::from(plan.hosts) + 600;
-    if let Some(limit) = crate::limits::raise_open_files().filter(|&l| l < needed) {
+    if let Some(limit) = crate::limits::raise_open_files_to(needed * 2).filter(|&l| l < needed) {
         tracing::warn!(
             "this run of {} ranks needs about {needed} open files and the limit is {limit}: connections may be refused (raise it with ulimit -n)",
             plan.nprocs
