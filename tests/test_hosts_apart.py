@@ -259,7 +259,15 @@ def test_a_joined_host_that_lost_its_memory_restores_from_its_buddy_over_the_net
             controller.communicate(timeout=30)
     assert controller.returncode == 0, err
     assert joiner.wait(timeout=60) == 0, joiner.stdout.read()
-    (resumed,) = events("resuming_from_memory")
+    resumed = events("resuming_from_memory")
+    # Said whole if it fails: why memory was not used, and what the
+    # controller said of the attempts.
+    shown = ("memory_unavailable", "attempt_started", "attempt_ended", "worker_exited", "resuming_from_memory")
+    assert len(resumed) == 1, (
+        [e for e in read_jsonl(run_dir / "events.jsonl") if e["event"] in shown],
+        [line for line in err.splitlines() if "attempt" in line or "memory" in line],
+    )
+    (resumed,) = resumed
     assert resumed["sources"][0] == "this host's memory"
     assert resumed["sources"][1].startswith(f"the buddy's replica ({hosts.addr(0)}:"), resumed
     assert all(e["replicated"] for e in events("memory_checkpoint_committed"))

@@ -10,14 +10,14 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::sync::mpsc;
 
 use super::{DRAIN_GRACE, MAX_LINE_BYTES};
-
-/// The longest a worker's exit waits for its output to be forwarded while
-/// lines still move (the controller far behind): past it the exit goes.
-const DRAIN_LIMIT: Duration = Duration::from_secs(30);
 use crate::cgroup::{self, WorkerCgroup};
 use crate::leftovers::{Contained, Containment};
 use crate::process::exit_info;
 use crate::protocol::{Message, Stream, WorkerLaunch};
+
+/// The longest a worker's exit waits for its output to be forwarded while
+/// lines still move (the controller far behind): past it the exit goes.
+const DRAIN_LIMIT: Duration = Duration::from_secs(30);
 
 /// Starts one worker as the leader of its own process group, in a cgroup
 /// of its own where there are cgroups, and returns it; a worker that

@@ -167,7 +167,6 @@ impl Machine {
         Ok(())
     }
 
-    /// `t`, or when the controller was last known to wake, if later.
     /// The driver handled a message of agent `conn` itself (an output
     /// line, step times): its host is alive. Returns the host.
     pub fn agent_heard(&mut self, conn: super::Conn, now: Instant) -> Option<u32> {
@@ -188,6 +187,7 @@ impl Machine {
         }
     }
 
+    /// `t`, or when the controller was last known to wake, if later.
     pub(super) fn since(&self, t: Instant) -> Instant {
         t.max(self.awake_since)
     }
