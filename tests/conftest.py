@@ -114,6 +114,30 @@ def start(args: list[str], *, runs_dir: Path, name: str, env: dict | None = None
     )
 
 
+def stopped(pid: int) -> bool:
+    """True once every thread of the process is stopped (SIGSTOP)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+        states = []
+        for task in tasks:
+            with open(f"/proc/{pid}/task/{task}/stat") as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+    except FileNotFoundError:
+        return False
+    return bool(states) and all(s in "Tt" for s in states)
+
+
+def freeze_agent_and_kill_worker(agent: int, worker: int) -> None:
+    """SIGSTOPs an agent and SIGKILLs a worker, and returns once the agent
+    is stopped and the worker gone. kill() returns before the signal takes
+    effect, so what either was doing (a checkpoint being committed, an old
+    step being removed) could otherwise still touch its files afterwards."""
+    os.kill(agent, signal.SIGSTOP)
+    os.kill(worker, signal.SIGKILL)
+    wait_for(lambda: stopped(agent), 10, f"agent {agent} to stop")
+    wait_for(lambda: not alive(worker), 10, f"worker {worker} to die")
+
+
 def wait_for(predicate, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

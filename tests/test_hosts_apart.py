@@ -14,7 +14,7 @@ import sys
 import time
 
 import pytest
-from conftest import MESHRUN, ROOT, SCRIPTS, cli, meshrun, read_jsonl, wait_for
+from conftest import MESHRUN, ROOT, SCRIPTS, cli, freeze_agent_and_kill_worker, meshrun, read_jsonl, wait_for
 from errors_page import covers, exits
 from hostsrun import listen_addr, meshrun_on, run_args, start_joins
 
@@ -245,9 +245,9 @@ def test_a_joined_host_that_lost_its_memory_restores_from_its_buddy_over_the_net
         held = list((hosts.scratch(1) / "memory").iterdir())
         assert len(held) == 1 and controller.poll() is None, f"the run ended before the kill (host 1's memory holds {held})"
         (memory,) = held
-        os.kill(agent, signal.SIGSTOP)  # it commits nothing newer meanwhile
         try:
-            os.kill(worker, signal.SIGKILL)
+            # The agent commits nothing newer meanwhile.
+            freeze_agent_and_kill_worker(agent, worker)
             for kept in memory.iterdir():
                 shutil.rmtree(kept)
         finally:

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, assert_none_left, meshrun, read_jsonl, start, stop, wait_for
+from conftest import ROOT, assert_none_left, freeze_agent_and_kill_worker, meshrun, read_jsonl, start, stop, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -100,9 +100,8 @@ def run_killed(tmp_path: Path, name: str, data: list[str], extra: list[str], wip
         pid = next(e["pid"] for e in events(run_dir, "worker_started") if e["attempt"] == 1 and e["rank"] == 1)
         agent = next(e["pid"] for e in events(run_dir, "agent_joined") if e["host"] == 1)
         (run_memory,) = memory.glob("*")
-        os.kill(agent, signal.SIGSTOP)
         try:
-            os.kill(pid, signal.SIGKILL)
+            freeze_agent_and_kill_worker(agent, pid)
             wipe(run_memory)
         finally:
             os.kill(agent, signal.SIGCONT)
