@@ -263,10 +263,11 @@ def test_a_joined_host_that_lost_its_memory_restores_from_its_buddy_over_the_net
     # Said whole if it fails: why memory was not used, and what the
     # controller said of the attempts.
     shown = ("memory_unavailable", "attempt_started", "attempt_ended", "worker_exited", "resuming_from_memory")
-    assert len(resumed) == 1, (
-        [e for e in read_jsonl(run_dir / "events.jsonl") if e["event"] in shown],
-        [line for line in err.splitlines() if "attempt" in line or "memory" in line],
-    )
+    if len(resumed) != 1:
+        # pytest.fail, not assert: an assertion's message is cut short.
+        said = [e for e in read_jsonl(run_dir / "events.jsonl") if e["event"] in shown]
+        lines = [line for line in err.splitlines() if "attempt" in line or "memory" in line]
+        pytest.fail(f"the restart did not resume from memory:\nevents: {said}\ncontroller: {lines}")
     (resumed,) = resumed
     assert resumed["sources"][0] == "this host's memory"
     assert resumed["sources"][1].startswith(f"the buddy's replica ({hosts.addr(0)}:"), resumed
