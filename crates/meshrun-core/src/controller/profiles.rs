@@ -169,13 +169,15 @@ impl Captures {
         if !c.ranks.contains(&rank) {
             return None;
         }
+        // Taken whatever the error, so no stale entry is left behind.
+        let unwritten = self.unwritten.remove(&rank);
         let error = error
             .or_else(|| {
                 self.incoming
                     .contains_key(&rank)
                     .then(|| "its trace came incomplete".to_string())
             })
-            .or_else(|| self.unwritten.remove(&rank));
+            .or(unwritten);
         c.done.insert(rank, error);
         if c.done.len() < c.ranks.len() {
             return None;
