@@ -129,9 +129,13 @@ TINY = ["--batch-size", "8", "--seq-len", "32", "--d-model", "32", "--layers", "
 def test_a_host_cut_off_mid_training_rejoins_and_the_run_ends_bit_identical(nshosts, tmp_path):
     """The GPT on 2 hosts x 1 process x 2 devices (fsdp 2 x tensor 2),
     checkpoints in the storage both hosts see; host 1's link is cut for
-    10 s right after the first commit. The attempt fails naming host 1 and
-    its address, the restart waits for host 1 to rejoin and resumes from the
-    newest checkpoint, and the final parameters equal those of an
+    15 s right after the first commit, 5 s past the heartbeat window. The
+    attempt fails naming host 1 and its address, and that is the run's one
+    failure (`--max-failures 1`): the restart waits for host 1 to rejoin,
+    host 1 ends its old attempt's workers and connection before it starts
+    the new ones, both hosts start warm (host 1's agent, with no cgroups,
+    is its workers' subreaper and still keeps its spares), the run resumes
+    from the newest checkpoint, and the final parameters equal those of an
     uninterrupted run on one host. `make partition` runs it at full length."""
     steps = int(os.environ.get("MESHRUN_PARTITION_STEPS", "14"))
     model = [*TINY] if steps < 100 else []
@@ -142,16 +146,17 @@ def test_a_host_cut_off_mid_training_rejoins_and_the_run_ends_bit_identical(nsho
 
     hosts = nshosts(2)
     env = token_env()
-    args = run_args(hosts, [*launch, "--max-failures", "2", "--join-timeout", "120", *train, "--params-digest", str(hosts.shared / "cut.sha")], "cut")
+    args = run_args(hosts, [*launch, "--max-failures", "1", "--join-timeout", "120", *train, "--params-digest", str(hosts.shared / "cut.sha")], "cut")
     controller = hosts.popen(0, args, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    (joiner,) = start_joins(hosts, env, timeout=120)
+    (joiner,) = start_joins(hosts, {**env, "MESHRUN_CGROUP": "0"}, timeout=120)
     run_dir = hosts.tmp(0) / "runs" / "cut"
     events = lambda kind: [e for e in read_jsonl(run_dir / "events.jsonl") if e["event"] == kind]  # noqa: E731
     wait_for(lambda: controller.poll() is not None or events("checkpoint_committed"), 300, "the first commit")
     assert controller.poll() is None, controller.communicate()[1]
+    time.sleep(2)  # the spares start once every rank has trained a step
     hosts.cut(1)
     cut_at = time.time()
-    time.sleep(10)
+    time.sleep(15)
     hosts.restore(1)
     out, err = controller.communicate(timeout=900)
     if controller.returncode != 0:
@@ -173,6 +178,12 @@ def test_a_host_cut_off_mid_training_rejoins_and_the_run_ends_bit_identical(nsho
     assert len(restarted) == 1 and restarted[0]["from_step"] is not None
     rejoined = [e for e in events("agent_joined") if e["host"] == 1]
     assert len(rejoined) == 2 and rejoined[1]["ip"] == hosts.addr(1)
+    warm = {e["rank"]: e.get("warm", False) for e in events("worker_started") if e["attempt"] == 2}
+    assert warm == {0: True, 1: True}, f"the restart did not go to the spares: {warm}"
+    # A spare is not a leftover: none that went on to train was ended as one.
+    adopted = {e["pid"] for e in events("worker_started") if e["attempt"] == 2}
+    ended = [e for e in events("leftovers_ended") if adopted & set(e["pids"])]
+    assert not ended, f"spares were ended as leftovers: {ended}"
     assert (hosts.shared / "cut.sha").read_text() == (tmp_path / "ref.sha").read_text()
     # The run's checkpoints are in the storage, and the CLI finds them there.
     listed = cli("ckpt", "ls", "cut", "--runs-dir", run_dir.parent)

@@ -9,7 +9,8 @@
 //!    a process of its own (`meshrun agent`: `--hosts H`, Ray), the agent
 //!    is also the subreaper of its descendants, so an orphan that left the
 //!    group (`setsid`) is re-parented to the agent, which knows it by the
-//!    `MESHRUN_RANK` in its environment. An agent that runs inside the
+//!    `MESHRUN_RANK` in its environment (the agent's warm spares are its
+//!    children too, and are never taken for orphans). An agent that runs inside the
 //!    controller's process (one host, perhaps the user's Python in
 //!    `Trainer.fit()`) never becomes a subreaper: it would inherit, and
 //!    have to reap, children that are not its own.
@@ -20,6 +21,7 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
+use crate::agent::Spares;
 use crate::cgroup::{Hierarchy, WorkerCgroup};
 use crate::process::{self, signal_group, signal_process};
 
@@ -37,6 +39,9 @@ pub struct Containment {
     /// pid -> rank of every worker not yet reaped: the agent's own
     /// children, which only their `Child` handle may wait for.
     workers: Mutex<HashMap<u32, u32>>,
+    /// The agent's warm spares: its children too, kept across attempts,
+    /// never leftovers.
+    spares: Option<Spares>,
 }
 
 /// What one worker is contained by.
@@ -56,7 +61,7 @@ pub struct Ended {
 impl Containment {
     /// Decides once per agent. `own_process`: the agent is a process of its
     /// own and may become a subreaper.
-    pub fn detect(own_process: bool) -> Self {
+    pub fn detect(own_process: bool, spares: Option<Spares>) -> Self {
         let cgroups = match Hierarchy::detect() {
             Ok(h) => Some(h),
             Err(e) => {
@@ -75,6 +80,7 @@ impl Containment {
             cgroups,
             subreaper,
             workers: Mutex::new(HashMap::new()),
+            spares,
         }
     }
 
@@ -122,6 +128,22 @@ impl Containment {
         }
     }
 
+    /// Waits until every worker spawned so far has been reaped, for at most
+    /// `within`: a session's workers are gone before the next one starts.
+    pub async fn reaped_all(&self, within: Duration) {
+        let deadline = tokio::time::Instant::now() + within;
+        while !self.workers.lock().expect("workers lock").is_empty() {
+            if tokio::time::Instant::now() >= deadline {
+                tracing::warn!(
+                    "workers still not reaped {} s after SIGKILL",
+                    within.as_secs()
+                );
+                return;
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
     /// The agent is leaving: every worker and everything they started
     /// goes now, whether or not its exit was seen.
     pub async fn end_all(&self, live: &[Contained]) {
@@ -154,7 +176,10 @@ impl Containment {
             let live_ranks: BTreeSet<u32> = workers.values().copied().collect();
             let mut waiting = false;
             for child in process::processes() {
-                if child.ppid != me || workers.contains_key(&child.pid) {
+                if child.ppid != me
+                    || workers.contains_key(&child.pid)
+                    || self.spares.as_ref().is_some_and(|s| s.holds(child.pid))
+                {
                     continue;
                 }
                 if child.zombie || ended.contains(&child.pid) {

@@ -22,7 +22,7 @@ use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
@@ -50,6 +50,10 @@ const OUTPUT_QUEUE: usize = 1024;
 /// After a worker exits, how long its output may still take to drain
 /// before the exit is reported anyway (a grandchild may hold the pipe).
 const DRAIN_GRACE: Duration = Duration::from_secs(1);
+
+/// How long a session's end waits for its killed workers to be reaped
+/// (SIGKILL takes effect at once unless a process is stuck in the kernel).
+const REAPED_WITHIN: Duration = Duration::from_secs(5);
 
 /// How often the agent tells the controller it is there: a host whose
 /// agent and workers all fall silent is cut off.
@@ -95,6 +99,22 @@ pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
+}
+
+/// The containment of an agent process's workers: one for the process, so
+/// that every session of a host that joins attempt after attempt shares
+/// it. Per session, the end of one attempt's worker (its leftovers ended
+/// after the next attempt had started) took the next attempt's workers,
+/// which that containment did not know, for orphans and killed them. An
+/// agent inside the controller's process lives for one attempt and is no
+/// subreaper: it gets its own.
+fn containment(spares: Option<Spares>) -> Arc<Containment> {
+    static SHARED: OnceLock<Arc<Containment>> = OnceLock::new();
+    if OWN_PROCESS.load(Ordering::Relaxed) {
+        Arc::clone(SHARED.get_or_init(|| Arc::new(Containment::detect(true, spares))))
+    } else {
+        Arc::new(Containment::detect(false, spares))
+    }
 }
 
 /// Connects to the controller and proves the token; gives the address
@@ -179,7 +199,7 @@ async fn session(
     // The workers' output has its own queue, bounded (see
     // `spawn::forward_lines`); what else goes to the controller is rare.
     let (lines_tx, mut lines) = mpsc::channel::<Message>(OUTPUT_QUEUE);
-    let containment = Arc::new(Containment::detect(OWN_PROCESS.load(Ordering::Relaxed)));
+    let containment = containment(cfg.spares.clone());
     // rank -> every worker that has not been reported as exited.
     let mut live: HashMap<u32, Contained> = HashMap::new();
     let mut host = cfg.host;
@@ -197,6 +217,9 @@ async fn session(
     let mut clock = steps::ClockOffset::default();
     let mut step_times: Option<steps::StepReader> = None;
     let mut worker_beats: Option<beats::BeatReader> = None;
+    // Stops under way end with the session: what they would still signal
+    // by pid is ended below, and a pid outliving its session may be reused.
+    let mut stopping: Vec<AbortOnDrop> = Vec::new();
     let ended = loop {
         tokio::select! {
             msg = from_controller.recv() => match msg {
@@ -289,7 +312,7 @@ async fn session(
                 Ok(Message::Stop { grace_ms, dump_stacks }) => {
                     let pids = live.iter().map(|(&rank, w)| (rank, w.pid)).collect();
                     let stacks = run.as_ref().filter(|_| dump_stacks).map(RunScratch::stacks_reader);
-                    stop(pids, Duration::from_millis(grace_ms), stacks, events_tx.clone());
+                    stopping.push(AbortOnDrop(stop(pids, Duration::from_millis(grace_ms), stacks, events_tx.clone())));
                 }
                 Ok(Message::Shutdown { again }) => break if again { Ended::Again } else { Ended::Over },
                 Ok(_) => {}
@@ -362,8 +385,11 @@ async fn session(
             }
         }
     };
+    drop(stopping);
     let live: Vec<Contained> = live.into_values().collect();
     containment.end_all(&live).await;
+    // This attempt's workers are gone before the next one's start.
+    containment.reaped_all(REAPED_WITHIN).await;
     if ended == Ended::Over {
         if let Some(spares) = &cfg.spares {
             spares.close().await;
@@ -471,7 +497,7 @@ fn stop(
     grace: Duration,
     stacks: Option<scratch::StacksReader>,
     events: mpsc::UnboundedSender<Message>,
-) {
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         if let Some(stacks) = &stacks {
             for &(_, pid) in &pids {
@@ -491,5 +517,5 @@ fn stop(
         for (_, pid) in pids {
             signal_group(pid, Signal::SIGKILL);
         }
-    });
+    })
 }

@@ -18,7 +18,7 @@
 //! host 0's agent, `meshrun join` for a host that joins. A spare whose
 //! agent goes away sees its input close and exits.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 
@@ -38,6 +38,9 @@ pub struct Spares(Arc<Mutex<Pool>>);
 #[derive(Default)]
 struct Pool {
     by_rank: HashMap<u32, Spare>,
+    /// Spares out of the pool and being handed their attempt: not yet
+    /// watched as workers, and still not leftovers.
+    handing_over: HashSet<u32>,
     /// The run is over: no spare is started any more.
     closed: bool,
 }
@@ -90,30 +93,22 @@ impl Spares {
     /// that rank that does not fit is ended.
     pub async fn adopt(&self, w: &WorkerLaunch, extra_env: &[(String, String)]) -> Option<Adopted> {
         let env: Vec<(String, String)> = w.env.iter().chain(extra_env).cloned().collect();
-        let mut spare = self
-            .0
-            .lock()
-            .expect("spares lock")
-            .by_rank
-            .remove(&w.rank)?;
-        let fits =
-            bootstrap_python(w) == Some(spare.python.as_str()) && spare.fixed == fixed_env(&env);
-        let alive = matches!(spare.child.try_wait(), Ok(None));
-        if !fits || !alive {
-            tracing::debug!(rank = w.rank, fits, alive, "spare not used");
-            let _ = spare.child.start_kill();
-            let _ = spare.child.wait().await;
-            return None;
+        let mut spare = {
+            let mut pool = self.0.lock().expect("spares lock");
+            let spare = pool.by_rank.remove(&w.rank)?;
+            pool.handing_over.extend(spare.child.id());
+            spare
+        };
+        let pid = spare.child.id();
+        let adopted = hand_over(w, &env, &mut spare).await;
+        if let Some(pid) = pid {
+            self.0
+                .lock()
+                .expect("spares lock")
+                .handing_over
+                .remove(&pid);
         }
-        let job = serde_json::json!({
-            "env": env.iter().cloned().collect::<HashMap<_, _>>(),
-            "argv": w.argv[3..].to_vec(),
-            "cwd": w.cwd,
-        });
-        let mut line = job.to_string();
-        line.push('\n');
-        if let Err(e) = spare.stdin.write_all(line.as_bytes()).await {
-            tracing::debug!(rank = w.rank, "spare did not take its attempt: {e}");
+        if !adopted {
             let _ = spare.child.start_kill();
             let _ = spare.child.wait().await;
             return None;
@@ -122,6 +117,14 @@ impl Spares {
         // worker's does.
         drop(spare.stdin);
         Some(Adopted { child: spare.child })
+    }
+
+    /// Whether `pid` is one of this pool's spares (waiting, or being handed
+    /// its attempt). The agent's subreaper must not end them as orphans:
+    /// they are the agent's own children, kept across attempts.
+    pub fn holds(&self, pid: u32) -> bool {
+        let pool = self.0.lock().expect("spares lock");
+        pool.handing_over.contains(&pid) || pool.by_rank.values().any(|s| s.child.id() == Some(pid))
     }
 
     /// Starts a spare for every launch whose rank has none.
@@ -186,6 +189,29 @@ impl Spares {
     pub fn count(&self) -> usize {
         self.0.lock().expect("spares lock").by_rank.len()
     }
+}
+
+/// Hands `w`'s attempt to `spare` when it fits and is alive; false when
+/// it is not to be used.
+async fn hand_over(w: &WorkerLaunch, env: &[(String, String)], spare: &mut Spare) -> bool {
+    let fits = bootstrap_python(w) == Some(spare.python.as_str()) && spare.fixed == fixed_env(env);
+    let alive = matches!(spare.child.try_wait(), Ok(None));
+    if !fits || !alive {
+        tracing::debug!(rank = w.rank, fits, alive, "spare not used");
+        return false;
+    }
+    let job = serde_json::json!({
+        "env": env.iter().cloned().collect::<HashMap<_, _>>(),
+        "argv": w.argv[3..].to_vec(),
+        "cwd": w.cwd,
+    });
+    let mut line = job.to_string();
+    line.push('\n');
+    if let Err(e) = spare.stdin.write_all(line.as_bytes()).await {
+        tracing::debug!(rank = w.rank, "spare did not take its attempt: {e}");
+        return false;
+    }
+    true
 }
 
 impl std::fmt::Debug for Spares {
