@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import time
 
 import pytest
-from conftest import MESHRUN, ROOT, SCRIPTS, meshrun, read_jsonl, wait_for
+from conftest import HELLO, MESHRUN, ROOT, SCRIPTS, cli, meshrun, read_jsonl, wait_for
 from errors_page import covers, exits
 from hostsrun import listen_addr, run_args, start_joins
 
@@ -156,6 +158,27 @@ def test_fewer_than_min_hosts_left_waits_the_rejoin_timeout_then_ends_naming_the
     first = [e for e in read_jsonl(run_dir / "events.jsonl") if e["event"] == "resized"]
     assert [(e["hosts"], e["previous_hosts"]) for e in first] == [(2, None)]
     assert "2 of 4 hosts joined within" in first[0]["reason"]
+
+
+def test_an_elastic_run_says_the_wait_it_keeps_and_the_host_count_it_starts_on(tmp_path):
+    """`--hosts 1:2 --rejoin-timeout 2 --listen` with no host joining: it
+    says it waits 2 s (the rejoin timeout, not the 300 s join timeout),
+    then that attempt 1 starts on 1 of 2 hosts; `meshrun status` shows
+    the attempt's host count."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.monotonic()
+    done = meshrun(["-n", "2", "--hosts", "1:2", "--rejoin-timeout", "2", "--listen", f"127.0.0.1:{port}", "--tee", "none", HELLO], runs_dir=tmp_path / "runs", name="one")
+    assert done.code == 0, done.stderr
+    assert time.monotonic() - t0 < 30, "it waited longer than it said"
+    lines = done.stderr.splitlines()
+    assert "meshrun: run 'one' waits up to 2 s for 1 more host(s), then starts on those there (--hosts 1:2): on each, run" in lines, done.stderr
+    started = [line for line in lines if line.startswith("meshrun: attempt 1 starts")]
+    assert len(started) == 1 and re.fullmatch(r"meshrun: attempt 1 starts on 1 of 2 hosts: 1 joined within [2-9] s", started[0]), done.stderr
+    status = cli("status", "--runs-dir", tmp_path / "runs", "one")
+    assert "  #  STATE      HOSTS  STARTED" in status.stdout, status.stdout
+    assert re.search(r"^  1  succeeded  1      \d{4}-", status.stdout, re.M), status.stdout
 
 
 def test_the_local_backend_starts_every_host_and_tells_the_program_its_range(tmp_path):

@@ -90,6 +90,10 @@ pub struct AttemptRecord {
     /// RFC 3339, seconds precision (events have the precise times).
     pub started: String,
     pub state: RunState,
+    /// The hosts it ran on: the plan's count, or an elastic attempt's own
+    /// once it was sized (absent before that, and in older records).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hosts: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control: Option<Control>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

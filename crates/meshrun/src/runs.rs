@@ -443,6 +443,8 @@ pub fn render_status(run: &RunView) -> String {
             vec![
                 at.attempt.to_string(),
                 at.state.shown(live).to_string(),
+                // An elastic attempt's own count: it may run on fewer.
+                at.hosts.map_or_else(|| "-".to_string(), |h| h.to_string()),
                 at.started.clone(),
                 at.ended.clone().unwrap_or_else(|| "-".to_string()),
                 at.failure.as_ref().map_or_else(String::new, |f| {
@@ -451,7 +453,12 @@ pub fn render_status(run: &RunView) -> String {
             ]
         })
         .collect();
-    for line in table(&["#", "STATE", "STARTED", "ENDED", "FAILURE"], &rows).lines() {
+    for line in table(
+        &["#", "STATE", "HOSTS", "STARTED", "ENDED", "FAILURE"],
+        &rows,
+    )
+    .lines()
+    {
         let _ = writeln!(out, "  {line}");
     }
     checkpoints_line(run, &mut out);

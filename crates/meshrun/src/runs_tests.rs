@@ -33,8 +33,8 @@ fn runs_dir() -> (tempfile::TempDir, RunDir) {
         "name": "demo", "run_id": "d1", "state": "succeeded", "created": "2026-12-02T10:00:00Z",
         "plan": {"nprocs": 2, "hosts": 1, "platform": "cpu"}, "versions": versions(),
         "attempts": [
-            {"attempt": 1, "state": "failed", "started": "2026-12-02T10:00:00Z", "ended": "2026-12-02T10:00:41Z", "failure": failure},
-            {"attempt": 2, "state": "succeeded", "started": "2026-12-02T10:00:43Z", "ended": "2026-12-02T10:02:05Z", "failure": null}
+            {"attempt": 1, "state": "failed", "hosts": 1, "started": "2026-12-02T10:00:00Z", "ended": "2026-12-02T10:00:41Z", "failure": failure},
+            {"attempt": 2, "state": "succeeded", "hosts": 1, "started": "2026-12-02T10:00:43Z", "ended": "2026-12-02T10:02:05Z", "failure": null}
         ]
     });
     std::fs::write(demo.join("run.json"), record.to_string()).unwrap();
@@ -194,7 +194,7 @@ fn a_running_run_whose_controller_ends_is_interrupted() {
     drop(controller);
     let run = find("live", tmp.path()).unwrap();
     assert_eq!(run.state, "interrupted");
-    assert!(render_status(&run).contains("  1  interrupted  2026-12-02T11:00:00Z"));
+    assert!(render_status(&run).contains("  1  interrupted  -      2026-12-02T11:00:00Z"));
 }
 
 #[test]
@@ -209,11 +209,11 @@ fn a_live_run_shows_only_its_newest_attempt_running() {
     std::fs::write(&path, record.to_string()).unwrap();
     let text = status_of(&tmp, "live");
     assert!(
-        text.contains("  1  interrupted  2026-12-02T11:00:00Z"),
+        text.contains("  1  interrupted  -      2026-12-02T11:00:00Z"),
         "{text}"
     );
     assert!(
-        text.contains("  2  running      2026-12-02T11:03:00Z"),
+        text.contains("  2  running      -      2026-12-02T11:03:00Z"),
         "{text}"
     );
 }
@@ -330,5 +330,26 @@ fn a_missing_runs_directory_is_named() {
     assert_eq!(
         render_ls(&[], &dir),
         format!("no runs in '{}'\n", dir.display())
+    );
+}
+
+#[test]
+fn the_attempts_table_shows_the_hosts_each_attempt_ran_on() {
+    let (tmp, _controller) = runs_dir();
+    let path = tmp.path().join("demo/run.json");
+    let mut record: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    record["plan"]["hosts"] = json!(4);
+    record["attempts"][0]["hosts"] = json!(4);
+    record["attempts"][1]["hosts"] = json!(2);
+    std::fs::write(&path, record.to_string()).unwrap();
+    let text = status_of(&tmp, "demo");
+    assert!(text.contains("  #  STATE      HOSTS  STARTED"), "{text}");
+    assert!(
+        text.contains("  1  failed     4      2026-12-02T10:00:00Z"),
+        "{text}"
+    );
+    assert!(
+        text.contains("  2  succeeded  2      2026-12-02T10:00:43Z"),
+        "{text}"
     );
 }

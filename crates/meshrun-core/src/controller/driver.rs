@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use meshrun_record::{Event, MetricsRecord};
+use meshrun_record::{Event, MetricsRecord, RunRecord};
 use nix::sys::signal::Signal;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
@@ -51,6 +51,8 @@ const AGENT_CHECK_EVERY: Duration = Duration::from_millis(200);
 pub struct Driver<'a> {
     pub machine: Machine,
     pub rundir: &'a mut RunDir,
+    /// `run.json`, rewritten when an elastic attempt learns its size.
+    pub record: &'a mut RunRecord,
     pub checkpoints: Checkpoints,
     pub progress: Progress,
     pub output: Option<Output>,
@@ -66,11 +68,13 @@ pub struct Driver<'a> {
 }
 
 impl<'a> Driver<'a> {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         machine: Machine,
         plan: &'a RunPlan,
         attempt: u32,
         rundir: &'a mut RunDir,
+        record: &'a mut RunRecord,
         checkpoints: Checkpoints,
         progress: Progress,
         captures: &'a mut Captures,
@@ -79,6 +83,7 @@ impl<'a> Driver<'a> {
         Self {
             machine,
             rundir,
+            record,
             checkpoints,
             progress,
             output: None,
@@ -306,13 +311,19 @@ impl<'a> Driver<'a> {
                     self.conns.remove(&conn);
                 }
                 Action::Record(event) => self.rundir.event(event)?,
-                Action::Sized { hosts: _, nprocs } => {
+                Action::Sized { hosts, nprocs } => {
+                    // `meshrun status` shows the count while the attempt runs.
+                    if let Some(last) = self.record.attempts.last_mut() {
+                        last.hosts = Some(hosts);
+                    }
+                    self.rundir.write_run(self.record)?;
                     self.world = nprocs;
                     let o = &self.plan.observe;
                     self.stragglers =
                         Stragglers::new(nprocs, o.straggler_threshold, o.straggler_steps);
                     self.checkpoints.set_world(nprocs);
                 }
+                Action::Announce { text } => super::terminal::terminal().note(&text),
                 Action::OpenLogs => self.open_logs()?,
                 Action::Metrics { step, metrics } => self.rundir.metrics(&MetricsRecord {
                     time: unix_time(),

@@ -13,6 +13,7 @@ mod agents;
 mod checkpoints;
 mod driver;
 pub mod gather;
+mod joining;
 mod launch;
 pub mod machine;
 mod observe;

@@ -16,6 +16,7 @@ use tokio::sync::mpsc;
 use super::agents;
 use super::checkpoints::Checkpoints;
 use super::driver::{Driver, Signals};
+use super::joining::join_command;
 use super::machine::{Machine, Setup};
 use super::profiles::Captures;
 use super::progress::Progress;
@@ -61,7 +62,8 @@ pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, Core
     };
     rundir.write_token(&token)?;
     if plan.rendezvous {
-        terminal().note(&join_command(&plan));
+        let token_in_env = std::env::var_os("MESHRUN_TOKEN").is_some();
+        terminal().note(&join_command(&plan, token_in_env));
     }
     let mut record = match previous(&plan, meshrun_record::read::run_record(&plan.run_dir)) {
         Some(previous) => RunRecord {
@@ -284,6 +286,8 @@ async fn attempt(
         attempt,
         started: utc_rfc3339(SystemTime::now()),
         state: RunState::Running,
+        // An elastic attempt's own count comes once it is sized.
+        hosts: plan.elastic.is_none().then_some(plan.hosts),
         control: Some(meshrun_record::run::Control {
             bind: addr.to_string(),
             loopback_only: addr.ip().is_loopback(),
@@ -369,6 +373,7 @@ async fn attempt(
         plan,
         attempt,
         rundir,
+        record,
         checkpoints,
         progress,
         captures,
@@ -403,13 +408,13 @@ async fn attempt(
     let stacks_dir = names::stacks_dir(&plan.run_dir, attempt);
     stacks::tidy(&stacks_dir);
     if let Err(e) = result.and(shut) {
-        return Err(errored(driver.rundir, record, e));
+        return Err(errored(driver.rundir, driver.record, e));
     }
     let machine = &mut driver.machine;
     let status = machine.status();
     let failure = machine.failure();
     let summary = summary(plan, machine, driver.output.as_ref(), status, &stacks_dir);
-    if let Some(last) = record.attempts.last_mut() {
+    if let Some(last) = driver.record.attempts.last_mut() {
         last.ended = Some(utc_rfc3339(SystemTime::now()));
         last.state = status.state();
         last.failure.clone_from(&failure);
@@ -449,26 +454,6 @@ fn errored(rundir: &mut RunDir, record: &mut RunRecord, error: CoreError) -> Cor
         error: Some(error.to_string()),
     });
     error
-}
-
-/// What the other hosts must run, printed when the run waits for them.
-fn join_command(plan: &RunPlan) -> String {
-    let addr = std::net::SocketAddr::new(plan.control_host, plan.control_port);
-    let token = if std::env::var_os("MESHRUN_TOKEN").is_some() {
-        "with the same MESHRUN_TOKEN in its environment".to_string()
-    } else {
-        format!(
-            "with --token-file {} (copy that file there: it is readable by its owner only)",
-            plan.run_dir.join(names::TOKEN).display()
-        )
-    };
-    format!(
-        "meshrun: run '{}' waits for {} more host(s) for up to {} s: on each, run\n  \
-         meshrun join {addr}\n{token}",
-        plan.name,
-        plan.hosts - 1,
-        plan.join_timeout().as_secs()
-    )
 }
 
 /// The file every host must read back from the run's storage before

@@ -145,13 +145,33 @@ impl Machine {
             } else {
                 String::new()
             };
-            let reason = match previous {
-                Some(p) if k > p => format!("{n} of {max} hosts are there: growing from {p} to {k}"),
-                Some(p) => format!(
-                    "{n} of {max} hosts came back within {waited} s: shrinking from {p} to {k}{rule}"
+            let attempt = self.attempt();
+            let (reason, line) = match previous {
+                Some(p) if k > p => (
+                    format!("{n} of {max} hosts are there: growing from {p} to {k}"),
+                    format!("attempt {attempt} grows from {p} to {k} hosts: {n} of {max} are there"),
                 ),
-                None => format!("{n} of {max} hosts joined within {waited} s: starting on {k}{rule}"),
+                Some(p) => (
+                    format!(
+                        "{n} of {max} hosts came back within {waited} s: shrinking from {p} to {k}{rule}"
+                    ),
+                    format!(
+                        "attempt {attempt} shrinks from {p} to {k} hosts: {n} of {max} came back \
+                         within {waited} s{rule}"
+                    ),
+                ),
+                None => (
+                    format!("{n} of {max} hosts joined within {waited} s: starting on {k}{rule}"),
+                    format!(
+                        "attempt {attempt} starts on {k} of {max} hosts: {n} joined within {waited} s{rule}"
+                    ),
+                ),
             };
+            // Said on the terminal too: a run on fewer hosts than asked for
+            // must not look like one on all of them.
+            self.push(Action::Announce {
+                text: format!("meshrun: {line}"),
+            });
             self.record(Event::Resized {
                 attempt: self.attempt(),
                 hosts: k,

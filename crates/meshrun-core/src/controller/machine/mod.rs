@@ -18,7 +18,7 @@ mod memory;
 mod messages;
 mod rank;
 #[cfg(test)]
-mod sim;
+pub(crate) mod sim;
 mod stop;
 #[cfg(test)]
 mod tests;
@@ -193,6 +193,9 @@ pub enum Action {
     /// An elastic attempt runs on `hosts` hosts, `nprocs` processes (its
     /// logs, gathers and summaries are for that many ranks).
     Sized { hosts: u32, nprocs: u32 },
+    /// A line of meshrun's own on the terminal: what the run does, said
+    /// when it is decided (an elastic attempt on another host count).
+    Announce { text: String },
     /// Open the ranks' logs; the launch follows.
     OpenLogs,
     /// Append rank 0's report to `metrics.jsonl`.

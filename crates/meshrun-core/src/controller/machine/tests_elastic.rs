@@ -314,3 +314,69 @@ fn a_waiting_host_that_leaves_is_forgotten_and_sigterm_turns_a_grow_into_a_preem
     });
     assert_eq!(sim.m.status(), OutcomeStatus::Preempted { step: 6 });
 }
+
+fn announced(sim: &Sim) -> Vec<&str> {
+    sim.actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Announce { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn an_attempt_on_another_host_count_says_so_with_the_count() {
+    // A first attempt that starts on fewer than MAX.
+    let mut sim = Sim::with_setup(
+        elastic_plan(1, false),
+        setup(1, None, Duration::from_mins(5)),
+    );
+    join(&mut sim, 0, Some(0));
+    sim.until(10.1);
+    assert_eq!(sim.m.hosts_launched(), Some(1));
+    assert_eq!(
+        announced(&sim),
+        ["meshrun: attempt 1 starts on 1 of 4 hosts: 1 joined within 10 s"]
+    );
+    // A restart that shrinks, by the rule.
+    let mut sim = Sim::with_setup(elastic_plan(2, false), setup(2, Some(4), REJOIN));
+    for h in [0, 2, 3] {
+        join(&mut sim, h, Some(h as u32));
+    }
+    sim.until(10.1);
+    assert_eq!(
+        announced(&sim),
+        [
+            "meshrun: attempt 2 shrinks from 4 to 2 hosts: 3 of 4 came back within 10 s \
+             (the largest count that divides 4)"
+        ]
+    );
+    // A restart that grows (after the stop that asked for it).
+    let mut grow = setup(3, Some(2), REJOIN);
+    grow.expected_hosts = Some(4);
+    let mut sim = Sim::with_setup(elastic_plan(2, false), grow);
+    for h in 0..4 {
+        join(&mut sim, h, None);
+    }
+    assert_eq!(
+        announced(&sim),
+        ["meshrun: attempt 3 grows from 2 to 4 hosts: 4 of 4 are there"]
+    );
+    // The same count as before, or all MAX at first: nothing to say.
+    let mut sim = Sim::with_setup(
+        elastic_plan(2, false),
+        setup(1, None, Duration::from_mins(5)),
+    );
+    for h in 0..4 {
+        join(&mut sim, h, None);
+    }
+    assert!(sim.m.launched() && announced(&sim).is_empty());
+    let mut same = setup(2, Some(2), REJOIN);
+    same.memory_step = None;
+    let mut sim = Sim::with_setup(elastic_plan(2, false), same);
+    join(&mut sim, 0, Some(0));
+    join(&mut sim, 1, Some(1));
+    assert_eq!(sim.m.hosts_launched(), Some(2));
+    assert!(announced(&sim).is_empty());
+}
