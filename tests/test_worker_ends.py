@@ -1,14 +1,17 @@
 """How a worker's program ends, and how it joins (or fails to join)
 ``jax.distributed``, as the user sees it: ``sys.exit`` on one rank of a JAX
-program, a multi-process run whose ranks never joined, explicit arguments
-to ``jax.distributed.initialize``, and function-mode tracebacks."""
+program, a peer killed under a collective, a multi-process run whose ranks
+never joined, explicit arguments to ``jax.distributed.initialize``, and
+function-mode tracebacks."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import pytest
-from conftest import SCRIPTS, assert_none_left, meshrun
+from conftest import SCRIPTS, assert_none_left, freeze_agent_and_kill_worker, meshrun, read_jsonl, start, stop, wait_for
 
 import meshrun as mr
 
@@ -50,6 +53,37 @@ def test_sys_exit_with_a_message_is_exit_code_1(runs):
     # Python prints the message, as it would without meshrun.
     assert "no data on this rank" in done.log(1)
     _stopped_within(done, 2.0)
+
+
+def test_a_peer_killed_under_a_collective_leaves_no_traceback_of_meshrun(runs):
+    proc = start(["-n", "2", "--tee", "none", str(SCRIPTS / "peer_dies.py")], runs_dir=runs, name="peer")
+    run_dir = runs / "peer"
+    try:
+        wait_for(lambda: (run_dir / "waiting-1").exists() and (run_dir / "paused-0").exists(), 120, "both ranks at step 5")
+        events = read_jsonl(run_dir / "events.jsonl")
+        worker = next(e["pid"] for e in events if e["event"] == "worker_started" and e["rank"] == 1)
+        agent = next(e["pid"] for e in events if e["event"] == "agent_joined")
+        # Frozen, the agent cannot tell of rank 1's end, so meshrun cannot
+        # stop rank 0 before rank 0 has been through its own failure.
+        try:
+            freeze_agent_and_kill_worker(agent, worker)
+            (run_dir / "go").touch()
+            wait_for(lambda: (run_dir / "exiting-0").exists(), 30, "rank 0 to begin its exit")
+        finally:
+            os.kill(agent, signal.SIGCONT)
+        proc.communicate(timeout=60)
+    finally:
+        stop(proc)
+    assert proc.returncode == 1
+    log = (run_dir / "logs" / "rank-0.log").read_text()
+    # The program's own error, where it met it, as Python prints it...
+    assert 'peer_dies.py", line' in log and "Gloo all-reduce failed" in log, log
+    # ...and no traceback of meshrun's own: the record of step 5, whose
+    # value can never be read, is dropped and counted.
+    assert "reporting.py" not in log and "_values.py" not in log, log
+    assert "During handling of the above exception" not in log, log
+    assert "meshrun: 1 metric record could not be read and was dropped (step 5): JaxRuntimeError: " in log, log
+    assert_none_left(run_dir)
 
 
 @pytest.mark.slow

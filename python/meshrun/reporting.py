@@ -13,6 +13,7 @@ client then sends the record from a Rust thread.
 from __future__ import annotations
 
 import numbers
+import sys
 import threading
 import time
 import warnings
@@ -39,6 +40,13 @@ class _Record(NamedTuple):
 _queue: deque[_Record] = deque()
 _lock = threading.Lock()
 _warned = False
+# Records dropped unread: a value raised when read (a JAX array whose
+# computation failed, as every collective does once a peer is gone), or
+# was never computed before a failure ended the program. How many, the
+# first few steps and the first error, said in one line at the end.
+_unread = 0
+_unread_steps: list[int | None] = []
+_unread_error = ""
 # The step of the next report that names none (Ray Train's programs rarely
 # do): one more than the last step reported, starting after the step this
 # attempt resumed from, so that every rank numbers its reports alike.
@@ -70,7 +78,10 @@ def _ready(value: Any) -> bool:
     if isinstance(value, Mapping):
         return all(_ready(v) for v in value.values())
     is_ready = getattr(value, "is_ready", None)
-    return is_ready is None or bool(is_ready())
+    try:
+        return is_ready is None or bool(is_ready())
+    except Exception:  # noqa: BLE001 - reading it says what went wrong
+        return True
 
 
 def _send(record: _Record) -> None:
@@ -81,6 +92,13 @@ def _send(record: _Record) -> None:
         metrics = _values.plain(record.metrics)
     except (TypeError, ValueError, RecursionError) as exc:
         warnings.warn(f"meshrun.report: record of step {record.step} dropped: {exc}", RuntimeWarning, stacklevel=3)
+        return
+    except Exception as exc:  # noqa: BLE001
+        # A value whose computation failed: the program meets the same
+        # error where it reads its own values, and a traceback from here
+        # would only bury that one. Counted, and said once at the end.
+        text = str(exc).strip()
+        _count_unread(record.step, f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__)
         return
     client.report(record.step, metrics, record.checkpoint, record.timing, record.saving, record.total_steps)
 
@@ -214,11 +232,35 @@ def _wait_for_the_stop(step: int) -> None:
 def _drain(wait: bool) -> None:
     """Sends what is queued: everything when ``wait`` (the program ended
     normally), else only what is already computed (after a failure, a value
-    may never be)."""
+    may never be); then says how many records could not be read."""
     _send_ready(wait)
     with _lock:
+        for record in _queue:
+            _count_unread(record.step, "not computed when the program ended")
         _queue.clear()
+    _say_unread()
     client = _connection.client()
     if client is not None:
         _profile.finish(client)
         client.flush()
+
+
+def _count_unread(step: int | None, why: str) -> None:
+    global _unread, _unread_error
+    _unread += 1
+    if len(_unread_steps) < 5:
+        _unread_steps.append(step)
+    _unread_error = _unread_error or why
+
+
+def _say_unread() -> None:
+    """One line for the records dropped unread: the first steps, and the
+    first error (else why)."""
+    global _unread, _unread_error
+    if not _unread:
+        return
+    steps = ", ".join("-" if s is None else str(s) for s in _unread_steps) + (", ..." if _unread > len(_unread_steps) else "")
+    what = "1 metric record could not be read and was dropped (step" if _unread == 1 else f"{_unread} metric records could not be read and were dropped (steps"
+    print(f"meshrun: {what} {steps}): {_unread_error}", file=sys.stderr, flush=True)
+    _unread, _unread_error = 0, ""
+    _unread_steps.clear()
