@@ -280,8 +280,9 @@ def main() -> None:
                       f"{record.get('tokens_per_s', 0):,.0f} tokens/s", flush=True)
         # Under `meshrun run --checkpoint-every N` the state goes with every
         # report: meshrun saves it every N steps, and at the next step when
-        # the run is preempted (SIGTERM).
-        if ctx.checkpoint_every:
+        # the run is preempted (SIGTERM); under --memory-checkpoint-every N
+        # it keeps it in the hosts' memory every N steps.
+        if ctx.checkpoint_every or ctx.memory_every:
             meshrun.report(record, checkpoint={"params": params, "opt": opt_state}, extra={"loader": train.state(), "val_bpb_start": bpb_start}, total_steps=args.steps)
         else:
             meshrun.report(record, total_steps=args.steps)

@@ -256,3 +256,14 @@ def test_restore_with_a_damaged_manifest(ckpt):
 @covers("ckpt-not-committed")
 def test_restore_of_a_folder_that_is_not_a_checkpoint(tmp_path):
     restore_fails("ckpt-not-committed", tmp_path)
+
+
+def test_a_checkpoint_flag_the_program_gives_no_state_to_is_warned_about_once(runs):
+    done = meshrun(["-n", "2", "--tee", "all", "--checkpoint-every", "2", str(SCRIPTS / "steady_reporter.py"), "10"], runs_dir=runs, env={"MESHRUN_INDEPENDENT": "1"})
+    assert done.code == 0, done.stderr
+    warning = "meshrun: warning: --checkpoint-every 2 was given, but the program has passed no state to meshrun.report(checkpoint=...) by step 4: that flag saves only such a state, so it does nothing here"
+    terminal = done.stdout + done.stderr
+    assert terminal.count("--checkpoint-every 2 was given") == 1, terminal
+    assert f"[0] {warning}" in terminal
+    assert warning in done.log(0) and "was given" not in done.log(1)
+

@@ -168,3 +168,36 @@ def test_with_both_copies_gone_the_run_resumes_from_storage_exactly(tmp_path):
     (resuming,) = [e for e in events(run_dir, "resuming") if e["attempt"] == 2]
     assert resuming["step"] % 4 == 0 and gone["resume_step"] == resuming["step"]
     assert gone["step"] > resuming["step"], "memory held a newer step than storage"
+
+
+def test_the_example_given_memory_checkpoints_alone_resumes_from_memory(tmp_path):
+    """Without --checkpoint-every the GPT still passes its state, so a
+    restart resumes from memory (storage gets no checkpoint: nothing was
+    preempted) and no warning about an unused flag is given."""
+    runs = tmp_path / "runs"
+    run_dir = runs / "alone"
+    args = [*TWO_HOSTS, "--memory-checkpoint-every", "1", "--max-failures", "1", EXAMPLE, *TINY, "--steps", str(STEPS), "--data-dir", str(tmp_path / "data")]
+    proc = start(args, runs_dir=runs, name="alone")
+
+    def reported() -> int:
+        return max([m["step"] or 0 for m in read_jsonl(run_dir / "metrics.jsonl")], default=0)
+
+    try:
+        # Step 4 held in memory; a program that keeps none is killed at its
+        # step 8 all the same, to show where it restarts.
+        held = lambda: [e["step"] for e in events(run_dir, "memory_checkpoint_committed")]  # noqa: E731
+        wait_for(lambda: proc.poll() is not None or max(held(), default=0) >= 4 or (not held() and reported() >= 8), 240, "memory checkpoint of step 4")
+        assert proc.poll() is None, proc.communicate()[1]
+        pid = next(e["pid"] for e in events(run_dir, "worker_started") if e["attempt"] == 1 and e["rank"] == 1)
+        os.kill(pid, signal.SIGKILL)
+        _, err = proc.communicate(timeout=600)
+    finally:
+        stop(proc)
+    assert proc.returncode == 0, err
+    resumed = events(run_dir, "resuming_from_memory")
+    assert [e["attempt"] for e in resumed] == [2], (resumed, events(run_dir, "memory_unavailable"))
+    first = min(m["step"] for m in read_jsonl(run_dir / "metrics.jsonl") if m["attempt"] == 2)
+    assert resumed[0]["step"] >= 4 and first == resumed[0]["step"] + 1, (resumed, first)
+    assert not events(run_dir, "checkpoint_committed"), "a durable checkpoint with memory checkpoints alone"
+    assert "was given" not in (run_dir / "logs" / "rank-0.log").read_text()
+    assert_none_left(run_dir)

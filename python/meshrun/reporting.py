@@ -114,12 +114,58 @@ def _send_ready(wait: bool) -> None:
 def _checkpoint_due(step: int) -> bool:
     """Whether a state passed at ``step`` is saved: when the controller
     asked for one (preemption), or at the run's checkpoint interval, or
-    always when no interval is set."""
+    always when no interval is set, unless a memory interval is: then
+    memory keeps the state, and storage only a preemption's."""
     client = _connection.client()
     if client is not None and client.checkpoint_requested():
         return True
-    every = get_context().checkpoint_every
-    return every is None or step % every == 0
+    ctx = get_context()
+    if ctx.checkpoint_every is None:
+        return ctx.memory_every is None
+    return step % ctx.checkpoint_every == 0
+
+
+# A run asked to checkpoint whose program reports this many steps due for a
+# save without ever passing its state is told so, once: one such report may
+# come before the state exists (an evaluation at step 0); two mean the
+# program does not pass it, and the flag does nothing.
+_DUE_WITHOUT_STATE = 2
+# The checkpoint flags given (None: not read yet); whether the watch goes
+# on (until a state is passed or the warning is said); due steps so far.
+_asked: list[tuple[str, int]] | None = None
+_watching = True
+_due_without_state = 0
+
+
+def _note_state(step: int, passed: bool) -> None:
+    """Rank 0 warns once when the run's checkpoint flags do nothing because
+    the program never passes its state to ``report``."""
+    global _asked, _watching, _due_without_state
+    if not _watching:
+        return
+    if passed:
+        _watching = False
+        return
+    if _asked is None:
+        ctx = get_context()
+        given = [("--checkpoint-every", ctx.checkpoint_every), ("--memory-checkpoint-every", ctx.memory_every)]
+        _asked = [(flag, every) for flag, every in given if every] if ctx.rank == 0 and _connection.client() is not None else []
+        _watching = bool(_asked)
+    if not any(step % every == 0 for _, every in _asked):
+        return
+    _due_without_state += 1
+    if _due_without_state < _DUE_WITHOUT_STATE:
+        return
+    _watching = False
+    flags = " and ".join(f"{flag} {every}" for flag, every in _asked)
+    one = len(_asked) == 1
+    sys.stderr.write(
+        f"meshrun: warning: {flags} {'was' if one else 'were'} given, but the program has passed no state to "
+        f"meshrun.report(checkpoint=...) by step {step}: {'that flag saves' if one else 'those flags save'} only such a "
+        f"state, so {'it does' if one else 'they do'} nothing here. Pass the state with each report (it is kept at the "
+        "steps due), or leave the flag out\n"
+    )
+    sys.stderr.flush()
 
 
 def _memory_due(step: int) -> bool:
@@ -152,8 +198,12 @@ def report(
     (``--checkpoint-every N`` / ``CheckpointConfig(every_n_steps=N)``) only
     steps divisible by N are saved, so the state can be passed at every
     step; then a preempted run (SIGTERM to ``meshrun``) saves at its next
-    report and stops. ``total_steps``: how many steps the program runs,
-    for the progress line's ETA."""
+    report and stops. With a memory interval alone
+    (``--memory-checkpoint-every N``) the state goes to the hosts' memory
+    every N steps, and to storage only when preempted. A run given either
+    interval whose program passes no state warns once, from rank 0.
+    ``total_steps``: how many steps the program runs, for the progress
+    line's ETA."""
     global _warned
     # When this rank got to the step: the straggler measure (see
     # meshrun_record's lag), taken before anything here can wait.
@@ -182,6 +232,7 @@ def report(
     if client is not None:
         client.step_reached(at, arrived)
         _profile.at_report(client, at)
+    _note_state(at, checkpoint is not None)
     saving = preempting = False
     if checkpoint is not None:
         if _checkpoint_due(at):

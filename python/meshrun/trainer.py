@@ -87,7 +87,8 @@ class CheckpointConfig:
     ``memory_every_n_steps``: also keep the state in host memory every N
     steps, with a replica on a buddy host; a restart resumes from the
     newest step held in memory when it is newer than the newest durable
-    checkpoint (same process layout only)."""
+    checkpoint (same process layout only). Given without
+    ``every_n_steps``, storage gets only a preemption's checkpoint."""
 
     num_to_keep: int | None = None
     keep_every_n_steps: int | None = None
