@@ -167,6 +167,10 @@ def test_a_host_cut_off_mid_training_rejoins_and_the_run_ends_bit_identical(nsho
         seen = (run_dir / "events.jsonl").read_text()[-6000:] if (run_dir / "events.jsonl").exists() else "(no events)"
         pytest.fail(f"{err}\n--- host 1's `meshrun join`:\n{said}\n--- events:\n{seen}")
     assert joiner.wait(timeout=60) == 0, joiner.stdout.read()
+    said = joiner.stdout.read()
+    # The cut is said as a sentence (no `host=Some(1)`), then the rejoin.
+    assert "meshrun join: lost the connection to the controller at" in said and "host=Some(" not in said, said
+    assert "meshrun join: attempt 2: started rank 1 on this host" in said and said.rstrip().endswith("meshrun join: run 'cut' ended: succeeded"), said
 
     failed = events("worker_failed")
     assert len(failed) == 1, failed
@@ -211,18 +215,64 @@ def test_a_host_that_never_comes_back_ends_the_run_saying_so(nshosts):
     joiner.wait(timeout=60)
 
 
-def test_a_working_folder_missing_on_a_host_is_named(nshosts):
+@covers("run-working-folder-missing")
+def test_a_working_folder_missing_on_a_host_is_named_and_not_retried(nshosts):
     """Workers start in the controller's working folder on every host; a
-    host without it says so instead of blaming the program."""
+    host without it says so instead of blaming the program. A restart
+    would meet the same missing folder, so with `--max-failures 3` the run
+    ends after its first attempt, saying that no restart was made."""
     hosts = nshosts(2)
     hosts.run(0, ["mkdir", "/tmp/work"])
     env = token_env()
-    controller = hosts.popen(0, run_args(hosts, ["-n", "2", "--join-timeout", "30", HELLO], "nowork"), env=env, cwd="/tmp/work", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    args = run_args(hosts, ["-n", "2", "--join-timeout", "30", "--max-failures", "3", HELLO], "nowork")
+    controller = hosts.popen(0, args, env=env, cwd="/tmp/work", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     (joiner,) = start_joins(hosts, env, timeout=30)
-    _, err = controller.communicate(timeout=120)
+    out, err = controller.communicate(timeout=120)
     joiner.wait(timeout=30)
-    assert controller.returncode == 1, err
-    assert "rank 1 could not start: the run's working folder '/tmp/work' is not on this host" in err, err
+    exits("run-working-folder-missing", subprocess.CompletedProcess(args, controller.returncode, out, err))
+    assert "meshrun: run 'nowork' failed (attempt 1): rank 1 could not start: the run's working folder '/tmp/work' is not on this host: every host needs the program and its folder at the same path as the controller's machine; a restart cannot change this, so the run ends now (3 restarts left unused)\n" in err, err
+    assert "restarting" not in err, err
+    run = json.loads((hosts.tmp(0) / "runs" / "nowork" / "run.json").read_text())
+    assert [a["state"] for a in run["attempts"]] == ["failed"], run["attempts"]
+    assert run["attempts"][0]["failure"]["cause"]["deterministic"] is True
+
+
+def test_meshrun_join_says_what_it_takes_part_in_and_exits_with_the_runs_outcome(nshosts):
+    """`meshrun join` names the run and its host rank once, each attempt it
+    takes part in, a restart as a restart (not a lost connection), and how
+    the run ended; it exits 0 when the run succeeded and 1 when it failed,
+    as `meshrun run` does, so a scheduler sees a failed run on every node."""
+    hosts = nshosts(2)
+    script = str(SCRIPTS / "fail_first_attempt.py")
+    said = {}
+    for name, failures in (("again", "1"), ("once", "0")):
+        env = token_env()
+        controller = hosts.popen(0, run_args(hosts, ["-n", "2", "--tee", "none", "--max-failures", failures, script], name), env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        (joiner,) = start_joins(hosts, env, timeout=30)
+        controller.communicate(timeout=120)
+        out, _ = joiner.communicate(timeout=60)
+        said[name] = (controller.returncode, joiner.returncode, [line for line in out.splitlines() if line.startswith("meshrun join: ")])
+    addr = listen_addr(hosts)
+    assert said["again"] == (
+        0,
+        0,
+        [
+            f"meshrun join: joined run 'again' at {addr} as host 1",
+            "meshrun join: attempt 1: started rank 1 on this host",
+            "meshrun join: attempt 1 is over and the run restarts: joining the next attempt",
+            "meshrun join: attempt 2: started rank 1 on this host",
+            "meshrun join: run 'again' ended: succeeded",
+        ],
+    ), said["again"]
+    assert said["once"] == (
+        1,
+        1,
+        [
+            f"meshrun join: joined run 'once' at {addr} as host 1",
+            "meshrun join: attempt 1: started rank 1 on this host",
+            "meshrun join: run 'once' ended: failed",
+        ],
+    ), said["once"]
 
 
 @pytest.mark.slow

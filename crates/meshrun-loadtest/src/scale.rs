@@ -206,7 +206,7 @@ async fn attempt(
     let ended = loop {
         tokio::select! {
             msg = stream.recv() => match msg.map_err(err)? {
-                Message::HostAssigned { host: h } => *host = Some(h),
+                Message::HostAssigned { host: h, .. } => *host = Some(h),
                 Message::Refused { reason } => return Err(format!("refused: {reason}")),
                 Message::CheckStorage { .. } => {
                     sink.send(&Message::StorageChecked { problem: None }).await.map_err(err)?;
@@ -247,7 +247,7 @@ async fn attempt(
                         sink.send(&Message::WorkerExited { rank, exit }).await.map_err(err)?;
                     }
                 }
-                Message::Shutdown { again } => return Ok(again),
+                Message::Shutdown { again, .. } => return Ok(again),
                 _ => {}
             },
             Some(msg) = from_workers.recv() => {
@@ -283,7 +283,7 @@ async fn attempt(
     // was on its way when this side wrote.
     loop {
         match stream.recv().await {
-            Ok(Message::Shutdown { again }) => return Ok(again),
+            Ok(Message::Shutdown { again, .. }) => return Ok(again),
             Ok(_) => {}
             Err(_) => return Err(err(ended)),
         }

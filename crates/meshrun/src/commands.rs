@@ -237,6 +237,8 @@ fn agent(args: &AgentArgs) -> i32 {
         scratch: agent::scratch_root(),
         // This agent lives for one attempt: spares would die with it.
         spares: None,
+        news: None,
+        rejoining: false,
     };
     let runtime = match agent::runtime() {
         Ok(rt) => rt,

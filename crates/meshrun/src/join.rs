@@ -5,7 +5,7 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use meshrun_core::agent::{self, join::join as join_run, AgentConfig};
+use meshrun_core::agent::{self, join::join as join_run, AgentConfig, News};
 use meshrun_core::token::Token;
 
 use crate::cli::JoinArgs;
@@ -78,11 +78,31 @@ pub fn join(args: &JoinArgs) -> i32 {
         }
     };
     match runtime.block_on(join_run(cfg, timeout)) {
-        Ok(()) => exit::SUCCESS,
+        Ok(state) => exit_status(state.as_deref()),
         Err(e) => {
             error(e);
             exit::FAILURE
         }
+    }
+}
+
+/// One line on stderr per thing that happened, as `meshrun run` says its
+/// own.
+fn say(news: News) {
+    eprintln!("meshrun join: {news}");
+}
+
+/// The run's outcome, as `meshrun run` exits with it: a scheduler that
+/// starts `meshrun join` on every node (Slurm, a Kubernetes indexed Job)
+/// judges each node by its exit status, and a failed run must not look
+/// successful on every node but the controller's. A preempted run exits
+/// 75 (try again later) there too; a controller that ended without saying
+/// how is a failure.
+fn exit_status(state: Option<&str>) -> i32 {
+    match state {
+        Some("succeeded") => exit::SUCCESS,
+        Some("preempted") => meshrun_core::controller::EXIT_PREEMPTED,
+        _ => exit::FAILURE,
     }
 }
 
@@ -125,6 +145,8 @@ fn config(args: &JoinArgs) -> Result<AgentConfig, JoinUsage> {
         // A host that joins takes part in every attempt: its spares wait
         // between them.
         spares: Some(agent::Spares::new()),
+        news: Some(say),
+        rejoining: false,
     })
 }
 

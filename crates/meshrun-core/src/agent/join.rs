@@ -22,8 +22,9 @@ const MAX_BACKOFF: Duration = Duration::from_secs(2);
 const HANDSHAKE_TRIES: u32 = 3;
 
 /// Joins attempt after attempt until the run is over. `timeout` bounds
-/// each wait for a controller to join.
-pub async fn join(mut cfg: AgentConfig, timeout: Duration) -> Result<(), CoreError> {
+/// each wait for a controller to join. Gives how the run ended (a
+/// `RunState` name), when the controller said.
+pub async fn join(mut cfg: AgentConfig, timeout: Duration) -> Result<Option<String>, CoreError> {
     let mut waiting_since = Instant::now();
     let mut backoff = FIRST_BACKOFF;
     let mut cut_short = 0;
@@ -38,10 +39,11 @@ pub async fn join(mut cfg: AgentConfig, timeout: Duration) -> Result<(), CoreErr
             Ok((ended, host)) => {
                 // Later attempts keep the rank this host was given.
                 cfg.host = host.or(cfg.host);
+                cfg.rejoining |= host.is_some();
                 match ended {
-                    Ended::Over => return Ok(()),
+                    Ended::Over(state) => return Ok(state),
                     Ended::Again | Ended::Lost => {
-                        tracing::info!(host = ?cfg.host, ?ended, "joining the next attempt");
+                        tracing::debug!(host = ?cfg.host, ?ended, "joining the next attempt");
                         waiting_since = Instant::now();
                         backoff = FIRST_BACKOFF;
                         continue;

@@ -36,6 +36,7 @@ use crate::process::{signal_group, signal_process};
 use crate::protocol::{auth, Connection, Message, STACK_DUMP_WAIT};
 use crate::token::Token;
 pub use memory::{memory_root, MEMORY_ENV};
+pub use news::News;
 use scratch::RunScratch;
 pub use scratch::{append_base64 as decode_function_part, scratch_root};
 pub use spares::Spares;
@@ -73,13 +74,19 @@ pub struct AgentConfig {
     /// Warm spares, kept by whoever outlives the attempts; `None`: this
     /// agent lives for one attempt, and its spares would die with it.
     pub spares: Option<Spares>,
+    /// Told what happens, for a person watching (`meshrun join`); `None`:
+    /// the controller says it all (an agent it started).
+    pub news: Option<fn(News)>,
+    /// This host has taken part in an attempt of the run already.
+    pub rejoining: bool,
 }
 
 /// How one session with the controller ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ended {
-    /// The run is over.
-    Over,
+    /// The run is over, in this state (a `RunState` name) when the
+    /// controller said.
+    Over(Option<String>),
     /// The attempt is over and another follows.
     Again,
     /// The connection broke: the controller or the network went away.
@@ -217,13 +224,26 @@ async fn session(
     let mut clock = steps::ClockOffset::default();
     let mut step_times: Option<steps::StepReader> = None;
     let mut worker_beats: Option<beats::BeatReader> = None;
+    let tell = |news: News| {
+        if let Some(say) = cfg.news {
+            say(news);
+        }
+    };
+    let mut run_name = String::new();
+    let mut launched_attempt: Option<u32> = None;
     // Stops under way end with the session: what they would still signal
     // by pid is ended below, and a pid outliving its session may be reused.
     let mut stopping: Vec<AbortOnDrop> = Vec::new();
     let ended = loop {
         tokio::select! {
             msg = from_controller.recv() => match msg {
-                Ok(Message::HostAssigned { host: given }) => host = Some(given),
+                Ok(Message::HostAssigned { host: given, run: name }) => {
+                    host = Some(given);
+                    run_name = name;
+                    if !cfg.rejoining {
+                        tell(News::Joined { run: run_name.clone(), controller: cfg.controller, host: given });
+                    }
+                }
                 Ok(Message::Refused { reason }) => return Err(CoreError::JoinRefused(reason)),
                 Ok(Message::CheckStorage { path, expect }) => {
                     let problem = scratch::check_marker(&path, &expect);
@@ -280,6 +300,8 @@ async fn session(
                         refill = Some((pool, launched, imports));
                     }
                     tracing::debug!(attempt, "launched");
+                    tell(News::Attempt { attempt, ranks: live.keys().copied().collect() });
+                    launched_attempt = Some(attempt);
                     step_times = Some(steps::StepReader::new(scratch.steps_dir()));
                     worker_beats = Some(beats::BeatReader::new(scratch.beats_dir()));
                     run = Some(scratch);
@@ -314,10 +336,25 @@ async fn session(
                     let stacks = run.as_ref().filter(|_| dump_stacks).map(RunScratch::stacks_reader);
                     stopping.push(AbortOnDrop(stop(pids, Duration::from_millis(grace_ms), stacks, events_tx.clone())));
                 }
-                Ok(Message::Shutdown { again }) => break if again { Ended::Again } else { Ended::Over },
+                Ok(Message::Shutdown { again, state }) => {
+                    if again {
+                        if let Some(attempt) = launched_attempt {
+                            tell(News::AttemptOver { attempt });
+                        }
+                        break Ended::Again;
+                    }
+                    break Ended::Over(state);
+                }
                 Ok(_) => {}
                 Err(e) => {
-                    tracing::warn!(?host, "controller connection lost ({e}); stopping workers");
+                    tracing::debug!("controller connection lost ({e})");
+                    // A connection the controller never took this host on
+                    // is a join still being tried (the previous attempt's
+                    // listener closing under a host that rejoins at once),
+                    // not a loss.
+                    if !run_name.is_empty() {
+                        tell(News::Lost { controller: cfg.controller, attempt: launched_attempt, why: e.to_string() });
+                    }
                     break Ended::Lost;
                 }
             },
@@ -390,7 +427,11 @@ async fn session(
     containment.end_all(&live).await;
     // This attempt's workers are gone before the next one's start.
     containment.reaped_all(REAPED_WITHIN).await;
-    if ended == Ended::Over {
+    if let Ended::Over(state) = &ended {
+        tell(News::Over {
+            run: run_name,
+            state: state.clone(),
+        });
         if let Some(spares) = &cfg.spares {
             spares.close().await;
         }

@@ -52,6 +52,8 @@ pub fn start(
             host_ip: Some(plan.host_ip(0)),
             scratch: agent::scratch_root(),
             spares: Some(spares.clone()),
+            news: None,
+            rejoining: false,
         };
         let task = tokio::spawn(async move {
             if let Err(e) = agent::run(&cfg).await {

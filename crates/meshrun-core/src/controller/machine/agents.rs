@@ -80,7 +80,13 @@ impl Machine {
             pid,
             gpus: gpus.clone(),
         });
-        self.send(conn, Message::HostAssigned { host });
+        self.send(
+            conn,
+            Message::HostAssigned {
+                host,
+                run: self.plan.name.clone(),
+            },
+        );
         let storage_ok = match &self.setup.storage_probe {
             Some(probe) => {
                 self.send(

@@ -114,7 +114,13 @@ impl Machine {
             let new = new as u32;
             let link = agents.remove(old).expect("a ready host has an agent");
             if new != *old {
-                self.send(link.conn, Message::HostAssigned { host: new });
+                self.send(
+                    link.conn,
+                    Message::HostAssigned {
+                        host: new,
+                        run: self.plan.name.clone(),
+                    },
+                );
             }
             self.agents.insert(new, link);
         }

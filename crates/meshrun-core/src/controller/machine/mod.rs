@@ -362,8 +362,15 @@ impl Machine {
     pub fn shutdown(&mut self, again: bool) {
         let mut conns: Vec<Conn> = self.agents.values().map(|a| a.conn).collect();
         conns.extend(self.waiting_conns());
+        let state = (!again).then(|| self.status().state().as_str().to_string());
         for conn in conns {
-            self.send(conn, Message::Shutdown { again });
+            self.send(
+                conn,
+                Message::Shutdown {
+                    again,
+                    state: state.clone(),
+                },
+            );
         }
     }
 

@@ -156,7 +156,7 @@ fn a_restart_renumbers_the_hosts_there_and_the_others_wait() {
     let to_h2 = sim.sent_to(H[2]);
     let assigned = to_h2
         .iter()
-        .position(|m| **m == Message::HostAssigned { host: 1 })
+        .position(|m| matches!(m, Message::HostAssigned { host: 1, .. }))
         .expect("renumbered");
     let launched = to_h2
         .iter()
@@ -179,7 +179,10 @@ fn a_restart_renumbers_the_hosts_there_and_the_others_wait() {
     sim.actions.extend(sim.m.drain_actions());
     assert!(sim
         .sent_to(H[3])
-        .contains(&&Message::Shutdown { again: true }));
+        .contains(&&Message::Shutdown {
+            again: true,
+            state: None
+        }));
 }
 
 #[test]
