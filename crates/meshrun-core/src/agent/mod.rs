@@ -12,6 +12,7 @@
 
 mod beats;
 pub mod join;
+mod news;
 mod memory;
 mod scratch;
 mod spares;
