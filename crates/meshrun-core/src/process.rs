@@ -89,6 +89,23 @@ pub fn group_members(pgid: u32) -> Vec<u32> {
         .collect()
 }
 
+/// Whether `pid` has a handler for `signal` (its `SigCgt` mask in
+/// `/proc/PID/status`). A signal without one may end the process: meshrun
+/// sends SIGUSR1 for a worker's stacks only to a worker that catches it
+/// (one still importing has not installed the handler yet).
+pub fn catches(pid: u32, signal: Signal) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .as_deref()
+        .and_then(|status| caught_mask(status))
+        .is_some_and(|mask| mask & (1u64 << (signal as i32 - 1)) != 0)
+}
+
+fn caught_mask(status: &str) -> Option<u64> {
+    let hex = status.lines().find_map(|l| l.strip_prefix("SigCgt:"))?;
+    u64::from_str_radix(hex.trim(), 16).ok()
+}
+
 /// The value of `name` in the environment `pid` was started with, when
 /// it can be read (same user, or root).
 pub fn start_env(pid: u32, name: &str) -> Option<String> {
@@ -124,6 +141,17 @@ pub fn reap(pid: u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_caught_signal_is_read_from_the_status_mask() {
+        // SIGUSR1 is signal 10: bit 9.
+        let status = "Name:\tpython\nSigIgn:\t0000000001001000\nSigCgt:\t0000000180000202\n";
+        let mask = caught_mask(status).unwrap();
+        assert_ne!(mask & (1 << 9), 0);
+        assert_eq!(mask & (1 << 14), 0, "SIGTERM (15) is not caught here");
+        // This test process does not catch SIGUSR1.
+        assert!(!catches(std::process::id(), Signal::SIGUSR1));
+    }
 
     #[test]
     fn stat_fields_come_after_the_last_parenthesis() {

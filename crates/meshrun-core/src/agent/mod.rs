@@ -12,8 +12,8 @@
 
 mod beats;
 pub mod join;
-mod news;
 mod memory;
+mod news;
 mod scratch;
 mod spares;
 mod spawn;
@@ -33,7 +33,7 @@ use tokio::sync::mpsc;
 use crate::error::CoreError;
 use crate::gpu::Inventory;
 use crate::leftovers::{Contained, Containment};
-use crate::process::{signal_group, signal_process};
+use crate::process::{catches, signal_group, signal_process};
 use crate::protocol::{auth, Connection, Message, STACK_DUMP_WAIT};
 use crate::token::Token;
 pub use memory::{memory_root, MEMORY_ENV};
@@ -543,7 +543,11 @@ fn stop(
     tokio::spawn(async move {
         if let Some(stacks) = &stacks {
             for &(_, pid) in &pids {
-                signal_process(pid, Signal::SIGUSR1);
+                // Not to one without meshrun's handler yet: it would die
+                // of the signal, a death meshrun would then have caused.
+                if catches(pid, Signal::SIGUSR1) {
+                    signal_process(pid, Signal::SIGUSR1);
+                }
             }
             tokio::time::sleep(STACK_DUMP_WAIT).await;
             for &(rank, _) in &pids {

@@ -34,6 +34,9 @@ pub struct Output {
     bar: Option<ProgressBar>,
     logs: RankLogs,
     tails: Vec<VecDeque<String>>,
+    /// Each rank's last line on stderr (noise apart): what a process that
+    /// aborts says last.
+    last_err: Vec<Option<String>>,
     /// Each rank's stdout and stderr line still coming in pieces.
     partial: Vec<[String; 2]>,
     terminal: Terminal,
@@ -78,6 +81,7 @@ impl Output {
             tee,
             bar: None,
             tails: vec![VecDeque::with_capacity(TAIL_KEEP); paths.len()],
+            last_err: vec![None; paths.len()],
             partial: vec![Default::default(); paths.len()],
             logs,
             terminal: terminal(),
@@ -126,6 +130,9 @@ impl Output {
             }
             tail.push_back(shorten(line, TAIL_LINE_LIMIT).into_owned());
         }
+        if let (Stream::Stderr, Some(last)) = (stream, self.last_err.get_mut(r)) {
+            *last = Some(shorten(line, TAIL_LINE_LIMIT).into_owned());
+        }
         let prefix = match self.tee {
             Tee::Rank0 => (rank == 0).then(String::new),
             Tee::All => Some(format!("[{rank}] ")),
@@ -152,6 +159,10 @@ impl Output {
     pub fn note(&mut self, rank: u32, text: &str) {
         self.logs
             .line(rank, &format!("===== meshrun: {text} ====="));
+    }
+
+    pub fn last_stderr_line(&self, rank: u32) -> Option<String> {
+        self.last_err.get(rank as usize).cloned().flatten()
     }
 
     pub fn tail(&self, rank: u32) -> Vec<String> {

@@ -14,6 +14,9 @@ pub struct RankEnd {
     pub stopped_by_meshrun: bool,
     /// It had finished its program successfully before the failure.
     pub finished_early: Option<EarlyFinish>,
+    /// Its last line of output, which says why when it ended on its own
+    /// (`terminate called after throwing ...`).
+    pub last_line: Option<String>,
 }
 
 /// A rank that finished its program while the others still ran.
@@ -39,6 +42,30 @@ pub fn render_attempts(failures: &[FailureRecord]) -> String {
         );
     }
     s
+}
+
+/// How a rank other than the failing one ended. "Stopped by meshrun" is
+/// said only of what meshrun did; a rank that died of a signal of its own
+/// (an abort, a crash) is named as such, with its last line.
+fn how_it_ended(r: &RankEnd) -> String {
+    match r.exit {
+        Some(exit) if r.stopped_by_meshrun => format!("stopped by meshrun ({exit})"),
+        Some(ExitInfo {
+            code: None,
+            signal: None,
+        }) => "ended with an exit status meshrun could not read".to_string(),
+        Some(exit) if exit.signal.is_some() => match r.last_line.as_deref() {
+            Some(line) if !line.trim().is_empty() => {
+                format!(
+                    "ended by itself with {exit}, its last line: {}",
+                    line.trim()
+                )
+            }
+            _ => format!("ended by itself with {exit}"),
+        },
+        Some(exit) => format!("{exit}"),
+        None => "lost".to_string(),
+    }
 }
 
 pub fn render(
@@ -84,14 +111,12 @@ pub fn render(
             }
         }
     }
-    let others = grouped(ranks.iter().filter(|r| r.rank != failure.rank).map(|r| {
-        let how = match r.exit {
-            Some(exit) if r.stopped_by_meshrun => format!("stopped by meshrun ({exit})"),
-            Some(exit) => format!("{exit}"),
-            None => "lost".to_string(),
-        };
-        (r.rank, how)
-    }));
+    let others = grouped(
+        ranks
+            .iter()
+            .filter(|r| r.rank != failure.rank)
+            .map(|r| (r.rank, how_it_ended(r))),
+    );
     if !others.is_empty() {
         let _ = writeln!(s, "  other ranks: {}", others.join("; "));
     }
@@ -249,6 +274,7 @@ mod tests {
             }),
             stopped_by_meshrun: true,
             finished_early: None,
+            last_line: None,
         }];
         let text = render(
             "r",
@@ -263,6 +289,62 @@ mod tests {
             text.contains("rank 0 stopped by meshrun (signal 9 (SIGKILL))"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_rank_that_ended_by_itself_is_not_said_to_be_stopped_by_meshrun() {
+        let failure = FailureRecord {
+            rank: 1,
+            host: 0,
+            attempt: 1,
+            cause: Cause::Exit {
+                exit: ExitInfo {
+                    code: None,
+                    signal: Some(9),
+                },
+            },
+            exit: None,
+        };
+        let end = |rank, signal, stopped_by_meshrun, last: Option<&str>| RankEnd {
+            rank,
+            exit: Some(ExitInfo { code: None, signal }),
+            stopped_by_meshrun,
+            finished_early: None,
+            last_line: last.map(String::from),
+        };
+        let ranks = [
+            end(
+                0,
+                Some(6),
+                false,
+                Some("terminate called after throwing an instance of 'gloo::EnforceNotMet'"),
+            ),
+            end(2, None, false, None),
+            end(3, Some(9), true, Some("step 5")),
+        ];
+        let text = render(
+            "r",
+            &failure,
+            &ranks,
+            &[],
+            Path::new("runs/r/logs/rank-1.log"),
+        );
+        assert!(
+            text.contains(
+                "rank 0 ended by itself with signal 6 (SIGABRT), its last line: terminate called \
+                 after throwing an instance of 'gloo::EnforceNotMet'"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("rank 2 ended with an exit status meshrun could not read"),
+            "{text}"
+        );
+        assert!(
+            text.contains("rank 3 stopped by meshrun (signal 9 (SIGKILL))"),
+            "{text}"
+        );
+        assert_eq!(text.matches("stopped by meshrun").count(), 1, "{text}");
     }
 
     #[test]
@@ -287,6 +369,7 @@ mod tests {
                 }),
                 stopped_by_meshrun: true,
                 finished_early: None,
+                last_line: None,
             },
             RankEnd {
                 rank: 1,
@@ -296,12 +379,14 @@ mod tests {
                 }),
                 stopped_by_meshrun: false,
                 finished_early: None,
+                last_line: None,
             },
             RankEnd {
                 rank: 2,
                 exit: None,
                 stopped_by_meshrun: false,
                 finished_early: None,
+                last_line: None,
             },
         ];
         insta::assert_snapshot!(render(

@@ -539,7 +539,11 @@ fn summary(
             let failure = machine.failure()?;
             let tail = output.map(|o| o.tail(failure.rank)).unwrap_or_default();
             let log = names::log_path(&plan.run_dir, failure.rank);
-            let mut text = render(&plan.name, &failure, &machine.rank_ends(), &tail, &log);
+            let mut ends = machine.rank_ends();
+            for end in &mut ends {
+                end.last_line = output.and_then(|o| o.last_stderr_line(end.rank));
+            }
+            let mut text = render(&plan.name, &failure, &ends, &tail, &log);
             // Only what was written: a rank that had exited, or a group
             // stopped before the dump, leaves no stacks.
             if machine.stacks_dumped() && stacks::any_written(stacks_dir) {

@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use meshrun_record::{Cause, Event};
+use meshrun_record::{Cause, Event, ExitInfo};
 
 use super::{Action, Conn, Machine};
 use crate::controller::gather::Part;
@@ -48,6 +48,13 @@ impl Machine {
                     state.finish(now, failed);
                 }
                 let stopped = state.stopped_by_meshrun;
+                // Said of what meshrun did only: it ends a worker with
+                // SIGTERM (which a program may turn into an exit code) and
+                // SIGKILL. A rank that aborted or crashed by itself in the
+                // meantime (gloo aborts once a peer is gone), or whose exit
+                // was not seen, ended on its own.
+                let by_meshrun = stopped && ended_as_meshrun_stops(exit);
+                state.stopped_by_meshrun = by_meshrun;
                 self.push(Action::Note {
                     rank,
                     text: format!("rank {rank} ended with {exit}"),
@@ -56,7 +63,7 @@ impl Machine {
                     attempt,
                     rank,
                     exit,
-                    stopped_by_meshrun: stopped,
+                    stopped_by_meshrun: by_meshrun,
                 });
                 if !exit.success() && !stopped {
                     self.fail(now, rank, Cause::Exit { exit });
@@ -233,5 +240,17 @@ impl Machine {
         for conn in conns {
             self.send(conn, Message::Resume { step });
         }
+    }
+}
+
+/// Whether `exit` is one meshrun's stop makes: SIGTERM, SIGKILL, or an exit
+/// code (a program that handles SIGTERM exits by itself).
+fn ended_as_meshrun_stops(exit: ExitInfo) -> bool {
+    const TERM: i32 = nix::sys::signal::Signal::SIGTERM as i32;
+    const KILL: i32 = nix::sys::signal::Signal::SIGKILL as i32;
+    match (exit.code, exit.signal) {
+        (Some(_), _) => true,
+        (None, Some(sig)) => sig == TERM || sig == KILL,
+        (None, None) => false,
     }
 }

@@ -25,6 +25,8 @@ mod tests;
 #[cfg(test)]
 mod tests_elastic;
 #[cfg(test)]
+mod tests_exits;
+#[cfg(test)]
 mod tests_hosts;
 #[cfg(test)]
 mod tests_memory;

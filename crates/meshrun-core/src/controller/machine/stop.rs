@@ -242,6 +242,8 @@ impl Machine {
                     .finished
                     .filter(|_| r.finished_before_failure)
                     .map(|(_, last_step)| EarlyFinish { last_step }),
+                // The driver's output has it.
+                last_line: None,
             })
             .collect()
     }
