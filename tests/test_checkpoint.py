@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import MESHRUN, SCRIPTS, assert_none_left, cli, flip_a_byte, meshrun, read_jsonl, start, stop, wait_for
-from errors_page import covers, exits, raises, snapshot
+from errors_page import CATALOGUE, covers, exits, raises, says, snapshot
 
 from meshrun import checkpoint
 
@@ -266,4 +266,62 @@ def test_a_checkpoint_flag_the_program_gives_no_state_to_is_warned_about_once(ru
     assert terminal.count("--checkpoint-every 2 was given") == 1, terminal
     assert f"[0] {warning}" in terminal
     assert warning in done.log(0) and "was given" not in done.log(1)
+
+
+@pytest.fixture(scope="module")
+def in_one_attempt(tmp_path_factory) -> dict[int, dict]:
+    """What each rank's saves, waits and restores in one attempt gave
+    (scripts/wait_committed.py), by rank and phase."""
+    runs = tmp_path_factory.mktemp("wait") / "runs"
+    done = meshrun(["-n", "2", "--tee", "none", str(SCRIPTS / "wait_committed.py")], runs_dir=runs, name="w")
+    assert done.code == 0, done.stderr + done.log(0)[-3000:]
+    return {rank: json.loads((done.run_dir / f"result-{rank}.json").read_text()) for rank in (0, 1)}
+
+
+def raised(row: str, got: dict) -> None:
+    """A phase of the script raised the row's exception, with its message."""
+    assert got.get("raised") == CATALOGUE[row][1], got
+    says(row, got["message"])
+
+
+def test_restore_right_after_save_gives_what_was_saved(in_one_attempt):
+    for rank in (0, 1):
+        assert in_one_attempt[rank]["newest"] == {"restored": 1}, in_one_attempt[rank]["newest"]
+
+
+def test_wait_committed_returns_the_committed_step(in_one_attempt):
+    for rank in (0, 1):
+        got = in_one_attempt[rank]["waited"]
+        assert got.get("step") == 2 and got["restored"] == 2 and got["path"].endswith("/checkpoints/step-2"), got
+
+
+@covers("ckpt-wait-not-committed")
+def test_waiting_on_a_step_a_rank_could_not_write_says_why(in_one_attempt):
+    for rank in (0, 1):
+        got = in_one_attempt[rank]["refused"]
+        raised("ckpt-wait-not-committed", got)
+        assert "Is a directory" in got["message"], got
+        # The newest checkpoint is still step 2, and restoring it waits for
+        # nothing more.
+        assert got["restored"] == 2
+
+
+@covers("ckpt-wait-timeout")
+def test_waiting_past_the_timeout_says_so(in_one_attempt):
+    got = in_one_attempt[0]["timeout"]
+    raised("ckpt-wait-timeout", got)
+    assert 0.5 <= got["waited"] < 5, got
+
+
+@covers("ckpt-wait-nothing-saved")
+def test_waiting_before_any_save_says_to_save_first(in_one_attempt):
+    for rank in (0, 1):
+        raised("ckpt-wait-nothing-saved", in_one_attempt[rank]["nothing"])
+
+
+@covers("ckpt-wait-timeout-not-positive")
+def test_wait_committed_takes_a_positive_timeout():
+    import meshrun as mr
+
+    raises("ckpt-wait-timeout-not-positive", lambda: mr.wait_committed(timeout=0))
 

@@ -11,7 +11,11 @@ controller. When every rank has written, the controller writes
 ``manifest.json`` and renames the folder to ``step-<step>`` (in an object
 store: puts the manifest only if none exists): the commit.
 A save asked for while the previous one is still writing waits for it
-first; :func:`wait` waits for the last one.
+first; :func:`wait` waits for the last one. The controller tells every
+worker what became of each step (committed, or why not):
+:func:`wait_committed` waits for that, and :func:`get_checkpoint` (so
+``restore`` of the newest) waits for this process's last save to be
+settled, so that it sees what this attempt has saved.
 
 ``restore(target)`` reads, for every leaf of ``target`` (arrays, or
 ``jax.ShapeDtypeStruct`` s with a sharding), exactly the region each local
@@ -28,6 +32,7 @@ from one rank or several copies it into the step's folder before
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import sys
@@ -44,13 +49,22 @@ from meshrun import _connection, _goodput, _native, _values
 from meshrun.context import get_context
 from meshrun.errors import CheckpointError, ConfigError, StorageError
 
-__all__ = ["Checkpoint", "get_checkpoint", "restore", "save", "save_directory", "wait"]
+__all__ = ["Checkpoint", "get_checkpoint", "restore", "save", "save_directory", "wait", "wait_committed"]
 
 _writer: threading.Thread | None = None
 _writer_error: BaseException | None = None
 # Memory checkpoints write on a thread of their own: a durable save still
 # writing never holds one back (or the other way round).
 _memory_writer: threading.Thread | None = None
+# The step of this process's last durable save in this attempt: what
+# wait_committed() waits for unless told a step, and what get_checkpoint()
+# waits to see settled.
+_last_saved: int | None = None
+_settled: int | None = None  # the last of those known committed or failed
+# How long get_checkpoint() waits for that, and wait_committed() by default:
+# a commit follows the slowest rank's write, which an object store can make
+# minutes.
+_COMMIT_WAIT_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -215,7 +229,12 @@ def _owned_shards(tree: Any, rank: int, every_region: bool = False) -> list[tupl
 def wait() -> None:
     """Waits until this process's last :func:`save` has been written, and
     raises what writing it raised (e.g. :class:`CheckpointError`). The
-    program's end waits by itself; call it to know a save is on disk."""
+    program's end waits by itself; call it to know this process's part is
+    on disk, and :func:`wait_committed` to know the step is committed."""
+    _join_writers()
+
+
+def _join_writers() -> None:
     global _writer, _writer_error, _memory_writer
     if _writer is not None:
         _writer.join()
@@ -232,13 +251,14 @@ def wait() -> None:
 def save(step: int, state: Any, *, metrics: dict[str, Any] | None = None, extra: dict[str, Any] | None = None) -> None:
     """Checkpoints ``state`` (any pytree of arrays and scalars) as ``step``.
     Returns once the shards are on the host; writing goes on behind."""
-    global _writer
+    global _writer, _last_saved, _settled
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ConfigError(f"checkpoint step must be a non-negative integer, got {step!r}")
     root = _root()
     ctx = get_context()
     wait()
     shards = _owned_shards(state, ctx.rank)
+    _last_saved, _settled = step, None
     info = None
     if ctx.rank == 0:
         leaves = _leaf_paths(state)
@@ -314,9 +334,11 @@ def save_directory(step: int, folder: str, *, metrics: dict[str, Any] | None = N
     ``step`` and tells the controller; returns once the copy is in the
     run's storage (the folder may be deleted then), ``False`` when the
     storage failed and the run's policy is to train on."""
+    global _last_saved, _settled
     root = _root()
     ctx = get_context()
     wait()
+    _last_saved, _settled = step, None
     client = _connection.client()
     try:
         written = _native.write_directory(root, step, ctx.rank, folder)
@@ -330,11 +352,66 @@ def save_directory(step: int, folder: str, *, metrics: dict[str, Any] | None = N
     return True
 
 
+def _wait_seconds(timeout: Any) -> float | None:
+    if timeout is None or (isinstance(timeout, float) and math.isinf(timeout) and timeout > 0):
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise TypeError(f"meshrun.wait_committed(timeout=...) must be a positive number of seconds, or None to wait as long as it takes, got {timeout!r}")
+    return float(timeout)
+
+
+@_goodput.counts_as("checkpoint")
+def wait_committed(step: int | None = None, *, timeout: float | None = _COMMIT_WAIT_S) -> Checkpoint:
+    """Waits until checkpoint ``step`` (default: the last one this process
+    saved) is committed, that is, every rank has written its part and the
+    controller has committed it, and returns it. Raises
+    :class:`CheckpointError` when the step will never be committed (a
+    rank could not write its part), saying why, or when ``timeout``
+    seconds pass first (``None``: no limit); and what writing this
+    process's part raised."""
+    seconds = _wait_seconds(timeout)
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+        raise TypeError(f"meshrun.wait_committed(step=...) must be a non-negative integer, got {step!r}")
+    _root()
+    _join_writers()
+    if step is None:
+        if _last_saved is None:
+            raise CheckpointError("meshrun.wait_committed(): this process has saved no checkpoint in this attempt; save one first, or name the step: wait_committed(step)")
+        step = _last_saved
+    client = _connection.client()
+    if client is None:
+        raise ConfigError("meshrun.wait_committed() needs the run's controller, which commits checkpoints: start the program with `meshrun run` or Trainer.fit()")
+    path = client.wait_committed(step, seconds)
+    assert path is not None  # a step that will not commit raised
+    return Checkpoint(path, step)
+
+
+def _settle_last_save() -> None:
+    """Waits until the controller has said what became of this process's
+    last save (committed, or never to be), so that the newest checkpoint
+    includes what this attempt has saved."""
+    global _settled
+    client = _connection.client()
+    if _last_saved is None or _last_saved == _settled or client is None:
+        return
+    _join_writers()
+    client.wait_committed(_last_saved, _COMMIT_WAIT_S, failed_ok=True)
+    _settled = _last_saved
+
+
 def get_checkpoint() -> Checkpoint | None:
     """The checkpoint to resume from, or None: the one the controller chose
     for this attempt (the newest that verifies, or ``--resume-from``), or a
-    newer one this attempt has committed since. A newer checkpoint that the
-    controller skipped as damaged is never given out."""
+    newer one this attempt has committed since, once this process's last
+    save is committed or known never to be (for up to 300 s, else
+    :class:`CheckpointError`). A newer checkpoint that the controller
+    skipped as damaged is never given out."""
+    _settle_last_save()
+    return _chosen_or_newer()
+
+
+def _chosen_or_newer() -> Checkpoint | None:
+    """:func:`get_checkpoint` without waiting for this process's saves."""
     root = _root()
     chosen = os.environ.get("MESHRUN_RESUME_STEP")
     memory = os.environ.get("MESHRUN_MEMORY_DIR")
@@ -372,7 +449,8 @@ def _key_data_target(leaf: Any) -> Any:
 @_goodput.counts_as("restore")
 def restore(target: Any, checkpoint: Checkpoint | str | os.PathLike | None = None) -> Any:
     """``target``'s tree with every leaf read from the checkpoint (default:
-    :func:`get_checkpoint`'s), placed by the target leaf's sharding."""
+    :func:`get_checkpoint`'s, which includes what this attempt has saved
+    and committed), placed by the target leaf's sharding."""
     import jax
 
     if checkpoint is None:

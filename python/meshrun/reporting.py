@@ -68,7 +68,8 @@ def _step_of(step: int | None, metrics: Mapping[str, Any]) -> int:
 
 def _first_step() -> int:
     try:
-        resumed = ckpt.get_checkpoint()
+        # Not get_checkpoint(): a report must not wait for a commit.
+        resumed = ckpt._chosen_or_newer()
     except MeshrunError:  # no run's storage to look in
         return 0
     return 0 if resumed is None or resumed.step is None else resumed.step + 1
@@ -259,7 +260,10 @@ def report(
     record = _Record(at, dict(metrics), checkpoint is not None, saving, _goodput.due(saving), total_steps)
     with _lock:
         _queue.append(record)
-    _send_ready(wait=False)
+    # A folder handed over commits once every rank's report of its step is
+    # in: that report goes now, so that no wait for the commit (wait_committed,
+    # a restore of the newest) waits on a record still queued.
+    _send_ready(wait=folder is not None)
     if preempting:
         _wait_for_the_stop(at)
 

@@ -78,6 +78,8 @@ pub struct WorkerClient {
     checkpoint_requested: Arc<AtomicBool>,
     /// The newest step the controller released with `Resume`.
     resumed: Arc<Resumed>,
+    /// What the controller said of each checkpoint step.
+    commits: Arc<Commits>,
     /// A profile capture the controller asked for and the worker has not
     /// taken yet: its name and how many steps.
     profile: Arc<Mutex<Option<ProfileRequest>>>,
@@ -186,6 +188,8 @@ impl WorkerClient {
         let requested = Arc::clone(&checkpoint_requested);
         let resumed = Arc::new(Resumed::default());
         let resume_seen = Arc::clone(&resumed);
+        let commits = Arc::new(Commits::default());
+        let commits_seen = Arc::clone(&commits);
         let profile = Arc::new(Mutex::new(None));
         let profile_asked = Arc::clone(&profile);
         let beat = Beat::open(rank, attempt);
@@ -210,6 +214,12 @@ impl WorkerClient {
                                 .unwrap_or_else(std::sync::PoisonError::into_inner);
                             *newest = (*newest).max(Some(step));
                             resume_seen.changed.notify_all();
+                        }
+                        Message::StepCommitted { step, path } => {
+                            commits_seen.settle(step, Ok(path));
+                        }
+                        Message::StepNotCommitted { step, error } => {
+                            commits_seen.settle(step, Err(error));
                         }
                         Message::Profile {
                             capture,
@@ -245,6 +255,7 @@ impl WorkerClient {
             closing,
             checkpoint_requested,
             resumed,
+            commits,
             profile,
             steps: std::sync::OnceLock::new(),
             rank,
@@ -333,6 +344,18 @@ impl WorkerClient {
                 .0;
         }
         true
+    }
+
+    /// Waits until the controller says what became of checkpoint `step`:
+    /// its path once committed, else why not, or [`NotCommitted::TimedOut`]
+    /// after `timeout` (`None`: no limit). A step settled before the call
+    /// answers at once.
+    pub fn wait_committed(
+        &self,
+        step: u64,
+        timeout: Option<Duration>,
+    ) -> Result<String, NotCommitted> {
+        self.commits.wait(step, timeout)
     }
 
     /// Whether the controller has asked for a checkpoint (the run is being
@@ -537,6 +560,11 @@ fn write_loop(
 
 #[path = "worker_files.rs"]
 mod worker_files;
+
+#[path = "worker_commits.rs"]
+mod worker_commits;
+use worker_commits::Commits;
+pub use worker_commits::{NotCommitted, KEPT_OUTCOMES};
 
 #[cfg(test)]
 #[path = "worker_client_tests.rs"]

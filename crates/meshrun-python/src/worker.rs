@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use meshrun_core::protocol::{ProtocolError, MAX_FRAME_BYTES};
 use meshrun_core::token::Token;
-use meshrun_core::worker_client::{OnControllerLoss, Report, WorkerClient as Client};
+use meshrun_core::worker_client::{
+    NotCommitted, OnControllerLoss, Report, WorkerClient as Client, KEPT_OUTCOMES,
+};
 use meshrun_record::names;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -156,6 +158,28 @@ impl WorkerClient {
         })
     }
 
+    /// Waits (without the GIL) until the controller says checkpoint `step`
+    /// is committed, and returns its path (a folder, or a URL); raises
+    /// `CheckpointError` when it will never be (with `failed_ok`: returns
+    /// None), or after `timeout_s` (`None`: no limit), saying which.
+    #[pyo3(signature = (step, timeout_s=None, failed_ok=false))]
+    fn wait_committed(
+        &self,
+        py: Python<'_>,
+        step: u64,
+        timeout_s: Option<f64>,
+        failed_ok: bool,
+    ) -> PyResult<Option<String>> {
+        let timeout = timeout_s
+            .filter(|t| t.is_finite())
+            .map(|t| Duration::from_secs_f64(t.max(0.0)));
+        match py.detach(|| self.0.wait_committed(step, timeout)) {
+            Ok(path) => Ok(Some(path)),
+            Err(NotCommitted::Failed(_)) if failed_ok => Ok(None),
+            Err(e) => Err(CheckpointError::new_err(not_committed(step, timeout_s, &e))),
+        }
+    }
+
     /// Tells the controller this rank's shards of `step` are written
     /// (`shards`: what `write_shards` returned); `extra`: what the manifest
     /// keeps with the step (rank 0's tree paths, metrics, user data).
@@ -216,6 +240,25 @@ impl WorkerClient {
     /// Says goodbye to the controller.
     fn close(&self, py: Python<'_>) {
         py.detach(|| self.0.close(Duration::from_secs(5)));
+    }
+}
+
+/// Why checkpoint `step` is not committed, as the user is told.
+fn not_committed(step: u64, timeout_s: Option<f64>, why: &NotCommitted) -> String {
+    match why {
+        NotCommitted::Failed(error) => {
+            format!("checkpoint step {step} was not committed: {error}")
+        }
+        NotCommitted::TimedOut => format!(
+            "checkpoint step {step} was not committed within {} s: a step is committed once \
+             every rank has written its part, so every rank must save it; if they all do, give \
+             a longer timeout",
+            timeout_s.unwrap_or_default()
+        ),
+        NotCommitted::Forgotten { oldest_kept } => format!(
+            "what became of checkpoint step {step} is no longer known: a worker keeps it for the \
+             newest {KEPT_OUTCOMES} steps saved, the oldest of them now {oldest_kept}"
+        ),
     }
 }
 

@@ -392,6 +392,20 @@ pub enum Message {
         step: u64,
         error: String,
     },
+    /// Controller to every worker: checkpoint `step` is committed, at
+    /// `path` (its folder, or its URL in an object store). What
+    /// `meshrun.wait_committed` and a restore of the newest wait for.
+    StepCommitted {
+        step: u64,
+        path: String,
+    },
+    /// Controller to every worker: checkpoint `step` will never be
+    /// committed, and why (a rank could not write its part, the commit
+    /// failed, or the ranks' parts cannot make one checkpoint).
+    StepNotCommitted {
+        step: u64,
+        error: String,
+    },
     /// The worker's program finished; its connection closes next.
     Bye,
 }

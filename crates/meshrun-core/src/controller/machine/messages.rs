@@ -180,6 +180,10 @@ impl Machine {
                     ),
                 });
                 self.push(Action::Saving { step: None });
+                self.not_committed(
+                    step,
+                    format!("rank {rank} could not write its part: {error}"),
+                );
             }
             Message::Timing { timing } => self.ranks[rank as usize].timing = Some(timing),
             Message::ReportsShed { count } => {

@@ -516,11 +516,14 @@ impl Machine {
             Input::Interrupt { signal } => self.interrupt(now, signal),
             Input::Terminate => self.terminate(now),
             Input::Committed { step, path } => self.committed(now, step, &path),
-            Input::CommitFailed { step, error } => self.record(Event::CheckpointFailed {
-                attempt: self.attempt(),
-                step,
-                error,
-            }),
+            Input::CommitFailed { step, error } => {
+                self.record(Event::CheckpointFailed {
+                    attempt: self.attempt(),
+                    step,
+                    error: error.clone(),
+                });
+                self.not_committed(step, format!("its commit failed: {error}"));
+            }
             Input::ResourcesWaiting { what } => self.resources_waiting(now, what),
             Input::CommitRefused { step, rank, error } => {
                 self.record(Event::CheckpointFailed {
@@ -528,6 +531,7 @@ impl Machine {
                     step,
                     error: error.clone(),
                 });
+                self.not_committed(step, error.clone());
                 self.fail(
                     now,
                     rank,
@@ -580,6 +584,10 @@ impl Machine {
         let newest = self.last_committed.max(Some(step)).unwrap_or(step);
         self.last_committed = Some(newest);
         self.push(Action::Saving { step: None });
+        self.tell_workers(&Message::StepCommitted {
+            step,
+            path: path.to_string(),
+        });
         for r in &mut self.ranks {
             r.forget_timings_before(newest);
         }
@@ -588,6 +596,21 @@ impl Machine {
             self.begin_stop(now, reason);
         }
         self.push(Action::ApplyRetention);
+    }
+
+    /// Tells every connected worker that checkpoint `step` will never be
+    /// committed, and why: a rank waiting for it (`meshrun.wait_committed`)
+    /// raises that rather than waiting out its timeout.
+    fn not_committed(&mut self, step: u64, error: String) {
+        self.tell_workers(&Message::StepNotCommitted { step, error });
+    }
+
+    /// Sends `msg` to every connected worker.
+    fn tell_workers(&mut self, msg: &Message) {
+        let conns: Vec<Conn> = self.ranks.iter().filter_map(|r| r.conn).collect();
+        for conn in conns {
+            self.send(conn, msg.clone());
+        }
     }
 
     /// Gives up on a worker that can no longer be stopped or heard from in
