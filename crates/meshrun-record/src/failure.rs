@@ -51,8 +51,14 @@ pub enum Cause {
     },
     /// The process ended with a non-zero status or a signal.
     Exit { exit: ExitInfo },
-    /// The process could not be started.
-    SpawnFailed { error: String },
+    /// The process could not be started; `deterministic` when another
+    /// attempt would meet the same (a folder or program missing on its
+    /// host), so the run ends without one.
+    SpawnFailed {
+        error: String,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        deterministic: bool,
+    },
     /// A host's agent went away with workers still running.
     AgentLost { host: u32, error: String },
     /// No `meshrun.report` from this rank for the hang timeout, or for the
@@ -91,7 +97,7 @@ impl Cause {
                 format!("ended with exit code {code} (called sys.exit({argument}))")
             }
             Cause::Exit { exit } => format!("ended with {exit}"),
-            Cause::SpawnFailed { error } => format!("could not start: {error}"),
+            Cause::SpawnFailed { error, .. } => format!("could not start: {error}"),
             Cause::AgentLost { host, error } => format!("lost its agent (host {host}): {error}"),
             Cause::Hang {
                 secs,
@@ -122,6 +128,20 @@ impl Cause {
                  {waiting}; free them or add nodes, or raise --start-timeout"
             ),
         }
+    }
+}
+
+impl Cause {
+    /// Whether a restart would end the same way, whatever it restores: a
+    /// fact of the hosts, not of the run's progress.
+    pub fn restart_cannot_change(&self) -> bool {
+        matches!(
+            self,
+            Cause::SpawnFailed {
+                deterministic: true,
+                ..
+            }
+        )
     }
 }
 

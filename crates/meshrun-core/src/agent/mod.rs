@@ -274,7 +274,7 @@ async fn session(
                                 extra
                             }
                             Err(e) => {
-                                let _ = events_tx.send(Message::SpawnFailed { rank: w.rank, error: e.clone() });
+                                let _ = events_tx.send(Message::SpawnFailed { rank: w.rank, error: e.clone(), problem: crate::protocol::message::SpawnProblem::Other });
                                 continue;
                             }
                         };

@@ -13,6 +13,7 @@ use super::{DRAIN_GRACE, MAX_LINE_BYTES};
 use crate::cgroup::{self, WorkerCgroup};
 use crate::leftovers::{Contained, Containment};
 use crate::process::exit_info;
+use crate::protocol::message::SpawnProblem;
 use crate::protocol::{Message, Stream, WorkerLaunch};
 
 /// The longest a worker's exit waits for its output to be forwarded while
@@ -33,19 +34,15 @@ pub(super) fn spawn_worker(
         let _ = events.send(Message::SpawnFailed {
             rank: w.rank,
             error: "empty command".into(),
+            problem: SpawnProblem::Other,
         });
         return None;
     };
-    // Hosts share no filesystem unless someone set it up: name what is
-    // missing here, rather than the program, which the OS blames.
-    if !std::path::Path::new(&w.cwd).is_dir() {
+    if let Some((error, problem)) = missing_here(w) {
         let _ = events.send(Message::SpawnFailed {
             rank: w.rank,
-            error: format!(
-                "the run's working folder '{}' is not on this host: every host needs the \
-                 program and its folder at the same path as the controller's machine",
-                w.cwd
-            ),
+            error,
+            problem,
         });
         return None;
     }
@@ -81,6 +78,7 @@ pub(super) fn spawn_worker(
             let _ = events.send(Message::SpawnFailed {
                 rank: w.rank,
                 error: format!("cannot start '{program}': {e}"),
+                problem: SpawnProblem::of_spawn_error(&e),
             });
             return None;
         }
@@ -94,6 +92,31 @@ pub(super) fn spawn_worker(
         lines,
         containment,
     ))
+}
+
+/// What this host lacks to start `w`. Hosts share no filesystem unless
+/// someone set it up: name what is missing here, rather than the program,
+/// which the OS (or Python, for the script) blames.
+fn missing_here(w: &WorkerLaunch) -> Option<(String, SpawnProblem)> {
+    let cwd = std::path::Path::new(&w.cwd);
+    if !cwd.is_dir() {
+        let error = format!(
+            "the run's working folder '{}' is not on this host: every host needs the \
+             program and its folder at the same path as the controller's machine",
+            w.cwd
+        );
+        return Some((error, SpawnProblem::NoWorkingFolder));
+    }
+    let script = w.script()?;
+    if cwd.join(script).exists() {
+        return None;
+    }
+    let error = format!(
+        "the program '{script}' is not on this host (looked in '{}'): every host needs the \
+         program and its folder at the same path as the controller's machine",
+        w.cwd
+    );
+    Some((error, SpawnProblem::NoProgram))
 }
 
 /// Takes over a started worker (spawned here, or a warm spare that has
@@ -293,6 +316,31 @@ async fn read_line_capped<R: AsyncBufReadExt + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_folder_or_script_missing_here_is_named_as_lasting() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("train.py"), "").unwrap();
+        let launch = |cwd: &std::path::Path, script: &str| WorkerLaunch {
+            rank: 1,
+            argv: ["python3", "-m", "meshrun._bootstrap", "script", script]
+                .map(String::from)
+                .to_vec(),
+            env: Vec::new(),
+            cwd: cwd.display().to_string(),
+        };
+        assert_eq!(missing_here(&launch(dir.path(), "train.py")), None);
+        let (error, problem) = missing_here(&launch(&dir.path().join("gone"), "train.py")).unwrap();
+        assert_eq!(problem, SpawnProblem::NoWorkingFolder);
+        assert!(error.starts_with("the run's working folder '"), "{error}");
+        let (error, problem) = missing_here(&launch(dir.path(), "tain.py")).unwrap();
+        assert_eq!(problem, SpawnProblem::NoProgram);
+        assert!(
+            error.starts_with("the program 'tain.py' is not on this host (looked in '"),
+            "{error}"
+        );
+        assert!(problem.lasting());
+    }
 
     #[tokio::test]
     async fn long_lines_are_cut() {

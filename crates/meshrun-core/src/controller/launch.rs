@@ -63,3 +63,25 @@ pub fn host_launches(
         })
         .collect())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_agent_finds_the_script_in_the_command_line_built_here() {
+        let mut plan = crate::controller::machine::sim::plan(1);
+        let launch = |plan: &RunPlan| WorkerLaunch {
+            rank: 0,
+            argv: worker_argv(plan),
+            env: Vec::new(),
+            cwd: ".".into(),
+        };
+        assert_eq!(launch(&plan).script(), Some("train.py"));
+        plan.entry = Entry::Module {
+            name: "pkg.train".into(),
+            args: vec![],
+        };
+        assert_eq!(launch(&plan).script(), None);
+    }
+}

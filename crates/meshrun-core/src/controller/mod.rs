@@ -22,6 +22,7 @@ mod profiles;
 pub mod progress;
 mod rank_logs;
 pub mod remote;
+mod restarts;
 mod server;
 mod stacks;
 mod stragglers;

@@ -20,9 +20,10 @@ use super::joining::join_command;
 use super::machine::{Machine, Setup};
 use super::profiles::Captures;
 use super::progress::Progress;
+use super::restarts::{self, Next};
 use super::server::{bind, spawn_accept_loop};
 use super::stacks;
-use super::summary::{render, render_attempts, Cause};
+use super::summary::{render, Cause};
 use super::terminal::terminal;
 use super::{ExecOptions, FailureRecord, Outcome, OutcomeStatus};
 use crate::error::CoreError;
@@ -120,7 +121,7 @@ pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, Core
             &mut goodput,
             // Restarts resume from the newest checkpoint that verifies.
             plan.resume_from.filter(|_| made == 0),
-            (failed.len() as u32) < plan.failure.max_failures,
+            failed.len() as u32,
         )
         .await;
         let end = match end {
@@ -142,13 +143,16 @@ pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, Core
             continue;
         }
         sizes.expected = sizes.previous;
-        let restart = end.status == OutcomeStatus::Failed
-            && end.failure.is_some()
-            && (failed.len() as u32) < plan.failure.max_failures;
+        let next = restarts::after(
+            end.status,
+            end.failure.as_ref(),
+            failed.len() as u32,
+            plan.failure.max_failures,
+        );
         if let Some(f) = &end.failure {
             failed.push(f.clone());
         }
-        if restart {
+        if next == Next::Restart {
             let newest =
                 meshrun_ckpt::commit::committed(&plan.storage_dir().join(names::CHECKPOINTS))
                     .unwrap_or_default()
@@ -164,27 +168,15 @@ pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, Core
                 max_failures: plan.failure.max_failures,
                 from_step: newest,
             })?;
-            let mut from = newest.map_or_else(
-                || "from the start (no checkpoint yet)".to_string(),
-                |s| {
-                    format!("from the newest checkpoint that verifies (newest committed: step-{s})")
-                },
-            );
-            if let Some(m) = memory_step.filter(|m| newest.is_none_or(|d| *m >= d)) {
-                from = format!(
-                    "from memory checkpoint step {m} where every host still holds it, else {from}"
-                );
-            }
             if let Some(text) = &end.summary {
                 terminal().note(text);
             }
-            terminal().note(&format!(
-                "meshrun: attempt {} failed: rank {} {}; restarting {from} (failure {} of {} allowed)",
-                f.attempt,
-                f.rank,
-                f.cause.headline(),
+            terminal().note(&restarts::restarting_line(
+                f,
+                newest,
+                memory_step,
                 failed.len(),
-                plan.failure.max_failures
+                plan.failure.max_failures,
             ));
             continue;
         }
@@ -200,15 +192,13 @@ pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, Core
             error: None,
         })?;
         rundir.flush()?;
-        let summary = match (&end.summary, failed.len()) {
-            (Some(text), n) if n > 1 && end.status == OutcomeStatus::Failed => Some(format!(
-                "meshrun: run '{}' failed {n} times, more than --max-failures {} allows:\n{}{text}",
-                plan.name,
-                plan.failure.max_failures,
-                render_attempts(&failed[..n - 1])
-            )),
-            _ => end.summary,
-        };
+        let summary = restarts::final_summary(
+            &plan.name,
+            next,
+            end.summary,
+            &failed,
+            plan.failure.max_failures,
+        );
         // Whatever the workers printed comes before the caller's summary;
         // a terminal paused for good does not hold the run's end.
         terminal().flush(TERMINAL_FLUSH_WAIT);
@@ -265,7 +255,7 @@ async fn attempt(
     record: &mut RunRecord,
     goodput: &mut Goodput,
     resume_from: Option<u64>,
-    restarts_left: bool,
+    failed_before: u32,
 ) -> Result<AttemptEnd, CoreError> {
     let attempt = record.attempts.len() as u32 + 1;
     let started_unix = unix_time();
@@ -394,10 +384,15 @@ async fn attempt(
         sizes.previous = Some(h);
     }
     drop(storage_probe);
-    let again = matches!(driver.machine.status(), OutcomeStatus::Resized { .. })
-        || (restarts_left
-            && driver.machine.status() == OutcomeStatus::Failed
-            && driver.machine.failure().is_some());
+    // Joined hosts wait for the next attempt only when there is one.
+    let status = driver.machine.status();
+    let next = restarts::after(
+        status,
+        driver.machine.failure().as_ref(),
+        failed_before,
+        plan.failure.max_failures,
+    );
+    let again = matches!(status, OutcomeStatus::Resized { .. }) || next == Next::Restart;
     driver.machine.shutdown(again);
     let shut = driver.perform();
     agent_procs.finish().await;

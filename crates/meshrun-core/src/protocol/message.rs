@@ -28,6 +28,67 @@ pub struct WorkerLaunch {
     pub cwd: String,
 }
 
+impl WorkerLaunch {
+    /// The script a worker started through meshrun's bootstrap runs
+    /// (`PYTHON -m meshrun._bootstrap script PATH ...`, as
+    /// `controller::launch::worker_argv` builds it), as given: relative
+    /// to `cwd` unless absolute.
+    pub fn script(&self) -> Option<&str> {
+        match self.argv.as_slice() {
+            [_, m, bootstrap, kind, path, ..]
+                if m == "-m" && bootstrap == "meshrun._bootstrap" && kind == "script" =>
+            {
+                Some(path)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Why a worker could not be started, where the agent can tell: the
+/// controller decides from it whether another attempt could start it
+/// (see [`SpawnProblem::lasting`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SpawnProblem {
+    /// Anything else: the system out of processes, memory or files, the
+    /// function's file not written. It may pass.
+    #[default]
+    Other,
+    /// The run's working folder is not on the host.
+    NoWorkingFolder,
+    /// The program to start (the interpreter, or the script it is to run)
+    /// does not exist on the host.
+    NoProgram,
+    /// The interpreter exists but cannot be executed (no permission, not
+    /// an executable format).
+    NotExecutable,
+}
+
+impl SpawnProblem {
+    /// Whether a restart would meet it again: it is a fact of the host's
+    /// files, which nothing in meshrun changes between attempts.
+    pub fn lasting(self) -> bool {
+        !matches!(self, SpawnProblem::Other)
+    }
+
+    /// What the error of starting a process says of the program. Only the
+    /// errors that name the file itself: ENOENT (no such file, or no
+    /// interpreter for its `#!` line), EACCES (no permission, a folder, a
+    /// `noexec` mount) and ENOEXEC (not an executable format). ETXTBSY (the
+    /// file is being written), EAGAIN, ENOMEM and EMFILE pass.
+    pub fn of_spawn_error(e: &std::io::Error) -> Self {
+        match e.kind() {
+            std::io::ErrorKind::NotFound => SpawnProblem::NoProgram,
+            std::io::ErrorKind::PermissionDenied => SpawnProblem::NotExecutable,
+            _ if e.raw_os_error() == Some(nix::errno::Errno::ENOEXEC as i32) => {
+                SpawnProblem::NotExecutable
+            }
+            _ => SpawnProblem::Other,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Message {
@@ -260,6 +321,8 @@ pub enum Message {
     SpawnFailed {
         rank: u32,
         error: String,
+        #[serde(default)]
+        problem: SpawnProblem,
     },
     /// One line of a worker's output, without its newline. A line longer
     /// than a frame should carry comes in pieces: every piece but the last

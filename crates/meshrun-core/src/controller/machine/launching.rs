@@ -68,7 +68,16 @@ impl Machine {
                 r.done = true;
             }
             let rank = host * self.plan.procs_per_host;
-            return self.fail(now, rank, Cause::SpawnFailed { error });
+            // A GPU inventory is read afresh by every attempt's agents.
+            let deterministic = false;
+            return self.fail(
+                now,
+                rank,
+                Cause::SpawnFailed {
+                    error,
+                    deterministic,
+                },
+            );
         }
         self.push(Action::OpenLogs);
         self.record(Event::Launched {

@@ -25,9 +25,21 @@ impl Machine {
                     warm,
                 });
             }
-            Message::SpawnFailed { rank, error } if owns(rank) => {
+            Message::SpawnFailed {
+                rank,
+                error,
+                problem,
+            } if owns(rank) => {
                 self.ranks[rank as usize].done = true;
-                self.fail(now, rank, Cause::SpawnFailed { error });
+                let deterministic = problem.lasting();
+                self.fail(
+                    now,
+                    rank,
+                    Cause::SpawnFailed {
+                        error,
+                        deterministic,
+                    },
+                );
             }
             Message::LeftoversEnded { rank, pids, how } if owns(rank) => {
                 self.record(Event::LeftoversEnded {

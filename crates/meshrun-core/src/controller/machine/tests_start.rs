@@ -1,12 +1,18 @@
-//! The start timeout: an attempt that reports no step while the cluster
-//! holds back resources fails, naming what waits; a slow start with
-//! nothing waiting never does.
+//! The start: an attempt that reports no step while the cluster holds
+//! back resources fails, naming what waits, and a slow start with nothing
+//! waiting never does; a worker that cannot start for a reason a restart
+//! meets again (a folder or program missing on its host) is a failure of
+//! that kind.
+
+use std::os::unix::fs::PermissionsExt;
 
 use meshrun_record::{Cause, Event};
 
 use super::sim::{plan, Sim};
 use super::Input;
 use crate::controller::machine::Action;
+use crate::protocol::message::SpawnProblem;
+use crate::protocol::Message;
 
 const WAIT: &str = "1 task needs {'CPU': 1.0}; free: CPU 0 of 4";
 
@@ -108,4 +114,76 @@ fn a_late_wait_that_clears_in_time_fails_nothing() {
     waiting(&mut sim, None);
     sim.alive_until(200.0);
     assert!(sim.failed().is_none());
+}
+
+#[test]
+fn a_start_that_failed_for_a_missing_folder_or_program_is_one_no_restart_can_change() {
+    let cases = [
+        (SpawnProblem::NoWorkingFolder, true),
+        (SpawnProblem::NoProgram, true),
+        (SpawnProblem::NotExecutable, true),
+        (SpawnProblem::Other, false),
+    ];
+    for (problem, lasting) in cases {
+        let mut sim = Sim::new(plan(2));
+        sim.join_agent();
+        sim.agent(Message::WorkerStarted {
+            rank: 0,
+            pid: 100,
+            warm: false,
+        });
+        sim.agent(Message::SpawnFailed {
+            rank: 1,
+            error: "the run's working folder '/w' is not on this host".into(),
+            problem,
+        });
+        let f = sim.failed().expect("the start failed");
+        assert_eq!(f.rank, 1);
+        assert!(
+            matches!(&f.cause, Cause::SpawnFailed { error, deterministic }
+                if error.contains("'/w'") && *deterministic == lasting),
+            "{problem:?}: {:?}",
+            f.cause
+        );
+        assert_eq!(f.cause.restart_cannot_change(), lasting, "{problem:?}");
+    }
+}
+
+#[test]
+fn only_the_errors_that_name_the_program_itself_are_lasting() {
+    let dir = tempfile::tempdir().unwrap();
+    let start = |name: &str| {
+        let e = std::process::Command::new(dir.path().join(name))
+            .spawn()
+            .expect_err("it cannot start");
+        SpawnProblem::of_spawn_error(&e)
+    };
+    assert_eq!(start("no-such-python"), SpawnProblem::NoProgram);
+    let plain = dir.path().join("plain");
+    std::fs::write(&plain, "print(1)\n").unwrap();
+    assert_eq!(start("plain"), SpawnProblem::NotExecutable, "no x bit");
+    std::fs::set_permissions(&plain, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(&plain, [0x7f, b'E', b'L', b'F', 0, 0, 0, 0]).unwrap();
+    assert_eq!(
+        start("plain"),
+        SpawnProblem::NotExecutable,
+        "not an executable format"
+    );
+    std::fs::create_dir(dir.path().join("folder")).unwrap();
+    assert_eq!(start("folder"), SpawnProblem::NotExecutable);
+    // What may pass, at the next attempt or the one after.
+    for errno in [
+        nix::errno::Errno::EAGAIN,
+        nix::errno::Errno::ENOMEM,
+        nix::errno::Errno::ETXTBSY,
+    ] {
+        let e = std::io::Error::from_raw_os_error(errno as i32);
+        assert_eq!(
+            SpawnProblem::of_spawn_error(&e),
+            SpawnProblem::Other,
+            "{errno}"
+        );
+        assert!(!SpawnProblem::of_spawn_error(&e).lasting());
+    }
+    assert!(SpawnProblem::NoProgram.lasting() && !SpawnProblem::Other.lasting());
 }
