@@ -78,7 +78,9 @@ class S3Server:
     def env(self, **extra: str) -> dict[str, str]:
         """The environment a meshrun process needs to reach this server."""
         env = dict(os.environ)
-        for key in [k for k in env if k.startswith("AWS_")]:
+        # Nothing of the shell's: neither its AWS settings nor a switch
+        # that would let meshrun ask an instance metadata service.
+        for key in [k for k in env if k.startswith("AWS_") or k == "MESHRUN_S3_INSTANCE_METADATA"]:
             del env[key]
         env.update(AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY, AWS_REGION=REGION, AWS_ENDPOINT_URL=self.endpoint)
         env.update(extra)

@@ -10,10 +10,13 @@ import json
 import os
 import signal
 import subprocess
+import sys
 
 import pytest
-from conftest import MESHRUN, ROOT, SCRIPTS, meshrun, read_jsonl, start, stop, wait_for
+from conftest import HELLO, MESHRUN, ROOT, SCRIPTS, meshrun, read_jsonl, start, stop, wait_for
 from errors_page import covers, exits
+from nshosts import nshosts_unavailable
+from s3fakes import NetnsWithAWayOut, answering, instance_metadata, s3_error, shell_without_aws
 
 SCRIPT = str(SCRIPTS / "ckpt_roundtrip.py")
 LAUNCH = ["-n", "2", "--devices-per-proc", "2", "--tee", "none"]
@@ -245,3 +248,74 @@ def test_credentials_and_region_come_from_an_aws_profile(s3server, s3_bucket, tm
     assert listed.returncode == 0 and f"no committed checkpoints in '{s3_bucket}/runs/none/checkpoints'" in listed.stdout, listed.stderr
     refused = ckpt_cli({**env, "AWS_PROFILE": "default"}, "ls", f"{s3_bucket}/runs/none")
     assert refused.returncode == 1 and f"'{s3_bucket}/runs/none/checkpoints'" in refused.stderr and "access denied" in refused.stderr, refused.stderr
+
+
+@covers("s3-no-credentials")
+def test_without_credentials_nothing_is_sent_and_the_message_names_the_variables(tmp_path):
+    """In a shell without AWS variables or ~/.aws, an s3:// storage is
+    refused before any request. Run in a network namespace whose one way
+    out counts what it transmits, `meshrun run --storage` and `meshrun ckpt
+    ls` send nothing (the instance metadata service at 169.254.169.254 is
+    not asked) and name the variables that are missing. A datagram to that
+    address from the same namespace is counted: a probe would have been."""
+    if (why := nshosts_unavailable()) is not None:
+        pytest.skip(why)
+    env, runs = shell_without_aws(tmp_path), tmp_path / "runs"
+    with NetnsWithAWayOut() as ns:
+        before = ns.sent()
+        run = ns.run([str(MESHRUN), "run", "--runs-dir", str(runs), "--name", "nocreds", "-n", "1", "--storage", "s3://meshrun-nocreds/runs", HELLO], env=env, cwd=ROOT)
+        listed = ns.run([str(MESHRUN), "ckpt", "ls", "s3://meshrun-nocreds/runs/x"], env=env)
+        sent = ns.sent() - before
+        assert sent == 0, f"{sent} packets left the namespace:\n{run.stderr}\n{listed.stderr}"
+        exits("s3-no-credentials", run)
+        assert listed.returncode == 1, listed.stderr
+        assert "no AWS credentials or endpoint in this shell (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY are unset" in listed.stderr, listed.stderr
+        assert "169.254.169.254" not in run.stderr + listed.stderr and "access denied" not in run.stderr + listed.stderr
+        assert not (runs / "nocreds").exists(), "a refused run made its folder"
+        probe = "import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'x', ('169.254.169.254', 80))"
+        assert ns.run([sys.executable, "-c", probe]).returncode == 0
+        assert ns.sent() > before, "the namespace counts nothing: the test would not see a probe"
+
+
+def test_the_instance_metadata_service_is_asked_only_when_allowed(s3server, s3_bucket, tmp_path):
+    """Without keys, the S3 client asks the instance metadata service (here
+    one on loopback, AWS_METADATA_ENDPOINT) only with
+    MESHRUN_S3_INSTANCE_METADATA=1, and then works with the credentials it
+    hands out; with 0, or unset, the service gets no request at all."""
+    from s3server import ACCESS_KEY, SECRET_KEY
+
+    with answering(instance_metadata(ACCESS_KEY, SECRET_KEY)) as (metadata, asked):
+        env = {**shell_without_aws(tmp_path), "AWS_ENDPOINT_URL": s3server.endpoint, "AWS_REGION": "us-east-1", "AWS_METADATA_ENDPOINT": metadata}
+        for off in ({}, {"MESHRUN_S3_INSTANCE_METADATA": "0"}):
+            refused = ckpt_cli({**env, **off}, "ls", f"{s3_bucket}/runs/none")
+            assert refused.returncode == 1 and "no AWS credentials in this shell" in refused.stderr, refused.stderr
+        assert asked == [], "the instance metadata service was asked without MESHRUN_S3_INSTANCE_METADATA=1"
+        listed = ckpt_cli({**env, "MESHRUN_S3_INSTANCE_METADATA": "1"}, "ls", f"{s3_bucket}/runs/none")
+    assert listed.returncode == 0 and f"no committed checkpoints in '{s3_bucket}/runs/none/checkpoints'" in listed.stdout, listed.stderr
+    assert asked[:2] == [("PUT", "/latest/api/token"), ("GET", "/latest/meta-data/iam/security-credentials/")], asked
+
+
+@covers("s3-instance-metadata-bad")
+def test_a_mistyped_instance_metadata_switch_is_refused(s3server, s3_bucket, tmp_path):
+    done = meshrun(["-n", "1", "--storage", f"{s3_bucket}/runs", HELLO], runs_dir=tmp_path / "runs", name="bad", env=s3server.env(MESHRUN_S3_INSTANCE_METADATA="maybe"))
+    exits("s3-instance-metadata-bad", done)
+    assert not (tmp_path / "runs" / "bad").exists(), "a refused run made its folder"
+
+
+def test_a_server_error_is_named_by_the_servers_own_code_and_message(tmp_path):
+    """A server that fails every request with 500 and an S3 error document
+    (as SeaweedFS does when it has no free volume left): the message says
+    the server's status, code and message first, and not the hint for an
+    endpoint that does not answer, since it did."""
+    from s3server import ACCESS_KEY, SECRET_KEY
+
+    with answering(s3_error(500, "InternalError", "no free volumes")) as (endpoint, asked):
+        env = {**shell_without_aws(tmp_path), "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint}
+        listed = ckpt_cli(env, "ls", "s3://meshrun-full/runs/x")
+        run = meshrun(["-n", "1", "--storage", "s3://meshrun-full/runs", HELLO], runs_dir=tmp_path / "runs", name="full", env=env)
+    said = "the server answered 500 Internal Server Error: InternalError: no free volumes"
+    assert listed.returncode == 1 and f"cannot list 's3://meshrun-full/runs/x/checkpoints': {said}" in listed.stderr, listed.stderr
+    assert run.code == 2 and f"storage 's3://meshrun-full/runs' cannot be used: cannot write 's3://meshrun-full/runs/full/.meshrun-probe-" in run.stderr and f"': {said}" in run.stderr, run.stderr
+    for stderr in (listed.stderr, run.stderr):
+        assert "AWS_ENDPOINT_URL" not in stderr and "did not answer" not in stderr and "access denied" not in stderr, stderr
+    assert len(asked) > 1, asked

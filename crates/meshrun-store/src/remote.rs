@@ -99,8 +99,14 @@ fn retry() -> RetryConfig {
     }
 }
 
-fn s3(url: &str) -> Result<(Arc<dyn ObjectStore>, crate::uploads::S3Uploads), object_store::Error> {
-    let mut builder = crate::credentials::apply_profile(AmazonS3Builder::from_env())
+/// The S3 client of bucket `url`; `bad` makes the error of a setting the
+/// builder refuses.
+fn s3(
+    url: &str,
+    bad: impl Fn(String) -> StoreError,
+) -> Result<(Arc<dyn ObjectStore>, crate::uploads::S3Uploads), StoreError> {
+    let builder = crate::credentials::apply_profile(AmazonS3Builder::from_env());
+    let mut builder = crate::credentials::require_source(builder)?
         .with_url(url)
         .with_retry(retry())
         .with_config(
@@ -141,7 +147,7 @@ fn s3(url: &str) -> Result<(Arc<dyn ObjectStore>, crate::uploads::S3Uploads), ob
         Some(endpoint) => format!("{}/{bucket}", endpoint.trim_end_matches('/')),
         None => format!("https://s3.{region}.amazonaws.com/{bucket}"),
     };
-    let s3 = Arc::new(builder.build()?);
+    let s3 = Arc::new(builder.build().map_err(|e| bad(e.to_string()))?);
     let uploads = crate::uploads::S3Uploads {
         s3: Arc::clone(&s3),
         bucket_http,
@@ -150,10 +156,7 @@ fn s3(url: &str) -> Result<(Arc<dyn ObjectStore>, crate::uploads::S3Uploads), ob
             .connect_timeout(Duration::from_secs(5))
             .timeout(Duration::from_mins(1))
             .build()
-            .map_err(|e| object_store::Error::Generic {
-                store: "S3",
-                source: Box::new(e),
-            })?,
+            .map_err(|e| bad(e.to_string()))?,
     };
     Ok((s3, uploads))
 }
@@ -179,10 +182,11 @@ impl Client {
         }
         let mut uploads = None;
         let store: Arc<dyn ObjectStore> = match parsed.scheme() {
-            "s3" | "s3a" => s3(&bucket_url).map(|(store, u)| {
+            "s3" | "s3a" => {
+                let (store, u) = s3(&bucket_url, bad)?;
                 uploads = Some(u);
-                store
-            }),
+                Ok(store)
+            }
             "gs" => object_store::gcp::GoogleCloudStorageBuilder::from_env()
                 .with_url(&bucket_url)
                 .with_retry(retry())

@@ -82,7 +82,8 @@ impl S3Uploads {
         if !status.is_success() {
             return Err(object_store::Error::Generic {
                 store: "S3",
-                source: format!("listing unfinished uploads answered {status}: {text}").into(),
+                // The words object_store uses, which the error's message reads.
+                source: format!("listing unfinished uploads: status code: {status}: {text}").into(),
             });
         }
         quick_xml::de::from_str(&text).map_err(generic)
