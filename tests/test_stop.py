@@ -4,9 +4,13 @@ SIGTERM), or at once with --now; authenticated by the run's token."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
+import threading
 
 from conftest import MESHRUN, ROOT, SCRIPTS, assert_none_left, read_jsonl, start, stop, wait_for
+
+import meshrun as mr
 
 LOOP = str(SCRIPTS / "checkpoint_loop.py")
 
@@ -38,7 +42,10 @@ def test_stop_saves_a_checkpoint_then_ends_the_run(runs):
     assert_none_left(run_dir)
 
 
-def test_stop_now_ends_the_run_without_a_checkpoint(runs):
+def test_stop_now_ends_the_run_as_stopped_without_a_checkpoint(runs):
+    """A stop asked for is a stop, not a crash: its own line, state and
+    exit status (3), in the terminal, run.json, `ls`, `status` and the
+    stop command's answer."""
     proc = start(["-n", "2", "--checkpoint-every", "1000", LOOP], runs_dir=runs, name="n")
     run_dir = runs / "n"
     try:
@@ -48,12 +55,71 @@ def test_stop_now_ends_the_run_without_a_checkpoint(runs):
     finally:
         stop(proc)
     assert asked.returncode == 0, asked.stderr
-    assert proc.returncode == 128 + 15, err
+    assert asked.stdout.splitlines()[-1] == "meshrun: run 'n' ended: stopped", asked.stdout
+    assert proc.returncode == 3, err
+    assert f"meshrun: run 'n' stopped by `meshrun stop --now`; every worker was stopped. Logs: {run_dir / 'logs'}\n" in err, err
+    # JAX's own line about the SIGTERM its process got is not meshrun's.
+    ours = [line for line in err.splitlines() if line.startswith("meshrun:")]
+    assert not [line for line in ours if "interrupted" in line or "SIGTERM" in line], err
     assert not [e for e in read_jsonl(run_dir / "events.jsonl") if e["event"] == "checkpoint_committed"]
+    run = json.loads((run_dir / "run.json").read_text())
+    assert (run["state"], [a["state"] for a in run["attempts"]]) == ("stopped", ["stopped"])
+    listed = subprocess.run([str(MESHRUN), "ls", "--runs-dir", str(runs)], capture_output=True, text=True, timeout=60)
+    assert listed.stdout.splitlines()[1].split()[:2] == ["n", "stopped"], listed.stdout
+    status = subprocess.run([str(MESHRUN), "status", "--runs-dir", str(runs), "n"], capture_output=True, text=True, timeout=60)
+    assert "state     stopped\n" in status.stdout, status.stdout
+    assert_none_left(run_dir)
+
+
+def test_sigterm_to_meshrun_is_still_an_interruption_by_sigterm(runs):
+    """Only a stop asked for with `meshrun stop` reads as one: SIGTERM to
+    meshrun, with a program that saves no checkpoint, is an interruption
+    by that signal (exit 128 + 15)."""
+    proc = start(["-n", "2", str(SCRIPTS / "sleeper.py")], runs_dir=runs, name="sig")
+    run_dir = runs / "sig"
+    try:
+        wait_for(lambda: all((run_dir / f"ready-{r}").exists() for r in (0, 1)), 90, "both ranks to start")
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        stop(proc)
+    assert proc.returncode == 128 + 15, err
+    assert f"meshrun: run 'sig' interrupted by SIGTERM; every worker was stopped. Logs: {run_dir / 'logs'}\n" in err, err
     assert json.loads((run_dir / "run.json").read_text())["state"] == "interrupted"
     assert_none_left(run_dir)
 
 
+def _report_until_stopped():
+    import time
+
+    import meshrun
+
+    for step in range(1, 100_000):
+        meshrun.report({"loss": 1.0 / step})
+        time.sleep(0.05)
+
+
+def test_stop_now_of_a_trainer_fit_returns_a_stopped_result(tmp_path):
+    """`Trainer.fit` stopped with `meshrun stop --now` returns (it does not
+    raise) a result whose status says stopped, and whose error carries
+    the same line as the command line's."""
+    runs = tmp_path / "runs"
+    asked: list[subprocess.CompletedProcess] = []
+
+    def stop_it():
+        wait_for(reported(runs / "fit", 3), 120, "training")
+        asked.append(stop_cmd(runs, "fit", "--now"))
+
+    stopper = threading.Thread(target=stop_it)
+    stopper.start()
+    try:
+        result = mr.Trainer(_report_until_stopped, run_config=mr.RunConfig(name="fit", storage_path=str(runs), tee="none")).fit()
+    finally:
+        stopper.join(timeout=150)
+    assert asked and asked[0].returncode == 0, asked and asked[0].stderr
+    assert result.status == "stopped"
+    assert isinstance(result.error, mr.RunFailedError)
+    assert str(result.error).startswith("meshrun: run 'fit' stopped by `meshrun stop --now`; every worker was stopped."), result.error
 def test_stop_of_a_run_that_is_not_running_says_so(runs):
     done = subprocess.run([str(MESHRUN), "run", "--runs-dir", str(runs), "--name", "over", "-n", "1", str(SCRIPTS / "hello.py")], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert done.returncode == 0

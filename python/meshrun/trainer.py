@@ -176,6 +176,10 @@ class Result:
     metrics: dict[str, Any] | None
     path: str
     error: RunFailedError | None
+    #: As ``run.json`` and ``meshrun ls`` say: ``succeeded``, ``preempted``
+    #: (saved at a checkpoint on SIGTERM or ``meshrun stop``) or ``stopped``
+    #: (``meshrun stop --now``), ``error`` then saying how; a ``failed`` run
+    #: raises ``TrainingFailedError``, with this result as its ``result``.
     status: str
     failure: dict[str, Any] | None = None
     attempts: int = 1

@@ -80,7 +80,8 @@ pub fn plan(
 /// How a run ended.
 #[pyclass(frozen, get_all, module = "meshrun._native")]
 pub struct Outcome {
-    /// `succeeded`, `failed`, `interrupted` or `preempted`.
+    /// `succeeded`, `failed`, `interrupted`, `preempted` or `stopped`
+    /// (by `meshrun stop` without a checkpoint to end at).
     status: &'static str,
     succeeded: bool,
     /// Attempts made (1 + restarts).

@@ -13,8 +13,8 @@ pub enum RunState {
     Running,
     Succeeded,
     Failed,
-    /// Stopped by a signal to meshrun, Ctrl-C, `meshrun stop`, or a
-    /// controller that went away (see [`RunState::shown`]).
+    /// Stopped by a signal to meshrun, Ctrl-C, or a controller that went
+    /// away (see [`RunState::shown`]).
     Interrupted,
     /// Stopped after SIGTERM at a committed checkpoint: resumable.
     Preempted,
@@ -23,11 +23,15 @@ pub enum RunState {
     /// An elastic run's attempt stopped at a committed checkpoint to go
     /// on with more hosts (only attempts end so; the run goes on).
     Resized,
+    /// Stopped as asked by `meshrun stop` without a checkpoint to end at
+    /// (`--now`, or a program that saves none): not a crash. Run again
+    /// under its name, it goes on from its newest checkpoint, if any.
+    Stopped,
 }
 
 impl RunState {
     /// Every state, in the order the CLI documents them.
-    pub const ALL: [RunState; 7] = [
+    pub const ALL: [RunState; 8] = [
         RunState::Running,
         RunState::Succeeded,
         RunState::Failed,
@@ -35,6 +39,7 @@ impl RunState {
         RunState::Preempted,
         RunState::Errored,
         RunState::Resized,
+        RunState::Stopped,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -46,6 +51,7 @@ impl RunState {
             RunState::Preempted => "preempted",
             RunState::Errored => "errored",
             RunState::Resized => "resized",
+            RunState::Stopped => "stopped",
         }
     }
 

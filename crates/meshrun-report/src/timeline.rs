@@ -24,6 +24,7 @@ pub fn state_color(state: Option<RunState>) -> &'static str {
         Some(RunState::Interrupted) => "#ef6c00",
         Some(RunState::Preempted) => "#6a1b9a",
         Some(RunState::Resized) => "#00838f",
+        Some(RunState::Stopped) => "#5d4037",
         Some(RunState::Running) => "#1565c0",
         Some(RunState::Errored) | None => "#757575",
     }

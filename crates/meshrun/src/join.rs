@@ -96,12 +96,13 @@ fn say(news: News) {
 /// starts `meshrun join` on every node (Slurm, a Kubernetes indexed Job)
 /// judges each node by its exit status, and a failed run must not look
 /// successful on every node but the controller's. A preempted run exits
-/// 75 (try again later) there too; a controller that ended without saying
-/// how is a failure.
+/// 75 (try again later) there too, and one stopped by `meshrun stop --now`
+/// 3; a controller that ended without saying how is a failure.
 fn exit_status(state: Option<&str>) -> i32 {
     match state {
         Some("succeeded") => exit::SUCCESS,
         Some("preempted") => meshrun_core::controller::EXIT_PREEMPTED,
+        Some("stopped") => meshrun_core::controller::EXIT_STOPPED,
         _ => exit::FAILURE,
     }
 }

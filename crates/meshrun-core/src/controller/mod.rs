@@ -110,6 +110,11 @@ pub enum OutcomeStatus {
     Resized {
         hosts: u32,
     },
+    /// Stopped as asked by `meshrun stop` without a checkpoint to end at:
+    /// `--now` (`now`), or a program that saves none.
+    Stopped {
+        now: bool,
+    },
 }
 
 impl OutcomeStatus {
@@ -122,6 +127,7 @@ impl OutcomeStatus {
             OutcomeStatus::Interrupted { .. } => RunState::Interrupted,
             OutcomeStatus::Preempted { .. } => RunState::Preempted,
             OutcomeStatus::Resized { .. } => RunState::Resized,
+            OutcomeStatus::Stopped { .. } => RunState::Stopped,
         }
     }
 }
@@ -130,6 +136,15 @@ impl OutcomeStatus {
 /// temporary failure; the user is invited to retry later", which is what a
 /// scheduler should do: start it again under the same name.
 pub const EXIT_PREEMPTED: i32 = 75;
+
+/// The exit status of a run stopped with `meshrun stop --now` (or a plain
+/// stop with no checkpoint to end at). Not 0: the program did not finish,
+/// and what follows a success must not take its output for a result. Not
+/// 1: nothing failed, and a retry-on-failure must not start it again. Not
+/// 75: nothing was saved at the stop for a retry to resume from. Not
+/// 128+N: no signal stopped meshrun. A status of its own lets a scheduler
+/// tell it apart (Kubernetes' `podFailurePolicy`, Slurm's requeue rules).
+pub const EXIT_STOPPED: i32 = 3;
 
 /// How a run ended.
 #[derive(Debug, Clone)]
@@ -149,13 +164,15 @@ pub struct Outcome {
 
 impl Outcome {
     /// 0 on success, 1 on failure, 128 + signal when interrupted,
-    /// [`EXIT_PREEMPTED`] when preempted with a checkpoint.
+    /// [`EXIT_PREEMPTED`] when preempted with a checkpoint,
+    /// [`EXIT_STOPPED`] when stopped as asked without one.
     pub fn exit_code(&self) -> i32 {
         match self.status {
             OutcomeStatus::Succeeded => 0,
             OutcomeStatus::Failed | OutcomeStatus::Resized { .. } => 1,
             OutcomeStatus::Interrupted { signal } => 128 + signal,
             OutcomeStatus::Preempted { .. } => EXIT_PREEMPTED,
+            OutcomeStatus::Stopped { .. } => EXIT_STOPPED,
         }
     }
 }

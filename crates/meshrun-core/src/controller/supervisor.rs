@@ -525,6 +525,17 @@ fn summary(
             Signal::try_from(signal).map_or("a signal", |s| s.as_str()),
             plan.run_dir.join(names::LOGS).display()
         )),
+        // A stop asked for reads as one, not as a signal's interruption.
+        OutcomeStatus::Stopped { now } => Some(format!(
+            "meshrun: run '{}' stopped by {}; every worker was stopped. Logs: {}",
+            plan.name,
+            if now {
+                "`meshrun stop --now`"
+            } else {
+                "`meshrun stop`, with no checkpoint to end at"
+            },
+            plan.run_dir.join(names::LOGS).display()
+        )),
         OutcomeStatus::Preempted { step } => Some(format!(
             "meshrun: run '{}' preempted: every worker saved checkpoint step-{step} and was \
              stopped; run it again with --name {} to resume from there",

@@ -32,6 +32,8 @@ mod tests_hosts;
 mod tests_memory;
 #[cfg(test)]
 mod tests_start;
+#[cfg(test)]
+mod tests_stop;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::PathBuf;
@@ -266,6 +268,8 @@ pub struct Machine {
     ranks: Vec<RankState>,
     failure: Option<FailureRecord>,
     stop: Option<StopReason>,
+    /// `meshrun stop` asked for the stop (a save for it may be under way).
+    stop_asked: bool,
     stop_deadline: Option<Instant>,
     last_metrics: Option<Value>,
     launched: bool,
@@ -308,6 +312,7 @@ impl Machine {
             conn_hosts: std::cell::RefCell::default(),
             failure: None,
             stop: None,
+            stop_asked: false,
             stop_deadline: None,
             last_metrics: None,
             launched: false,

@@ -36,6 +36,11 @@ pub enum StopReason {
         hosts: u32,
         step: Option<u64>,
     },
+    /// `meshrun stop` without a checkpoint to end at: `--now` (`now`), a
+    /// program that saves none, or a save asked for that never came.
+    Requested {
+        now: bool,
+    },
 }
 
 impl Machine {
@@ -69,6 +74,12 @@ impl Machine {
     }
 
     pub(super) fn interrupt(&mut self, now: Instant, signal: i32) {
+        self.halt(now, StopReason::Signal(signal));
+    }
+
+    /// Stops every worker now, for `reason`; when a stop is under way
+    /// already, it keeps its reason and loses its grace.
+    fn halt(&mut self, now: Instant, reason: StopReason) {
         if self.stop.is_some() {
             // Asked again while stopping: no more grace.
             for conn in self.agent_conns() {
@@ -82,7 +93,7 @@ impl Machine {
             }
             return;
         }
-        self.begin_stop(now, StopReason::Signal(signal));
+        self.begin_stop(now, reason);
     }
 
     /// SIGTERM: preemption. When the program checkpoints through
@@ -119,9 +130,10 @@ impl Machine {
             attempt: self.attempt(),
             now: at_once,
         });
-        let sigterm = Signal::SIGTERM as i32;
+        // A stop asked for ends as one, not as a signal's interruption.
+        self.stop_asked = true;
         let what = if at_once || self.stop.is_some() {
-            self.interrupt(now, sigterm);
+            self.halt(now, StopReason::Requested { now: true });
             "stopping every worker now"
         } else if self.checkpointing
             && (self.preempt_deadline.is_none() || self.elastic.growing.is_some())
@@ -129,7 +141,7 @@ impl Machine {
             self.terminate(now);
             "every worker saves a checkpoint at its next report; the run stops once it is committed"
         } else {
-            self.interrupt(now, sigterm);
+            self.halt(now, StopReason::Requested { now: false });
             "stopping every worker now (the program has not saved a checkpoint through meshrun.report, so there is none to wait for)"
         };
         self.send(
@@ -157,7 +169,7 @@ impl Machine {
             StopReason::Failure | StopReason::Preempted(_) | StopReason::Resize { .. } => {
                 FAILURE_STOP_GRACE_MS
             }
-            StopReason::Signal(_) => STOP_GRACE_MS,
+            StopReason::Signal(_) | StopReason::Requested { .. } => STOP_GRACE_MS,
         };
         for conn in self.agent_conns() {
             self.send(
@@ -188,6 +200,10 @@ impl Machine {
         let reason = match reason {
             StopReason::Failure => "failure".to_string(),
             StopReason::Signal(s) => format!("signal {s}"),
+            StopReason::Requested { now: true } => "meshrun stop --now".to_string(),
+            StopReason::Requested { now: false } => {
+                "meshrun stop, without a checkpoint to end at".to_string()
+            }
             StopReason::Preempted(step) => format!("preempted after checkpoint step {step}"),
             StopReason::Resize { hosts, step } => match step {
                 Some(step) => format!("growing to {hosts} hosts after checkpoint step {step}"),
@@ -210,6 +226,7 @@ impl Machine {
                 step: self.last_committed.unwrap_or(step),
             },
             Some(StopReason::Resize { hosts, .. }) => OutcomeStatus::Resized { hosts },
+            Some(StopReason::Requested { now }) => OutcomeStatus::Stopped { now },
             None if self
                 .ranks
                 .iter()
