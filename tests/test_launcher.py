@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -73,8 +74,11 @@ def test_env_contract_with_two_hosts(nshosts):
         # each host's cache is its own, in its scratch folder
         assert e["JAX_COMPILATION_CACHE_DIR"] == f"{hosts.scratch_path}/compile-cache"
         assert e["MESHRUN_SCRATCH"].startswith(f"{hosts.scratch_path}/runs/")
-        assert e["token_length"] == 64
+        # Each worker holds a credential of its own, and never the run
+        # token, though both the controller and the joining host had it.
+        assert e["worker_key_length"] == 64 and "MESHRUN_TOKEN" not in e
         assert "CUDA_VISIBLE_DEVICES" not in e
+    assert len({e["worker_key_digest"] for e in envs}) == 4
     agents = [e for e in done.events() if e["event"] == "agent_joined"]
     assert sorted((a["host"], a["ip"]) for a in agents) == [(0, hosts.addr(0)), (1, hosts.addr(1))]
     run = json.loads((done.run_dir / "run.json").read_text())
@@ -251,6 +255,39 @@ def test_wrong_token_is_refused_while_the_run_goes_on(runs):
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=20)
+        stop(proc)
+    assert_none_left(run_dir)
+
+
+def test_a_workers_credential_cannot_join_as_a_host_or_speak_as_another_rank(runs):
+    """Workers never hold the run token, though the run was given it in
+    MESHRUN_TOKEN: each holds a credential of its own rank and attempt.
+    With it, `meshrun join` is refused as a host and it cannot speak as
+    another rank; the run goes on unharmed."""
+    from meshrun import _native
+
+    token = secrets.token_hex(32)
+    proc = start(["-n", "2", "--tee", "none", str(SCRIPTS / "hold_credential.py")], runs_dir=runs, name="held", env={"MESHRUN_TOKEN": token})
+    run_dir = runs / "held"
+    try:
+        wait_for(lambda: all((run_dir / f"cred-{r}.json").exists() for r in (0, 1)), 90, "both workers to start")
+        held = [json.loads((run_dir / f"cred-{r}.json").read_text()) for r in (0, 1)]
+        assert not any(h["token_here"] for h in held), held
+        keys = [h["key"] for h in held]
+        assert all(len(k) == 64 for k in keys) and keys[0] != keys[1] and token not in keys
+        addr = json.loads((run_dir / "run.json").read_text())["attempts"][-1]["control"]["bind"]
+        # As a host: the credential is not the run token.
+        joined = cli("join", addr, "--join-timeout", "5", env={"MESHRUN_TOKEN": keys[0]})
+        assert joined.returncode == 1 and "did not accept this host's run token" in joined.stderr, joined.stderr
+        # As another rank. (A stop asked for on a worker's credential is
+        # refused by the controller: `server::tests`.)
+        with pytest.raises(_native.ControlError):
+            _native.WorkerClient(addr, keys[0], 1, 1, False)
+        assert proc.poll() is None, "the run was harmed by a refused credential"
+        (run_dir / "release").touch()
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+    finally:
         stop(proc)
     assert_none_left(run_dir)
 

@@ -46,4 +46,4 @@ def start() -> None:
     rank = int(os.environ["MESHRUN_RANK"])
     attempt = int(os.environ.get("MESHRUN_ATTEMPT", "1"))
     _stacks_on_sigusr1(os.environ["MESHRUN_SCRATCH"], attempt, rank)
-    _client = _native.WorkerClient(os.environ["MESHRUN_CONTROL_ADDR"], os.environ["MESHRUN_TOKEN"], rank, attempt)
+    _client = _native.WorkerClient(os.environ["MESHRUN_CONTROL_ADDR"], os.environ["MESHRUN_WORKER_KEY"], rank, attempt)

@@ -97,7 +97,7 @@ pub fn catches(pid: u32, signal: Signal) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .as_deref()
-        .and_then(|status| caught_mask(status))
+        .and_then(caught_mask)
         .is_some_and(|mask| mask & (1u64 << (signal as i32 - 1)) != 0)
 }
 

@@ -17,7 +17,7 @@ use std::time::Duration;
 use crate::error::CoreError;
 use crate::protocol::frame::{encode, MAX_FRAME_BYTES};
 use crate::protocol::{auth, BlockingWriter, Message, ProtocolError};
-use crate::token::Token;
+use crate::token::{Peer, Token};
 
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -170,7 +170,7 @@ impl WorkerClient {
         stream
             .set_read_timeout(Some(auth::HANDSHAKE_TIMEOUT))
             .map_err(net("socket"))?;
-        let keys = auth::connect_blocking(&mut stream, token)?;
+        let keys = auth::connect_blocking(&mut stream, token, Peer::Worker { attempt, rank })?;
         stream.set_read_timeout(None).map_err(net("socket"))?;
 
         let reader = stream.try_clone().map_err(net("socket"))?;

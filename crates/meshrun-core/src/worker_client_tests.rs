@@ -21,12 +21,13 @@ async fn a_controller_that_stops_reading_costs_counted_reports_not_the_workers_m
     let token = Token::generate().unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
-    let client_token = token.clone();
+    // A worker holds its own credential, not the run token.
+    let client_key = crate::token::worker_key(&token, 1, 0);
     let client = tokio::task::spawn_blocking(move || {
-        WorkerClient::connect(&addr, &client_token, 0, 1, OnControllerLoss::Ignore).unwrap()
+        WorkerClient::connect(&addr, &client_key, 0, 1, OnControllerLoss::Ignore).unwrap()
     });
     let (stream, _) = listener.accept().await.unwrap();
-    let mut conn = auth::accept(stream, &token).await.unwrap();
+    let (mut conn, _) = auth::accept_peer(stream, &token).await.unwrap();
     assert!(matches!(
         conn.recv().await.unwrap(),
         Message::WorkerHello { rank: 0, .. }

@@ -2,6 +2,7 @@
 //! needs to know about its place in the run, set before its Python starts.
 
 use crate::plan::{Platform, RunPlan};
+use crate::token::{worker_key, Token};
 
 /// One worker's place in the run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,6 +28,15 @@ impl Placement {
             num_hosts: plan.hosts,
         }
     }
+}
+
+/// Where a worker finds its credential: the key of its rank in its
+/// attempt, derived from the run token, which no worker holds.
+pub const WORKER_KEY_ENV: &str = "MESHRUN_WORKER_KEY";
+
+fn worker_key_hex(token_hex: &str, attempt: u32, rank: u32) -> String {
+    let token = Token::from_hex(token_hex).expect("the run token is checked before any launch");
+    worker_key(&token, attempt, rank).to_hex()
 }
 
 /// What the controller knows about the attempt, shared by every worker.
@@ -93,7 +103,9 @@ pub fn worker_env(
         ("MESHRUN_RUN_ID".into(), info.run_id.into()),
         ("MESHRUN_ATTEMPT".into(), info.attempt.to_string()),
         ("MESHRUN_CONTROL_ADDR".into(), info.control_addr.into()),
-        ("MESHRUN_TOKEN".into(), info.token_hex.into()),
+        // The worker's own credential, never the run token (see
+        // `token::worker_key`).
+        (WORKER_KEY_ENV.into(), worker_key_hex(info.token_hex, info.attempt, at.rank)),
         ("MESHRUN_RANK".into(), at.rank.to_string()),
         ("MESHRUN_WORLD_SIZE".into(), at.world_size.to_string()),
         ("MESHRUN_LOCAL_RANK".into(), at.local_rank.to_string()),

@@ -21,7 +21,7 @@ use std::time::{Duration, SystemTime};
 
 use meshrun_ckpt::manifest::{Leaf, ShardRecord};
 use meshrun_core::protocol::{auth, Connection, ExitInfo, Message, WorkerLaunch};
-use meshrun_core::token::Token;
+use meshrun_core::token::{worker_key, Peer, Token};
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
@@ -132,14 +132,14 @@ pub async fn play(scenario: Scenario, token: Token) -> Timings {
     timings
 }
 
-async fn connect(addr: SocketAddr, token: &Token) -> Result<Connection, String> {
+async fn connect(addr: SocketAddr, key: &Token, claim: Peer) -> Result<Connection, String> {
     // Thousands connect at once: a refused or reset connect is tried again.
     let mut last = String::new();
     for _ in 0..50 {
         match TcpStream::connect(addr).await {
             Ok(stream) => {
                 let _ = stream.set_nodelay(true);
-                match auth::connect(stream, token).await {
+                match auth::connect_as(stream, key, claim).await {
                     Ok(conn) => return Ok(conn),
                     Err(e) => last = e.to_string(),
                 }
@@ -156,7 +156,7 @@ async fn host(scenario: Arc<Scenario>, token: Token, shared: Arc<Shared>) -> Res
     let mut rank: Option<u32> = None;
     let mut cut_short = 0;
     loop {
-        let conn = connect(scenario.controller, &token).await?;
+        let conn = connect(scenario.controller, &token, Peer::Run).await?;
         let mut launched = false;
         match attempt(&scenario, &token, &shared, conn, &mut rank, &mut launched).await {
             Ok(true) => cut_short = 0,
@@ -318,7 +318,10 @@ async fn worker(
         arrivals,
     } = host;
     let rank = launch.rank;
-    let Ok(mut conn) = connect(scenario.controller, &token).await else {
+    // As a real worker: with the credential of its rank, not the token.
+    let claim = Peer::Worker { attempt, rank };
+    let key = worker_key(&token, attempt, rank);
+    let Ok(mut conn) = connect(scenario.controller, &key, claim).await else {
         shared.note(|t| t.errors.push(format!("rank {rank} could not connect")));
         return;
     };

@@ -144,6 +144,7 @@ impl Spares {
             let fixed = fixed_env(&env);
             let spawned = Command::new(python)
                 .args(["-m", SPARE_MODULE])
+                .env_remove(crate::token::TOKEN_ENV)
                 .envs(fixed.iter().map(|(k, v)| (k, v)))
                 .env("MESHRUN_SPARE_IMPORTS", imports.join(","))
                 .current_dir(&w.cwd)

@@ -49,6 +49,9 @@ pub(super) fn spawn_worker(
     let command = || {
         let mut cmd = tokio::process::Command::new(program);
         cmd.args(args)
+            // The agent holds the run token; its workers never do (they
+            // get their own credential, `MESHRUN_WORKER_KEY`).
+            .env_remove(crate::token::TOKEN_ENV)
             .envs(w.env.iter().chain(extra_env).map(|(k, v)| (k, v)))
             .current_dir(&w.cwd)
             .stdin(Stdio::null())

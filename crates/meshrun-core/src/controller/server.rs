@@ -15,7 +15,7 @@ use tokio::task::JoinHandle;
 use super::machine::Conn;
 use crate::protocol::auth::{self, HANDSHAKE_TIMEOUT};
 use crate::protocol::{Connection, FrameSink, Message, ProtocolError};
-use crate::token::Token;
+use crate::token::{Peer, Token};
 
 /// What the connections tell the supervisor. Every connection is
 /// numbered here, once, as it is accepted: the machine names it by that
@@ -146,7 +146,7 @@ async fn serve(
     token: &Token,
     events: &mpsc::Sender<Event>,
 ) -> Result<(), String> {
-    let mut connection = auth::accept(stream, token)
+    let (mut connection, claim) = auth::accept_peer(stream, token)
         .await
         .map_err(|e| e.to_string())?;
     // A frame that failed authentication: recorded, and its connection
@@ -167,6 +167,21 @@ async fn serve(
             return Err(e.to_string());
         }
     };
+    // A worker's credential speaks as that worker and nothing else: not as
+    // an agent, a command (stop, profile), or another rank or attempt.
+    if let Peer::Worker { attempt, rank } = claim {
+        if !matches!(hello, Message::WorkerHello { rank: r, attempt: a, .. } if r == rank && a == attempt)
+        {
+            let reason = format!(
+                "the credential of rank {rank} in attempt {attempt} may only say that worker's hello"
+            );
+            tracing::warn!(%peer, "connection refused: {reason}");
+            let _ = events
+                .send(Event::FrameRejected { peer, reason })
+                .await;
+            return Err("a worker's credential used for something else".into());
+        }
+    }
     match hello {
         Message::AgentHello {
             host,
@@ -362,3 +377,7 @@ fn lost_before_accept(e: &std::io::Error) -> bool {
         )
     )
 }
+
+#[cfg(test)]
+#[path = "server_tests.rs"]
+mod tests;

@@ -68,7 +68,7 @@ async fn reading_server(
 fn blocking_client(addr: SocketAddr, token: &Token) -> (std::net::TcpStream, Keys) {
     let mut stream = std::net::TcpStream::connect(addr).unwrap();
     stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT)).unwrap();
-    let keys = auth::connect_blocking(&mut stream, token).unwrap();
+    let keys = auth::connect_blocking(&mut stream, token, crate::token::Peer::Run).unwrap();
     (stream, keys)
 }
 
@@ -203,7 +203,7 @@ async fn a_blocking_client_with_a_wrong_token_is_refused() {
     let client = tokio::task::spawn_blocking(move || {
         let mut stream = std::net::TcpStream::connect(addr).unwrap();
         stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT)).unwrap();
-        auth::connect_blocking(&mut stream, &Token::generate().unwrap()).err()
+        auth::connect_blocking(&mut stream, &Token::generate().unwrap(), crate::token::Peer::Run).err()
     });
     let refused = server.await.unwrap();
     assert!(

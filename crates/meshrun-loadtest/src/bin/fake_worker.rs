@@ -23,7 +23,7 @@ fn var(name: &str) -> String {
 fn main() {
     let rank: u32 = var("MESHRUN_RANK").parse().expect("a rank");
     let attempt: u32 = var("MESHRUN_ATTEMPT").parse().expect("an attempt");
-    let token = Token::from_hex(&var("MESHRUN_TOKEN")).expect("a run token");
+    let token = Token::from_hex(&var("MESHRUN_WORKER_KEY")).expect("a worker credential");
     let rate: f64 = var(RATE_ENV).parse().expect("records per second");
     let seconds: f64 = var(SECONDS_ENV).parse().expect("seconds");
     let extra: serde_json::Map<String, serde_json::Value> = std::env::var(METRICS_ENV)
