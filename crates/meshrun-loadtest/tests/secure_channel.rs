@@ -14,8 +14,9 @@ use meshrun_core::controller::progress::ProgressMode;
 use meshrun_core::{execute, ExecOptions, Outcome, RunPlan, RunSpec};
 use meshrun_loadtest::{spec, CONNECT_ENV, METRICS_ENV, RATE_ENV, SECONDS_ENV};
 
-/// The handshake's first message on the wire: a 2-byte length and 48 bytes.
-const HANDSHAKE_BYTES: usize = 50;
+/// The handshake's first message on the wire: a 2-byte length, the
+/// client's 9-byte claim and 48 bytes.
+const HANDSHAKE_BYTES: usize = 59;
 
 /// What the proxy saw.
 #[derive(Default)]
