@@ -132,6 +132,18 @@ impl Cause {
 }
 
 impl Cause {
+    /// Whether the headline names the rank's host itself ("is on host 1
+    /// (10.0.0.12), ..."): a page that puts the host beside the rank then
+    /// leaves it out, so that neither is said twice.
+    pub fn names_host(&self) -> bool {
+        matches!(
+            self,
+            Cause::AgentLost { .. } | Cause::HostUnreachable { .. }
+        )
+    }
+}
+
+impl Cause {
     /// Whether a restart would end the same way, whatever it restores: a
     /// fact of the hosts, not of the run's progress.
     pub fn restart_cannot_change(&self) -> bool {

@@ -12,6 +12,7 @@
 //! - [`metrics`]: the lines of `metrics.jsonl`;
 //! - [`goodput`]: `goodput.json`, where the wall time went;
 //! - [`lag`]: `lag.jsonl`, when each rank reached each step (stragglers);
+//! - [`saves`]: the checkpoint saves that failed, counted from the events;
 //! - [`read`]: tolerant readers for files that may be half-written.
 
 pub mod event;
@@ -22,6 +23,7 @@ pub mod metrics;
 pub mod names;
 pub mod read;
 pub mod run;
+pub mod saves;
 
 pub use event::{Event, EventLine};
 pub use failure::{Cause, ExitInfo, FailureRecord};
@@ -29,6 +31,7 @@ pub use goodput::{Goodput, Part, Timing};
 pub use lag::LagRecord;
 pub use metrics::{loss_key, MetricsRecord};
 pub use run::{AttemptRecord, RunRecord, RunState};
+pub use saves::FailedSaves;
 
 /// Seconds since the Unix epoch, as events and metrics record time.
 pub fn unix_time() -> f64 {

@@ -95,7 +95,9 @@ pub fn build(records: &[LagRecord]) -> Option<Heatmap> {
 
 impl Heatmap {
     /// Inline SVG: a row per rank (or bin of ranks), a column per bin of
-    /// steps, the colour's opacity the lag over the largest.
+    /// steps, the colour's opacity the lag over the largest. Its size is
+    /// given as the line charts' is: without one, a browser stretches it to
+    /// the width of the page, and its 11 px labels with it.
     pub fn render(&self, id: &str) -> String {
         let row_h = (240.0 / self.rows.len() as f64).clamp(6.0, 22.0);
         let plot_w = WIDTH - LEFT - 12.0;
@@ -104,7 +106,7 @@ impl Heatmap {
         let mut s = String::new();
         let _ = write!(
             s,
-            r#"<svg id="{id}" class="heatmap" viewBox="0 0 {WIDTH} {height:.0}" role="img" aria-label="lag behind the first rank, per rank and step" data-max-ms="{}">"#,
+            r#"<svg id="{id}" class="heatmap" viewBox="0 0 {WIDTH} {height:.0}" width="{WIDTH}" height="{height:.0}" role="img" aria-label="lag behind the first rank, per rank and step" data-max-ms="{}">"#,
             fmt_num(self.max_ms)
         );
         let label_every = (self.rows.len() / 16).max(1);
@@ -199,6 +201,37 @@ mod tests {
             "{svg}"
         );
         assert!(svg.contains(r#"fill-opacity="1.000""#) && svg.contains(r#"fill-opacity="0.040""#));
+    }
+
+    #[test]
+    fn the_picture_is_drawn_at_its_own_size_so_its_text_is_the_charts_size() {
+        let records: Vec<LagRecord> = (0..10).map(|s| line(s, vec![0.0, 5.0])).collect();
+        let svg = build(&records).unwrap().render("lag");
+        let tag = &svg[..svg.find('>').unwrap()];
+        let attr = |name: &str| -> Option<f64> {
+            let at = tag.find(&format!(" {name}=\""))? + name.len() + 3;
+            tag[at..at + tag[at..].find('"')?].parse().ok()
+        };
+        let view: Vec<f64> = {
+            let at = tag.find("viewBox=\"").unwrap() + 9;
+            tag[at..at + tag[at..].find('"').unwrap()]
+                .split(' ')
+                .map(|v| v.parse().unwrap())
+                .collect()
+        };
+        // One unit of the picture is one CSS pixel (the page only ever
+        // shrinks it to fit a narrow window).
+        assert_eq!(attr("width"), Some(view[2]), "{tag}");
+        assert_eq!(attr("height"), Some(view[3]), "{tag}");
+        let sizes: Vec<f64> = svg
+            .split("font-size=\"")
+            .skip(1)
+            .map(|rest| rest[..rest.find('"').unwrap()].parse().unwrap())
+            .collect();
+        assert!(
+            !sizes.is_empty() && sizes.iter().all(|&px| (10.0..=12.0).contains(&px)),
+            "{sizes:?}"
+        );
     }
 
     #[test]

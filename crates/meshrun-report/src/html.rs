@@ -55,8 +55,8 @@ body { margin: 0; padding: 24px 32px 48px; background: #f5f6f8; color: #1d1d1f;
 main { max-width: 1360px; margin: 0 auto; }
 header h1 { margin: 0 0 4px; font-size: 24px; }
 header .sub { color: #666; margin-bottom: 14px; }
-dl.summary { display: grid; grid-template-columns: repeat(auto-fill, minmax(170px, 1fr)); gap: 10px; margin: 0; }
-dl.summary div { background: #fff; border: 1px solid #e1e3e8; border-radius: 8px; padding: 8px 12px; }
+dl.summary { display: flex; flex-wrap: wrap; gap: 10px; margin: 0; }
+dl.summary div { flex: 1 1 0; min-width: max-content; background: #fff; border: 1px solid #e1e3e8; border-radius: 8px; padding: 8px 12px; }
 dl.summary dt { color: #666; font-size: 12px; text-transform: uppercase; letter-spacing: .04em; }
 dl.summary dd { margin: 2px 0 0; font-size: 18px; font-weight: 600; white-space: nowrap; }
 dl.summary .created dd { font-size: 14px; padding-top: 4px; }
@@ -76,6 +76,7 @@ table.config td:last-child { font-family: ui-monospace, Menlo, Consolas, monospa
 .swatch { display: inline-block; width: 10px; height: 10px; margin-right: 6px; border-radius: 2px; }
 details pre { background: #fbf3f3; padding: 8px; max-height: 300px; overflow: auto; font-size: 12px; }
 .failure-cell { color: #b71c1c; }
+dl.summary .failed, p.save-failures { color: #b71c1c; }
 footer { color: #888; margin-top: 18px; font-size: 12px; }
 ";
 
@@ -144,10 +145,15 @@ fn header(s: &mut String, run: &Run) {
         _ => "?".to_string(),
     };
     item(s, "duration", "duration", &duration);
+    // Only a run that is over has a final step; a live one is at a step.
+    let (class, label) = match run.state {
+        Some(st) if st != RunState::Running => ("final-step", "final step"),
+        _ => ("step", "step"),
+    };
     item(
         s,
-        "final-step",
-        "final step",
+        class,
+        label,
         &run.final_step().map_or_else(|| "–".to_string(), fmt_num),
     );
     item(
@@ -156,6 +162,16 @@ fn header(s: &mut String, run: &Run) {
         "last loss",
         &run.last_loss().map_or_else(|| "–".to_string(), fmt_num),
     );
+    let failed = run.failed_saves.count();
+    let mut saves = if run.commits.is_empty() && failed == 0 {
+        "–".to_string()
+    } else {
+        run.commits.len().to_string()
+    };
+    if failed > 0 {
+        let _ = write!(saves, r#" · <span class="failed">{failed} failed</span>"#);
+    }
+    item(s, "checkpoints", "checkpoints", &saves);
     s.push_str("</dl></header>");
 }
 
@@ -390,14 +406,7 @@ fn attempts(s: &mut String, run: &Run) {
             (None, _) => "–".to_string(),
         };
         let failure = a.failure.as_ref().map_or_else(String::new, |f| {
-            let mut cell = String::new();
-            let _ = write!(
-                cell,
-                "rank {} (host {}): {}",
-                f.rank,
-                f.host,
-                escape(&f.headline)
-            );
+            let mut cell = escape(&f.text());
             if let Some(tb) = &f.traceback {
                 let lines: Vec<&str> = tb.lines().collect();
                 let tail = lines[lines.len().saturating_sub(40)..].join("\n");
@@ -430,6 +439,20 @@ fn attempts(s: &mut String, run: &Run) {
             s,
             r#"<p class="commits">Checkpoints committed at steps {}.</p>"#,
             steps.join(", ")
+        );
+    }
+    if let (Some(summary), Some((_, step, error))) =
+        (run.failed_saves.summary(), &run.failed_saves.last)
+    {
+        let still = if run.failed_saves.failing_now() {
+            "; none was committed since"
+        } else {
+            ""
+        };
+        let _ = write!(
+            s,
+            r#"<p class="save-failures">Checkpoints: {summary}, the newest at step {step}: {}{still}.</p>"#,
+            escape(error)
         );
     }
     s.push_str("</section>");

@@ -209,6 +209,113 @@ mod tests {
         assert!(!page.contains("<script"));
     }
 
+    /// Holds the run's lock as its live controller does.
+    fn live(dir: &Path) -> nix::fcntl::Flock<fs::File> {
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join(names::LOCK))
+            .unwrap();
+        nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).unwrap()
+    }
+
+    #[test]
+    fn a_running_run_is_at_a_step_not_a_final_one() {
+        let dir = tempfile::TempDir::new().unwrap();
+        synthetic(dir.path(), false);
+        let path = dir.path().join("run.json");
+        let mut record: serde_json::Value =
+            serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
+        record["state"] = json!("running");
+        record["attempts"][1]["state"] = json!("running");
+        record["attempts"][1]["ended"] = serde_json::Value::Null;
+        fs::write(&path, record.to_string()).unwrap();
+        let events = fs::read_to_string(dir.path().join("events.jsonl")).unwrap();
+        // Attempt 2 has not ended.
+        let mut running = String::new();
+        for line in events.lines() {
+            let e: serde_json::Value = serde_json::from_str(line).unwrap();
+            if e["attempt"] != 2
+                || !["attempt_ended", "run_ended"].contains(&e["event"].as_str().unwrap())
+            {
+                let _ = writeln!(running, "{line}");
+            }
+        }
+        fs::write(dir.path().join("events.jsonl"), running).unwrap();
+        let _controller = live(dir.path());
+        let page = fs::read_to_string(write(dir.path()).unwrap()).unwrap();
+        let header = element(&page, "<header>", "</header>");
+        assert!(header.contains("badge state-running"), "{header}");
+        assert!(
+            header.contains(r#"<div class="step"><dt>step</dt><dd>30</dd></div>"#),
+            "{header}"
+        );
+        assert!(!page.contains("final step"), "{header}");
+    }
+
+    #[test]
+    fn a_failure_that_names_its_host_is_said_once() {
+        let dir = tempfile::TempDir::new().unwrap();
+        synthetic(dir.path(), false);
+        let path = dir.path().join("run.json");
+        let mut record: serde_json::Value =
+            serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
+        let failure = &mut record["attempts"][0]["failure"];
+        failure["rank"] = json!(3);
+        failure["host"] = json!(1);
+        failure["cause"] =
+            json!({"kind": "host_unreachable", "host": 1, "ip": "10.77.0.2", "secs": 10.0});
+        fs::write(&path, record.to_string()).unwrap();
+        let page = fs::read_to_string(write(dir.path()).unwrap()).unwrap();
+        let table = element(&page, r#"<table class="attempts">"#, "</table>");
+        assert!(
+            table.contains("rank 3 is on host 1 (10.77.0.2), unreachable for 10 s"),
+            "{table}"
+        );
+        assert_eq!(table.matches("host 1").count(), 1, "{table}");
+        // Other causes keep the host beside the rank.
+        let other = tempfile::TempDir::new().unwrap();
+        synthetic(other.path(), false);
+        let page = fs::read_to_string(write(other.path()).unwrap()).unwrap();
+        assert!(page.contains("rank 1 (host 0): raised ValueError: injected failure at step 12"));
+    }
+
+    #[test]
+    fn failed_saves_are_counted_once_per_step_in_the_header_and_the_attempts() {
+        let dir = tempfile::TempDir::new().unwrap();
+        synthetic(dir.path(), false);
+        let mut events = fs::read_to_string(dir.path().join("events.jsonl")).unwrap();
+        for (step, rank, t) in [(22, 0, 3.2), (22, 1, 3.21), (24, 1, 3.4), (24, 0, 3.41)] {
+            let _ = writeln!(
+                events,
+                "{}",
+                json!({"event": "checkpoint_failed", "attempt": 2, "step": step, "time": T0 + t,
+                       "error": format!("rank {rank}: cannot create '/s/<x>/checkpoints/tmp-{step}': Not a directory")})
+            );
+        }
+        fs::write(dir.path().join("events.jsonl"), events).unwrap();
+        let page = fs::read_to_string(write(dir.path()).unwrap()).unwrap();
+        let header = element(&page, "<header>", "</header>");
+        assert!(
+            header.contains(
+                r#"<dt>checkpoints</dt><dd>2 · <span class="failed">2 failed</span></dd>"#
+            ),
+            "{header}"
+        );
+        let attempts = element(&page, r#"<section id="attempts">"#, "</section>");
+        assert!(
+            attempts.contains(r#"<p class="save-failures">Checkpoints: 2 saves failed (steps 22 to 24), the newest at step 24: rank 0: cannot create &#39;/s/&lt;x&gt;/checkpoints/tmp-24&#39;: Not a directory; none was committed since.</p>"#),
+            "{attempts}"
+        );
+        // Without failures the header counts the commits alone.
+        let fine = tempfile::TempDir::new().unwrap();
+        synthetic(fine.path(), false);
+        let page = fs::read_to_string(write(fine.path()).unwrap()).unwrap();
+        assert!(page.contains("<dt>checkpoints</dt><dd>2</dd>"));
+        assert!(!page.contains(r#"class="save-failures""#));
+    }
+
     #[test]
     fn strings_from_the_run_are_escaped() {
         let dir = tempfile::TempDir::new().unwrap();

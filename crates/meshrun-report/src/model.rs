@@ -7,7 +7,9 @@
 use std::path::Path;
 
 use meshrun_record::failure::{Cause, FailureRecord};
-use meshrun_record::{names, parse_time, read, Event, EventLine, MetricsRecord, RunState};
+use meshrun_record::{
+    names, parse_time, read, Event, EventLine, FailedSaves, MetricsRecord, RunState,
+};
 use serde_json::Value;
 
 use crate::error::ReportError;
@@ -56,6 +58,8 @@ pub struct Failure {
     pub host: u32,
     /// `raised ValueError: boom`, `ended with exit code 3`, ...
     pub headline: String,
+    /// The headline names the host (see `Cause::names_host`).
+    pub host_named: bool,
     pub traceback: Option<String>,
     /// Unix seconds, when `events.jsonl` has the `worker_failed` event.
     pub time: Option<f64>,
@@ -73,8 +77,22 @@ impl Failure {
             rank: record.rank,
             host: record.host,
             headline: record.cause.headline(),
+            host_named: record.cause.names_host(),
             traceback,
             time,
+        }
+    }
+}
+
+impl Failure {
+    /// Who failed and how, as one phrase: `rank 1 (host 0): raised
+    /// ValueError: boom`, or `rank 3 is on host 1 (10.0.0.12), unreachable
+    /// for 10 s` when the cause itself names the host.
+    pub fn text(&self) -> String {
+        if self.host_named {
+            format!("rank {} {}", self.rank, self.headline)
+        } else {
+            format!("rank {} (host {}): {}", self.rank, self.host, self.headline)
         }
     }
 }
@@ -142,6 +160,8 @@ pub struct Run {
     pub plan: Option<Value>,
     pub attempts: Vec<Attempt>,
     pub commits: Vec<Commit>,
+    /// The checkpoint saves that failed (`--on-save-error continue`).
+    pub failed_saves: FailedSaves,
     pub records: Vec<Record>,
     /// The metric shown as the loss, if the run reported one.
     pub loss_key: Option<String>,
@@ -234,6 +254,7 @@ impl Run {
                 })
                 .collect(),
             commits: Vec::new(),
+            failed_saves: FailedSaves::of(&events),
             loss_key: meshrun_record::loss_key(
                 configured.as_deref(),
                 records

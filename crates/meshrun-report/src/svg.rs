@@ -123,6 +123,66 @@ pub fn tick_label(v: f64, step: f64) -> String {
     }
 }
 
+/// The font size of marker labels, the height of a row of them, and how
+/// many rows at most (below those, the curves would be hidden).
+const MARKER_FONT: f64 = 10.0;
+const MARKER_ROW: f64 = 12.0;
+const MAX_MARKER_ROWS: usize = 6;
+
+/// The width `text` takes at `font` px, at most: 0.62 em a character is
+/// the average of the widest common face (`DejaVu Sans`) over the labels
+/// drawn here (lower case, digits and spaces), so that a label laid out by
+/// it fits whichever face the browser has.
+pub fn text_width(text: &str, font: f64) -> f64 {
+    text.chars().count() as f64 * font * 0.62
+}
+
+/// Where a marker's label goes: its anchor's x, whether it ends there
+/// (drawn left of its line), and its row from the top.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LabelPlace {
+    pub x: f64,
+    pub end: bool,
+    pub row: usize,
+}
+
+/// Places the labels of markers at `(x, label width)`, in order: right of
+/// the line unless that would cross `x1`, then left of it, or else
+/// against the plot's edge, whole in every case; on the first of `rows`
+/// rows where it overlaps no label placed before. `None` for a label no
+/// row has room for.
+pub fn place_labels(
+    markers: &[(f64, f64)],
+    x0: f64,
+    x1: f64,
+    rows: usize,
+) -> Vec<Option<LabelPlace>> {
+    const GAP: f64 = 3.0;
+    let mut taken: Vec<Vec<(f64, f64)>> = vec![Vec::new(); rows];
+    markers
+        .iter()
+        .map(|&(x, w)| {
+            let (lo, end) = if x + GAP + w <= x1 {
+                (x + GAP, false)
+            } else if x - GAP - w >= x0 {
+                (x - GAP - w, true)
+            } else {
+                ((x1 - w).max(x0), false)
+            };
+            let hi = lo + w;
+            let row = taken
+                .iter()
+                .position(|row| row.iter().all(|&(a, b)| hi + GAP < a || b + GAP < lo))?;
+            taken[row].push((lo, hi));
+            Some(LabelPlace {
+                x: if end { hi } else { lo },
+                end,
+                row,
+            })
+        })
+        .collect()
+}
+
 fn legend_rows(series: &[Series], width: f64) -> Vec<Vec<(usize, f64)>> {
     let mut rows: Vec<Vec<(usize, f64)>> = vec![Vec::new()];
     let mut x = LEFT;
@@ -239,16 +299,38 @@ impl LineChart<'_> {
                 escape(&tick_label(ymax, ymax / 10.0))
             );
         }
-        for m in self.markers.iter().filter(|m| m.x >= sx.lo && m.x <= sx.hi) {
+        let shown: Vec<&Marker> = self
+            .markers
+            .iter()
+            .filter(|m| m.x >= sx.lo && m.x <= sx.hi)
+            .collect();
+        let spans: Vec<(f64, f64)> = shown
+            .iter()
+            .map(|m| (px(m.x), text_width(&m.label, MARKER_FONT)))
+            .collect();
+        let label_rows =
+            (((y0 - y1 - MARKER_FONT) / MARKER_ROW).floor() as usize).min(MAX_MARKER_ROWS);
+        let places = place_labels(&spans, x0, x1, label_rows);
+        // The lines go under the curves; the labels over everything, with
+        // a halo, so that no line or curve crosses their text. Past the
+        // rows there is room for, a label is only its line's tooltip.
+        let mut labels = String::new();
+        for (m, place) in shown.iter().zip(places) {
             let x = px(m.x);
+            let label = escape(&m.label);
             let _ = write!(
                 s,
-                r##"<g class="marker"><line x1="{x:.1}" y1="{y0:.1}" x2="{x:.1}" y2="{y1:.1}" stroke="#888" stroke-dasharray="4 3"/><text x="{:.1}" y="{:.1}" font-size="10" fill="#666">{}</text><title>{}</title></g>"##,
-                x + 3.0,
-                y1 + 10.0,
-                escape(&m.label),
-                escape(&m.label)
+                r##"<line class="marker-line" x1="{x:.1}" y1="{y0:.1}" x2="{x:.1}" y2="{y1:.1}" stroke="#888" stroke-dasharray="4 3"><title>{label}</title></line>"##
             );
+            if let Some(p) = place {
+                let _ = write!(
+                    labels,
+                    r##"<g class="marker"><text x="{:.1}" y="{:.1}" text-anchor="{}" font-size="{MARKER_FONT}" fill="#666" stroke="#fff" stroke-width="3" paint-order="stroke">{label}</text><title>{label}</title></g>"##,
+                    p.x,
+                    y1 + MARKER_FONT + MARKER_ROW * p.row as f64,
+                    if p.end { "end" } else { "start" },
+                );
+            }
         }
 
         for (i, series) in self.series.iter().enumerate() {
@@ -285,6 +367,7 @@ impl LineChart<'_> {
             }
         }
 
+        s.push_str(&labels);
         s.push_str(r##"<g class="legend" font-size="12" fill="#222">"##);
         for (r, row) in rows.iter().enumerate() {
             let y = 14.0 + 16.0 * r as f64;
@@ -338,6 +421,127 @@ mod tests {
         assert!(s.ticks.iter().all(|t| t.fract() == 0.0), "{s:?}");
         let flat = Scale::nice(2.0, 2.0, 5, false);
         assert!(flat.lo < 2.0 && flat.hi > 2.0);
+    }
+
+    #[test]
+    fn marker_labels_neither_overlap_nor_leave_the_plot() {
+        // Attempts 2 and 3 began moments apart, 4 near the right edge; one
+        // label is wider than either side of its line.
+        let spans = [
+            (300.0, 60.0),
+            (310.0, 60.0),
+            (312.0, 60.0),
+            (600.0, 170.0),
+            (330.0, 400.0),
+        ];
+        let places = place_labels(&spans, 64.0, 622.0, 4);
+        let boxes: Vec<(f64, f64, usize)> = places
+            .iter()
+            .zip(&spans)
+            .map(|(p, &(_, w))| {
+                let p = p.expect("room for each");
+                let lo = if p.end { p.x - w } else { p.x };
+                (lo, lo + w, p.row)
+            })
+            .collect();
+        for (i, a) in boxes.iter().enumerate() {
+            assert!(
+                a.0 >= 64.0 && a.1 <= 622.0,
+                "label {i} leaves the plot: {a:?}"
+            );
+            for b in &boxes[i + 1..] {
+                assert!(a.2 != b.2 || a.1 < b.0 || b.1 < a.0, "{a:?} overlaps {b:?}");
+            }
+        }
+        assert!(
+            places[3].unwrap().end,
+            "drawn left of a line near the right edge"
+        );
+        // No row left: the label is only a tooltip.
+        assert_eq!(
+            place_labels(&[(100.0, 50.0), (101.0, 50.0)], 0.0, 600.0, 1)[1],
+            None
+        );
+    }
+
+    /// The marker labels of a rendered chart: (x, y, anchor, text).
+    fn marker_texts(svg: &str) -> Vec<(f64, f64, String, String)> {
+        let attr = |tag: &str, name: &str| -> Option<String> {
+            let at = tag.find(&format!(" {name}=\""))? + name.len() + 3;
+            Some(tag[at..at + tag[at..].find('"')?].to_string())
+        };
+        svg.split(r#"<g class="marker">"#)
+            .skip(1)
+            .filter_map(|g| {
+                let start = g.find("<text ")?;
+                let tag = &g[start..start + g[start..].find('>')?];
+                let text = &g[start + tag.len() + 1..start + g[start..].find("</text>")?];
+                Some((
+                    attr(tag, "x")?.parse().ok()?,
+                    attr(tag, "y")?.parse().ok()?,
+                    attr(tag, "text-anchor").unwrap_or_else(|| "start".into()),
+                    text.to_string(),
+                ))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_chart_draws_every_marker_label_whole_apart_and_inside() {
+        let series = [Series {
+            name: "steps/s".into(),
+            segments: vec![(0..=100).map(|i| (f64::from(i), 2.0)).collect()],
+        }];
+        let markers = [
+            Marker {
+                x: 40.0,
+                label: "attempt 2".into(),
+            },
+            Marker {
+                x: 41.0,
+                label: "attempt 3".into(),
+            },
+            Marker {
+                x: 99.0,
+                label: "attempt 4 resumes at step 990".into(),
+            },
+        ];
+        let svg = LineChart {
+            id: "c",
+            x_title: "t",
+            y_title: "y",
+            series: &series,
+            markers: &markers,
+            kind: ChartKind::Time,
+        }
+        .render();
+        let texts = marker_texts(&svg);
+        assert_eq!(
+            texts.iter().map(|t| t.3.as_str()).collect::<Vec<_>>(),
+            ["attempt 2", "attempt 3", "attempt 4 resumes at step 990"],
+            "every label, whole"
+        );
+        let boxes: Vec<(f64, f64, f64)> = texts
+            .iter()
+            .map(|(x, y, anchor, text)| {
+                let w = text_width(text, MARKER_FONT);
+                let lo = if anchor == "end" { x - w } else { *x };
+                (lo, lo + w, *y)
+            })
+            .collect();
+        for (i, a) in boxes.iter().enumerate() {
+            assert!(
+                a.0 >= 0.0 && a.1 <= WIDTH,
+                "{:?} leaves the chart",
+                texts[i]
+            );
+            for b in &boxes[i + 1..] {
+                assert!(
+                    (a.2 - b.2).abs() >= MARKER_FONT || a.1 < b.0 || b.1 < a.0,
+                    "{a:?} overlaps {b:?}"
+                );
+            }
+        }
     }
 
     #[test]

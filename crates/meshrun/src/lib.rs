@@ -12,6 +12,7 @@ mod logs;
 mod profile;
 pub mod runs;
 mod serve;
+mod status_parts;
 mod stop;
 mod table;
 

@@ -14,6 +14,7 @@ use meshrun_record::{names, Event, EventLine, Goodput, MetricsRecord, Part, RunR
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use crate::status_parts::{checkpoints_line, goodput_heading};
 use crate::table::{duration_text, number, table};
 
 #[derive(Debug, thiserror::Error)]
@@ -463,10 +464,12 @@ pub fn render_status(run: &RunView) -> String {
     }
     checkpoints_line(run, &mut out);
     if let Some(g) = &run.goodput {
+        // The newest attempt of a live run has not been counted yet.
+        let running = r.attempts.last().filter(|_| run.live).map(|a| a.attempt);
         let _ = writeln!(
             out,
-            "\ngoodput of {} wall",
-            duration_text(Duration::try_from_secs_f64(g.wall_s).ok())
+            "\ngoodput   {}",
+            goodput_heading(g, running, run.duration)
         );
         // Only elastic runs resize: the part is shown once it has time.
         let rows: Vec<Vec<String>> = Part::ALL
@@ -487,34 +490,12 @@ pub fn render_status(run: &RunView) -> String {
         let why = if run.state == "interrupted" {
             "not recorded (its controller was killed before the run ended)"
         } else {
-            "not recorded yet (written when the run ends)"
+            "not recorded yet (written when an attempt ends)"
         };
         let _ = writeln!(out, "\ngoodput   {why}");
     }
     let _ = writeln!(out, "\nfolder    {}", run.dir.display());
     out
-}
-
-fn checkpoints_line(run: &RunView, out: &mut String) {
-    let storage = run.record.as_ref().map_or_else(
-        || run.dir.display().to_string(),
-        |r| r.storage_dir(&run.dir),
-    );
-    let committed = meshrun_ckpt::store::Location::parse(&storage)
-        .map_err(meshrun_ckpt::CkptError::from)
-        .and_then(|s| meshrun_ckpt::commit::committed(&s.join(names::CHECKPOINTS)));
-    let _ = writeln!(
-        out,
-        "\ncheckpoints  {}",
-        match committed.as_deref() {
-            Ok([.., (step, _)]) => format!(
-                "{} committed, newest step-{step}",
-                committed.as_ref().map_or(0, Vec::len)
-            ),
-            Ok([]) => "none".into(),
-            Err(e) => format!("cannot be listed: {e}"),
-        }
-    );
 }
 
 /// The rest of the page of a run without a readable run.json: what is

@@ -42,7 +42,16 @@ fn runs_dir() -> (tempfile::TempDir, RunDir) {
         .map(|s| json!({"time": 1.0, "attempt": 2, "step": s, "metrics": {"step": s, "loss": 3.0 - f64::from(s) * 0.05, "tokens_per_s": 2310.5}}).to_string() + "\n")
         .collect::<String>();
     std::fs::write(demo.join("metrics.jsonl"), metrics).unwrap();
-    let goodput = json!({"wall_s": 125.0, "measured_s": 125.0, "goodput": 0.64, "attempts": [],
+    let parts = |lost: f64, step: f64| {
+        json!({"startup": 2.5, "compile": 10.0, "restore": 0.5, "data": 1.0, "step": step,
+        "checkpoint": 1.5, "lost": lost, "resize": 0.0, "other": 0.5})
+    };
+    let attempts = json!([
+        {"attempt": 1, "state": "failed", "start": unix("2026-12-02T10:00:00Z"), "end": unix("2026-12-02T10:00:43Z"),
+         "wall_s": 43.0, "seconds": parts(13.0, 14.0)},
+        {"attempt": 2, "state": "succeeded", "start": unix("2026-12-02T10:00:43Z"), "end": unix("2026-12-02T10:02:05Z"),
+         "wall_s": 82.0, "seconds": parts(0.0, 66.0)}]);
+    let goodput = json!({"wall_s": 125.0, "measured_s": 125.0, "goodput": 0.64, "attempts": attempts,
         "seconds": {"startup": 5.0, "compile": 20.0, "restore": 1.0, "data": 2.0, "step": 80.0, "checkpoint": 3.0, "lost": 13.0, "other": 1.0},
         "fractions": {"startup": 0.04, "compile": 0.16, "restore": 0.008, "data": 0.016, "step": 0.64, "checkpoint": 0.024, "lost": 0.104, "other": 0.008}});
     std::fs::write(demo.join("goodput.json"), goodput.to_string()).unwrap();
@@ -185,6 +194,70 @@ fn a_live_run_says_which_memory_checkpoint_its_hosts_hold() {
     );
     // A run that is over holds nothing.
     assert!(!status_of(&tmp, "demo").contains("memory "));
+}
+
+#[test]
+fn the_goodput_of_a_live_run_says_it_covers_only_the_attempts_that_ended() {
+    let (tmp, _controller) = runs_dir();
+    let live = tmp.path().join("live");
+    let path = live.join("run.json");
+    let mut record: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    record["attempts"] = json!([
+        {"attempt": 1, "state": "failed", "started": "2026-12-02T11:00:00Z", "ended": "2026-12-02T11:00:28Z"},
+        {"attempt": 2, "state": "running", "started": "2026-12-02T11:00:29Z"}
+    ]);
+    std::fs::write(&path, record.to_string()).unwrap();
+    let mut goodput: Value =
+        serde_json::from_slice(&std::fs::read(tmp.path().join("demo/goodput.json")).unwrap())
+            .unwrap();
+    goodput["attempts"] = json!([goodput["attempts"][0].clone()]);
+    goodput["attempts"][0]["wall_s"] = json!(28.2);
+    goodput["wall_s"] = json!(28.2);
+    std::fs::write(live.join("goodput.json"), goodput.to_string()).unwrap();
+    let text = status_of(&tmp, "live");
+    assert!(text.contains("duration  5m30s\n"), "{text}");
+    assert!(
+        text.contains("\ngoodput   over attempt 1: 28.2s wall time, of the run's 5m30s so far; attempt 2 is counted when it ends\n"),
+        "{text}"
+    );
+}
+
+#[test]
+fn failed_saves_are_counted_beside_the_commits() {
+    let (tmp, _controller) = runs_dir();
+    let failed = |time: &str, step: u64, rank: u32| {
+        json!({"event": "checkpoint_failed", "time": unix(time), "attempt": 2, "step": step,
+               "error": format!("rank {rank}: cannot create 'ckpt/tmp-{step}': Not a directory (os error 20)")})
+        .to_string()
+            + "\n"
+    };
+    let committed = |time: &str, step: u64| {
+        json!({"event": "checkpoint_committed", "time": unix(time), "attempt": 2, "step": step, "path": "x"})
+            .to_string()
+            + "\n"
+    };
+    let events = tmp.path().join("demo/events.jsonl");
+    let outage = [
+        committed("2026-12-02T10:01:00Z", 20),
+        failed("2026-12-02T10:01:10Z", 22, 1),
+        failed("2026-12-02T10:01:10Z", 22, 0),
+        failed("2026-12-02T10:01:20Z", 24, 0),
+        failed("2026-12-02T10:01:20Z", 24, 1),
+    ]
+    .concat();
+    std::fs::write(&events, &outage).unwrap();
+    let text = status_of(&tmp, "demo");
+    assert!(
+        text.contains("\ncheckpoints  1 committed, newest step-20\n             2 saves failed (steps 22 to 24), the newest at step 24: rank 1: cannot create 'ckpt/tmp-24': Not a directory (os error 20); none was committed since\n"),
+        "{text}"
+    );
+    // Once a save commits again, the failures are history.
+    std::fs::write(&events, outage + &committed("2026-12-02T10:01:30Z", 26)).unwrap();
+    let text = status_of(&tmp, "demo");
+    assert!(
+        text.contains("2 saves failed (steps 22 to 24), the newest at step 24: rank 1: cannot create 'ckpt/tmp-24': Not a directory (os error 20)\n"),
+        "{text}"
+    );
 }
 
 #[test]

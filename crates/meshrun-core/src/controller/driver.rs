@@ -17,6 +17,7 @@ use super::machine::{Action, Conn, Input, Machine};
 use super::output::Output;
 use super::profiles::Captures;
 use super::progress::Progress;
+use super::save_health::SaveHealth;
 use super::server::Event as Net;
 use super::stragglers::Stragglers;
 use super::StopHandle;
@@ -65,6 +66,8 @@ pub struct Driver<'a> {
     pub(super) stragglers: Stragglers,
     /// Profile captures, kept across the run's attempts.
     pub(super) captures: &'a mut Captures,
+    /// Whether checkpoint saves are failing (told once on the terminal).
+    saves: SaveHealth,
 }
 
 impl<'a> Driver<'a> {
@@ -93,6 +96,7 @@ impl<'a> Driver<'a> {
             conns: HashMap::new(),
             stragglers: Stragglers::new(plan.nprocs, o.straggler_threshold, o.straggler_steps),
             captures,
+            saves: SaveHealth::default(),
         }
     }
 
@@ -263,6 +267,9 @@ impl<'a> Driver<'a> {
                 return Ok(());
             }
             Net::FromWorker { rank, msg } => {
+                if let Message::SaveFailed { step, error } = &msg {
+                    self.save_failed(*step, &format!("rank {rank}: {error}"));
+                }
                 if self.profile_message(rank, &msg)? {
                     // Its trace is a sign of life too.
                     Input::FromWorker {
@@ -388,19 +395,38 @@ impl<'a> Driver<'a> {
     fn settled(&mut self, done: Vec<Done>) -> Result<(), CoreError> {
         for d in done {
             let input = match d {
-                Done::Committed { step, path } => Input::Committed {
-                    step,
-                    path: path.to_string(),
-                },
-                Done::Failed { step, error } => Input::CommitFailed {
-                    step,
-                    error: error.to_string(),
-                },
+                Done::Committed { step, path } => {
+                    if let Some(line) = self.saves.committed(step) {
+                        self.progress.note(&line);
+                    }
+                    self.progress.saves_work();
+                    Input::Committed {
+                        step,
+                        path: path.to_string(),
+                    }
+                }
+                Done::Failed { step, error } => {
+                    let error = error.to_string();
+                    self.save_failed(step, &error);
+                    Input::CommitFailed { step, error }
+                }
                 Done::Refused { step, rank, error } => Input::CommitRefused { step, rank, error },
             };
             self.input(input)?;
         }
         Ok(())
+    }
+
+    /// A save that failed without failing the attempt (a rank's, under
+    /// `--on-save-error continue`, or the commit's): the first of an
+    /// outage is told on the terminal, the rest only in the events.
+    fn save_failed(&mut self, step: u64, error: &str) {
+        if let Some(line) = self.saves.failed(step, error) {
+            self.progress.note(&line);
+        }
+        if let Some(since) = self.saves.failing_since() {
+            self.progress.save_failed(step, since);
+        }
     }
 
     fn open_logs(&mut self) -> Result<(), CoreError> {

@@ -23,6 +23,7 @@ pub mod progress;
 mod rank_logs;
 pub mod remote;
 mod restarts;
+mod save_health;
 mod server;
 mod stacks;
 mod stragglers;

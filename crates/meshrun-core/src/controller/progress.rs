@@ -54,6 +54,8 @@ pub struct Progress {
     loss: Option<f64>,
     tokens_per_s: Option<f64>,
     saving: Option<u64>,
+    /// Since which step checkpoint saves have been failing.
+    saves_failing: Option<u64>,
     /// What the cluster holds back while the run waits for it.
     waiting: Option<String>,
     samples: VecDeque<(Instant, u64)>,
@@ -94,6 +96,7 @@ impl Progress {
             loss: None,
             tokens_per_s: None,
             saving: None,
+            saves_failing: None,
             waiting: None,
             samples: VecDeque::new(),
             drawn: None,
@@ -151,6 +154,33 @@ impl Progress {
     pub fn saving(&mut self, step: Option<u64>) {
         self.saving = step;
         self.redraw(true);
+    }
+
+    /// The save of `step` failed, as saves have since step `since`: it is
+    /// no longer being written (a commit that failed never says so).
+    pub fn save_failed(&mut self, step: u64, since: u64) {
+        self.saves_failing = Some(since);
+        if self.saving.is_some_and(|s| s <= step) {
+            self.saving = None;
+        }
+        self.redraw(true);
+    }
+
+    /// A save was committed: saves work (again).
+    pub fn saves_work(&mut self) {
+        if self.saves_failing.take().is_some() {
+            self.redraw(true);
+        }
+    }
+
+    /// A line of meshrun's own, printed above the bar (whatever the mode:
+    /// warnings are not progress).
+    pub fn note(&self, text: &str) {
+        let print = || terminal().note(text);
+        match &self.bar {
+            Some(bar) => bar.suspend(print),
+            None => print(),
+        }
     }
 
     /// What the cluster holds back (`None`: nothing any more). Without a
@@ -224,6 +254,9 @@ impl Progress {
         }
         if let Some(s) = self.saving {
             parts.push(format!("saving step-{s}"));
+        }
+        if let Some(s) = self.saves_failing {
+            parts.push(format!("checkpoint saves failing since step-{s}"));
         }
         if let Some(w) = &self.waiting {
             parts.push(format!("waiting for Ray: {w}"));
@@ -303,6 +336,23 @@ mod tests {
             p.text(),
             "attempt 2 · step 120/150 · loss 2.5000 · 2.00 steps/s · 12,346 tokens/s · ETA 15s · saving step-120"
         );
+    }
+
+    #[test]
+    fn failing_saves_replace_the_save_marker_until_they_work_again() {
+        let mut p = Progress::new(ProgressMode::Lines, 1);
+        p.step = Some(855);
+        p.saving(Some(855));
+        p.save_failed(855, 855);
+        assert_eq!(
+            p.text(),
+            "attempt 1 · step 855 · checkpoint saves failing since step-855"
+        );
+        p.saving(Some(860));
+        p.save_failed(855, 855);
+        assert!(p.text().contains("saving step-860 · "), "{}", p.text());
+        p.saves_work();
+        assert_eq!(p.text(), "attempt 1 · step 855 · saving step-860");
     }
 
     #[test]

@@ -1,0 +1,85 @@
+"""A storage outage under `--on-save-error continue` is seen, not only
+recorded: the terminal says once that saves are failing (with the cause)
+and once that they are saved again, and `meshrun status` and the report
+count the saves that failed."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+from conftest import MESHRUN, SCRIPTS, assert_none_left, read_jsonl, start, stop, wait_for
+
+
+def failed_steps(run_dir: Path) -> set[tuple[int, int]]:
+    return {(e["attempt"], e["step"]) for e in read_jsonl(run_dir / "events.jsonl") if e["event"] == "checkpoint_failed"}
+
+
+def commits(run_dir: Path) -> list[dict]:
+    return [e for e in read_jsonl(run_dir / "events.jsonl") if e["event"] == "checkpoint_committed"]
+
+
+def point(link: Path, target: Path) -> None:
+    """Points the symlink `link` at `target` in one rename, so that no
+    rank ever finds the path missing (and makes a directory of its own)."""
+    tmp = link.with_name(link.name + ".next")
+    os.symlink(target, tmp)
+    os.replace(tmp, link)
+
+
+def test_saves_that_fail_for_a_while_are_told_once_and_counted(tmp_path):
+    runs, name = tmp_path / "runs", "outage"
+    run_dir = runs / name
+    # The run's checkpoints folder is a symlink, so that the test can swap
+    # the storage away (to a file: every save then fails with ENOTDIR, root
+    # or not) and back, each in one step.
+    real, blocker = tmp_path / "disk", tmp_path / "not-a-folder"
+    real.mkdir()
+    blocker.write_text("")
+    checkpoints = tmp_path / "store" / name / "checkpoints"
+    checkpoints.parent.mkdir(parents=True)
+    os.symlink(real, checkpoints)
+    proc = start(["-n", "2", "--tee", "none", "--checkpoint-every", "1", "--on-save-error", "continue", "--storage", str(tmp_path / "store"), str(SCRIPTS / "save_through_outage.py")], runs_dir=runs, name=name)
+    try:
+        wait_for(lambda: proc.poll() is not None or commits(run_dir), 120, "the first commit")
+        assert proc.poll() is None, proc.communicate()[1]
+        point(checkpoints, blocker)
+        wait_for(lambda: proc.poll() is not None or len(failed_steps(run_dir)) >= 3, 60, "three failed saves")
+        assert proc.poll() is None, proc.communicate()[1]
+        back = time.time()
+        point(checkpoints, real)
+        wait_for(lambda: proc.poll() is not None or any(e["time"] > back for e in commits(run_dir)), 60, "a commit after the outage")
+        (run_dir / "stop-now").write_text("")
+        out, err = proc.communicate(timeout=120)
+    finally:
+        stop(proc)
+    assert proc.returncode == 0, err
+    assert_none_left(run_dir)
+
+    failed = failed_steps(run_dir)
+    lo, hi = min(s for _, s in failed), max(s for _, s in failed)
+    lines = err.splitlines()
+    failing = [line for line in lines if "checkpoint saves are failing" in line]
+    again = [line for line in lines if "checkpoints are saving again" in line]
+    assert len(failing) == 1, err
+    assert len(again) == 1, err
+    # The cause, as the rank met it, and which save it cost.
+    assert re.search(r"step-\d+ was not saved: rank [01]: .*Not a directory", failing[0]), failing[0]
+    assert "training goes on" in failing[0], failing[0]
+    assert lines.index(failing[0]) < lines.index(again[0]), err
+    told = re.search(r"step-(\d+) committed after (\d+) failed save\(s\)", again[0])
+    assert told and int(told.group(1)) > hi and 1 <= int(told.group(2)) <= len(failed), again[0]
+
+    status = subprocess.run([str(MESHRUN), "status", name, "--runs-dir", str(runs)], capture_output=True, text=True, timeout=60)
+    assert status.returncode == 0, status.stderr
+    assert re.search(r"^checkpoints  \d+ committed, newest step-\d+$", status.stdout, re.M), status.stdout
+    assert f"{len(failed)} saves failed (steps {lo} to {hi}), the newest at step " in status.stdout, status.stdout
+    # The outage is over: a save was committed after it.
+    assert "none was committed since" not in status.stdout, status.stdout
+
+    page = (run_dir / "report.html").read_text()
+    assert f'<span class="failed">{len(failed)} failed</span>' in page
+    assert f"{len(failed)} saves failed (steps {lo} to {hi})" in page
