@@ -210,7 +210,7 @@ impl Machine {
                 // checkpoint there is.
                 Some(hosts) => StopReason::Resize { hosts, step: None },
                 // `meshrun stop` asked for the save that never came.
-                None if self.stop_asked => StopReason::Requested { now: false },
+                None if self.stop_asked.is_some() => StopReason::Requested { now: false },
                 None => StopReason::Signal(Signal::SIGTERM as i32),
             };
             return self.begin_stop(now, reason);

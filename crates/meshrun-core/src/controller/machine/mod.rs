@@ -268,8 +268,9 @@ pub struct Machine {
     ranks: Vec<RankState>,
     failure: Option<FailureRecord>,
     stop: Option<StopReason>,
-    /// `meshrun stop` asked for the stop (a save for it may be under way).
-    stop_asked: bool,
+    /// When `meshrun stop` asked for the stop (a save for it may be under
+    /// way): the attempt ends as a stop, not as an interruption.
+    stop_asked: Option<Instant>,
     stop_deadline: Option<Instant>,
     last_metrics: Option<Value>,
     launched: bool,
@@ -312,7 +313,7 @@ impl Machine {
             conn_hosts: std::cell::RefCell::default(),
             failure: None,
             stop: None,
-            stop_asked: false,
+            stop_asked: None,
             stop_deadline: None,
             last_metrics: None,
             launched: false,

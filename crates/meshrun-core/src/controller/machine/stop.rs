@@ -131,7 +131,7 @@ impl Machine {
             now: at_once,
         });
         // A stop asked for ends as one, not as a signal's interruption.
-        self.stop_asked = true;
+        self.stop_asked.get_or_insert(now);
         let what = if at_once || self.stop.is_some() {
             self.halt(now, StopReason::Requested { now: true });
             "stopping every worker now"
