@@ -177,12 +177,10 @@ fn a_restart_renumbers_the_hosts_there_and_the_others_wait() {
     sim.take();
     sim.m.shutdown(true);
     sim.actions.extend(sim.m.drain_actions());
-    assert!(sim
-        .sent_to(H[3])
-        .contains(&&Message::Shutdown {
-            again: true,
-            state: None
-        }));
+    assert!(sim.sent_to(H[3]).contains(&&Message::Shutdown {
+        again: true,
+        state: None
+    }));
 }
 
 #[test]
