@@ -103,8 +103,8 @@ impl Peer {
 /// as a host, stop the run, or speak as another rank or attempt.
 pub fn worker_key(token: &Token, attempt: u32, rank: u32) -> Token {
     use blake2::digest::{FixedOutput, KeyInit, Update};
-    let mut mac = blake2::Blake2sMac256::new_from_slice(token.as_key())
-        .expect("a 32-byte key fits BLAKE2s");
+    let mut mac =
+        blake2::Blake2sMac256::new_from_slice(token.as_key()).expect("a 32-byte key fits BLAKE2s");
     mac.update(b"meshrun worker credential");
     mac.update(&attempt.to_be_bytes());
     mac.update(&rank.to_be_bytes());
@@ -138,8 +138,18 @@ mod tests {
         assert_ne!(a, t);
         assert_ne!(a, worker_key(&t, 1, 1), "another rank");
         assert_ne!(a, worker_key(&t, 2, 0), "another attempt");
-        assert_ne!(a, worker_key(&Token::generate().unwrap(), 1, 0), "another run");
-        for peer in [Peer::Run, Peer::Worker { attempt: 3, rank: 70_000 }] {
+        assert_ne!(
+            a,
+            worker_key(&Token::generate().unwrap(), 1, 0),
+            "another run"
+        );
+        for peer in [
+            Peer::Run,
+            Peer::Worker {
+                attempt: 3,
+                rank: 70_000,
+            },
+        ] {
             assert_eq!(Peer::from_bytes(peer.to_bytes()), Some(peer));
         }
         assert_eq!(Peer::from_bytes([2, 0, 0, 0, 0, 0, 0, 0, 0]), None);

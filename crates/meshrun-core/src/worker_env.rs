@@ -105,7 +105,10 @@ pub fn worker_env(
         ("MESHRUN_CONTROL_ADDR".into(), info.control_addr.into()),
         // The worker's own credential, never the run token (see
         // `token::worker_key`).
-        (WORKER_KEY_ENV.into(), worker_key_hex(info.token_hex, info.attempt, at.rank)),
+        (
+            WORKER_KEY_ENV.into(),
+            worker_key_hex(info.token_hex, info.attempt, at.rank),
+        ),
         ("MESHRUN_RANK".into(), at.rank.to_string()),
         ("MESHRUN_WORLD_SIZE".into(), at.world_size.to_string()),
         ("MESHRUN_LOCAL_RANK".into(), at.local_rank.to_string()),

@@ -88,7 +88,7 @@ pub fn join(args: &JoinArgs) -> i32 {
 
 /// One line on stderr per thing that happened, as `meshrun run` says its
 /// own.
-fn say(news: News) {
+fn say(news: &News) {
     eprintln!("meshrun join: {news}");
 }
 

@@ -77,7 +77,7 @@ pub struct AgentConfig {
     pub spares: Option<Spares>,
     /// Told what happens, for a person watching (`meshrun join`); `None`:
     /// the controller says it all (an agent it started).
-    pub news: Option<fn(News)>,
+    pub news: Option<fn(&News)>,
     /// This host has taken part in an attempt of the run already.
     pub rejoining: bool,
 }
@@ -227,7 +227,7 @@ async fn session(
     let mut worker_beats: Option<beats::BeatReader> = None;
     let tell = |news: News| {
         if let Some(say) = cfg.news {
-            say(news);
+            say(&news);
         }
     };
     let mut run_name = String::new();

@@ -55,7 +55,10 @@ impl fmt::Display for News {
                 attempt,
                 why,
             } => {
-                write!(f, "lost the connection to the controller at {controller} ({why})")?;
+                write!(
+                    f,
+                    "lost the connection to the controller at {controller} ({why})"
+                )?;
                 if let Some(attempt) = attempt {
                     write!(f, "; this host's workers of attempt {attempt} were stopped")?;
                 }
@@ -106,6 +109,8 @@ mod tests {
              this host's workers of attempt 1 were stopped; joining again"
         );
         assert_eq!(said[4], "run 'gpt' ended: succeeded");
-        assert!(said.iter().all(|s| !s.contains("Some(") && !s.contains('{')));
+        assert!(said
+            .iter()
+            .all(|s| !s.contains("Some(") && !s.contains('{')));
     }
 }

@@ -176,9 +176,7 @@ async fn serve(
                 "the credential of rank {rank} in attempt {attempt} may only say that worker's hello"
             );
             tracing::warn!(%peer, "connection refused: {reason}");
-            let _ = events
-                .send(Event::FrameRejected { peer, reason })
-                .await;
+            let _ = events.send(Event::FrameRejected { peer, reason }).await;
             return Err("a worker's credential used for something else".into());
         }
     }

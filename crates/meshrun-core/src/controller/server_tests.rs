@@ -11,7 +11,12 @@ use super::{bind, spawn_accept_loop, Event};
 use crate::protocol::{auth, Message};
 use crate::token::{worker_key, Peer, Token};
 
-async fn listening() -> (SocketAddr, Token, mpsc::Receiver<Event>, tokio::task::JoinHandle<()>) {
+async fn listening() -> (
+    SocketAddr,
+    Token,
+    mpsc::Receiver<Event>,
+    tokio::task::JoinHandle<()>,
+) {
     let token = Token::generate().unwrap();
     let (listener, addr) = bind([127, 0, 0, 1].into(), 0).await.unwrap();
     let (tx, rx) = mpsc::channel(64);

@@ -203,7 +203,12 @@ async fn a_blocking_client_with_a_wrong_token_is_refused() {
     let client = tokio::task::spawn_blocking(move || {
         let mut stream = std::net::TcpStream::connect(addr).unwrap();
         stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT)).unwrap();
-        auth::connect_blocking(&mut stream, &Token::generate().unwrap(), crate::token::Peer::Run).err()
+        auth::connect_blocking(
+            &mut stream,
+            &Token::generate().unwrap(),
+            crate::token::Peer::Run,
+        )
+        .err()
     });
     let refused = server.await.unwrap();
     assert!(

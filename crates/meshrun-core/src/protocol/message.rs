@@ -115,6 +115,9 @@ pub enum Message {
     /// Controller to a joining agent: the host rank it was given.
     HostAssigned {
         host: u32,
+        /// The run's name, for what `meshrun join` says.
+        #[serde(default)]
+        run: String,
     },
     /// Controller to a joining agent: it cannot take part, and why (the
     /// run has all its hosts, its rank is taken or out of range). The
@@ -274,6 +277,10 @@ pub enum Message {
     Shutdown {
         #[serde(default)]
         again: bool,
+        /// Without `again`: how the run ended (a `RunState` name), which
+        /// `meshrun join` says and turns into its exit status.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        state: Option<String>,
     },
 
     // --- `meshrun stop` <-> controller ---
