@@ -204,6 +204,17 @@ class NsHosts:
         out = _sh(["ip", "netns", "pids", self.ns(h)], check=False).stdout
         return [int(p) for p in out.split()]
 
+    def spares(self, h: int) -> list[int]:
+        """The warm spare interpreters now running in host h."""
+        found = []
+        for pid in self.pids(h):
+            try:
+                if b"meshrun._spare" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    found.append(pid)
+            except OSError:
+                continue
+        return found
+
     def env(self, h: int, extra: dict | None = None) -> dict:
         """The environment a process in host h gets: ours, less TMPDIR
         (which names our /tmp), plus MESHRUN_SCRATCH, the memory tier's

@@ -28,7 +28,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from errors_page import covers, exits
 
 # meshrun-core's PROTOCOL_VERSION: this test speaks the handshake itself.
-VERSION = 7
+VERSION = 8
 PATTERN = b"Noise_NNpsk0_25519_ChaChaPoly_BLAKE2s"
 PROLOGUE = b"meshrun control protocol, version"
 
@@ -56,10 +56,14 @@ def _nonce(n: int) -> bytes:
 class NoiseClient:
     """One connection's handshake and transport keys."""
 
+    # The claim of a holder of the run token: a role byte 0, attempt and
+    # rank 0. It goes in front of the first message and into the prologue.
+    CLAIM = bytes(9)
+
     def __init__(self, token: bytes, version: int = VERSION):
         self.h = _blake2s(PATTERN)
         self.ck = self.h
-        self._mix_hash(PROLOGUE + bytes([version]))
+        self._mix_hash(PROLOGUE + bytes([version]) + self.CLAIM)
         self.token = token
         self.e = X25519PrivateKey.generate()
 
@@ -70,7 +74,7 @@ class NoiseClient:
         self.ck, self.k = _hkdf(self.ck, material, 2)
 
     def first_message(self) -> bytes:
-        """psk, e, and the tag of an empty payload, behind its length."""
+        """The claim, psk, e, and the tag of an empty payload, behind its length."""
         self.ck, temp_h, self.k = _hkdf(self.ck, self.token, 3)
         self._mix_hash(temp_h)
         e_pub = self.e.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
@@ -78,7 +82,7 @@ class NoiseClient:
         self._mix_key(e_pub)
         tag = ChaCha20Poly1305(self.k).encrypt(_nonce(0), b"", self.h)
         self._mix_hash(tag)
-        message = e_pub + tag
+        message = self.CLAIM + e_pub + tag
         return struct.pack(">H", len(message)) + message
 
     def read_answer(self, message: bytes) -> None:

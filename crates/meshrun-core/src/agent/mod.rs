@@ -231,6 +231,9 @@ async fn session(
         }
     };
     let mut run_name = String::new();
+    // Why the connection broke, where a read said; a send that fails says
+    // nothing more.
+    let mut lost_why = String::from("it broke while this host was sending");
     let mut launched_attempt: Option<u32> = None;
     // Stops under way end with the session: what they would still signal
     // by pid is ended below, and a pid outliving its session may be reused.
@@ -349,13 +352,7 @@ async fn session(
                 Ok(_) => {}
                 Err(e) => {
                     tracing::debug!("controller connection lost ({e})");
-                    // A connection the controller never took this host on
-                    // is a join still being tried (the previous attempt's
-                    // listener closing under a host that rejoins at once),
-                    // not a loss.
-                    if !run_name.is_empty() {
-                        tell(News::Lost { controller: cfg.controller, attempt: launched_attempt, why: e.to_string() });
-                    }
+                    lost_why = e.to_string();
                     break Ended::Lost;
                 }
             },
@@ -423,6 +420,16 @@ async fn session(
             }
         }
     };
+    // A connection the controller never took this host on is a join still
+    // being tried (the previous attempt's listener closing under a host
+    // that rejoins at once), not a loss.
+    if ended == Ended::Lost && !run_name.is_empty() {
+        tell(News::Lost {
+            controller: cfg.controller,
+            attempt: launched_attempt,
+            why: lost_why,
+        });
+    }
     drop(stopping);
     let live: Vec<Contained> = live.into_values().collect();
     containment.end_all(&live).await;
