@@ -299,7 +299,14 @@ def test_gpt_on_ray_with_a_killed_worker_resumes_to_the_local_result(two_nodes, 
     held = [e for e in read_jsonl(run_dir / "events.jsonl") if e["event"] == "memory_checkpoint_committed" and e["attempt"] == 1]
     assert held and all(e["replicated"] for e in held), "memory checkpoints were not replicated between the nodes"
     chose = [e for e in read_jsonl(run_dir / "events.jsonl") if e["event"] in ("resuming_from_memory", "memory_unavailable")]
-    assert len(chose) == 1 and chose[0]["step"] >= restarts[0]["from_step"], (chose, restarts, [e["step"] for e in held])
+    newest_memory = max(e["step"] for e in held)
+    if newest_memory >= restarts[0]["from_step"]:
+        assert len(chose) == 1 and chose[0]["step"] >= restarts[0]["from_step"], (chose, restarts, [e["step"] for e in held])
+    else:
+        # A memory step commits once its replica is on the other node; a
+        # durable one can be newer by then, and the newer source wins:
+        # memory is not asked.
+        assert chose == [], (chose, restarts, [e["step"] for e in held])
     want, got = final_losses(local.metrics()), final_losses(read_jsonl(run_dir / "metrics.jsonl"))
     assert sorted(got) == list(range(1, 17)) and got.keys() == want.keys()
     assert max(abs(got[s] - want[s]) for s in want) < 1e-5
