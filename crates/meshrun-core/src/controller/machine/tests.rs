@@ -231,60 +231,6 @@ fn a_preemption_that_commits_stops_at_its_checkpoint() {
     assert_eq!(sim.m.status(), OutcomeStatus::Preempted { step: 5 });
 }
 
-/// Every connected worker learns what became of each step it may wait for
-/// (`meshrun.wait_committed`, a restore of the newest): committed, or why
-/// not, whichever way it failed.
-#[test]
-fn every_worker_is_told_what_became_of_each_step() {
-    let mut sim = Sim::running(2);
-    sim.input(Input::Committed {
-        step: 2,
-        path: "runs/sim/checkpoints/step-2".into(),
-    });
-    sim.worker(
-        1,
-        Message::SaveFailed {
-            step: 3,
-            error: "disk full".into(),
-        },
-    );
-    sim.input(Input::CommitFailed {
-        step: 4,
-        error: "cannot rename".into(),
-    });
-    for rank in 0..2u32 {
-        let told: Vec<_> = sim
-            .sent_to(Conn::from(rank))
-            .into_iter()
-            .filter(|m| {
-                matches!(
-                    m,
-                    Message::StepCommitted { .. } | Message::StepNotCommitted { .. }
-                )
-            })
-            .cloned()
-            .collect();
-        assert_eq!(
-            told,
-            [
-                Message::StepCommitted {
-                    step: 2,
-                    path: "runs/sim/checkpoints/step-2".into()
-                },
-                Message::StepNotCommitted {
-                    step: 3,
-                    error: "rank 1 could not write its part: disk full".into()
-                },
-                Message::StepNotCommitted {
-                    step: 4,
-                    error: "its commit failed: cannot rename".into()
-                },
-            ],
-            "rank {rank}"
-        );
-    }
-}
-
 /// The request reaches rank 0 before its report of step 8 and rank 1
 /// after its own: rank 0 saves 8 and waits for the commit, rank 1 goes on
 /// to step 9 and would wait for rank 0 in a collective. Rank 1's report of
