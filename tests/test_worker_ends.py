@@ -163,18 +163,18 @@ def test_the_compilation_cache_hook_leaves_a_jax_of_another_shape_alone(monkeypa
     every compile fails (seen on a GPU machine with JAX 0.11.2)."""
     from jax._src import compiler
 
-    from meshrun import _cluster
+    from meshrun import _jax_private
 
     def newer(cache_key, compile_time_secs, module_name, backend, executable):
         return "newer"
 
     monkeypatch.setattr(compiler, "_cache_write", newer)
-    _cluster._cache_from_every_process()
+    _jax_private.cache_from_every_process()
     assert compiler._cache_write is newer
 
     def current(cache_key, compile_time_secs, module_name, backend, executable, host_callbacks):
         return "current"
 
     monkeypatch.setattr(compiler, "_cache_write", current)
-    _cluster._cache_from_every_process()
+    _jax_private.cache_from_every_process()
     assert compiler._cache_write is not current and compiler._cache_write._meshrun
