@@ -49,10 +49,11 @@ def test_env_contract_with_two_hosts(nshosts):
     assert done.code == 0, done.stderr
     assert [code for code, _ in done.joins] == [0], done.joins
     envs = [json.loads((done.storage_dir / f"env-{r}.json").read_text()) for r in range(4)]
-    coordinators = {e["JAX_COORDINATOR_ADDRESS"] for e in envs}
+    coordinators = {e["MESHRUN_COORDINATOR"] for e in envs}
     assert len(coordinators) == 1
     coordinator = coordinators.pop()
-    assert coordinator.startswith(f"{hosts.addr(0)}:")
+    host, port = coordinator.rsplit(":", 1)
+    assert host == hosts.addr(0)
     # the coordinator listens on host 0's address only, not every interface
     assert {e["JAX_COORDINATOR_BIND_ADDRESS"] for e in envs} == {coordinator}
     for rank, e in enumerate(envs):
@@ -78,6 +79,17 @@ def test_env_contract_with_two_hosts(nshosts):
         # token, though both the controller and the joining host had it.
         assert e["worker_key_length"] == 64 and "MESHRUN_TOKEN" not in e
         assert "CUDA_VISIBLE_DEVICES" not in e
+        # The launchers' contracts (docs/migrating.md), as their programs read them.
+        assert {k: e[k] for k in ("JAX_COORDINATOR_ADDRESS", "COORDINATOR_ADDRESS", "JAX_COORDINATOR_IP", "MASTER_ADDR")} == dict.fromkeys(
+            ("JAX_COORDINATOR_ADDRESS", "COORDINATOR_ADDRESS", "JAX_COORDINATOR_IP", "MASTER_ADDR"), host
+        )
+        assert e["JAX_COORDINATOR_PORT"] == e["COORDINATOR_PORT"] == e["MASTER_PORT"] == port
+        assert (e["PROCESS_ID"], e["NUM_PROCESSES"]) == (str(rank), "4")  # Kubeflow JAXJob
+        job = int(e["JOB_INDEX"]) * int(e["PROCESSES_IN_JOB"]) + int(e["JOB_COMPLETION_INDEX"])
+        assert (job, e["JAX_PROCESS_COUNT"]) == (rank, "4")  # indexed Job, MaxText's CPU path
+        assert (e["NODE_RANK"], e["NNODES"]) == (str(rank), "4")  # MaxText's GPU path
+        torchrun = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT")
+        assert [e[k] for k in torchrun] == [str(rank), "4", str(rank % 2), "2", str(rank // 2), "2", "0"]
     assert len({e["worker_key_digest"] for e in envs}) == 4
     agents = [e for e in done.events() if e["event"] == "agent_joined"]
     assert sorted((a["host"], a["ip"]) for a in agents) == [(0, hosts.addr(0)), (1, hosts.addr(1))]

@@ -329,8 +329,8 @@ def test_env_contract_on_ray(two_nodes, storage, tmp_path):
     assert sorted(h["ip"] for h in hosts.values()) == sorted([two_nodes.head_ip, two_nodes.node_ip])
     assert all(e["MESHRUN_HOST_IP"] == hosts[int(e["MESHRUN_HOST_RANK"])]["ip"] for e in envs)
     assert all(e["MESHRUN_CONTROL_ADDR"].startswith(f"{two_nodes.head_ip}:") for e in envs)
-    assert {e["JAX_COORDINATOR_ADDRESS"].rsplit(":", 1)[0] for e in envs} == {hosts[0]["ip"]}
-    assert len({e["JAX_COORDINATOR_ADDRESS"] for e in envs}) == 1
+    assert {e["MESHRUN_COORDINATOR"].rsplit(":", 1)[0] for e in envs} == {hosts[0]["ip"]}
+    assert len({e["MESHRUN_COORDINATOR"] for e in envs}) == 1
     assert all(e["CUDA_VISIBLE_DEVICES"] == "" for e in envs if "CUDA_VISIBLE_DEVICES" in e)
     record = json.loads((done.run_dir / "run.json").read_text())
     assert record["plan"]["ray"] == {"address": two_nodes.address, "strategy": "PACK"}

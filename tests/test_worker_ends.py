@@ -141,7 +141,7 @@ def test_local_device_ids_outside_the_workers_gpus_are_replaced(monkeypatch):
     # No GPU needed: only the decision, from the environment contract.
     from meshrun import _cluster
 
-    monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "127.0.0.1:1234")
+    monkeypatch.setenv("MESHRUN_COORDINATOR", "127.0.0.1:1234")
     monkeypatch.setenv("MESHRUN_WORLD_SIZE", "2")
     monkeypatch.setenv("MESHRUN_RANK", "1")
     monkeypatch.setenv("MESHRUN_GPUS", "4,5")

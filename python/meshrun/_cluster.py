@@ -19,6 +19,24 @@ from typing import Any
 from meshrun import _jax_private
 
 
+def coordinator() -> str:
+    """The JAX coordinator's ``host:port``, from meshrun's own variable.
+
+    Never from ``JAX_COORDINATOR_ADDRESS``: that one is a launcher's
+    convention (meshrun sets it to the bare host, for MaxText), and
+    programs and launch shims change it."""
+    return os.environ["MESHRUN_COORDINATOR"]
+
+
+def _host(address: str) -> str:
+    """The host of ``host:port`` or of a bare host, without IPv6 brackets."""
+    if address.startswith("["):
+        return address[1 : address.index("]")] if "]" in address else address
+    if address.count(":") == 1:
+        return address.split(":")[0]
+    return address
+
+
 def wait_for_coordinator(address: str, timeout: float = 300.0) -> None:
     """Blocks until the JAX coordinator at ``address`` accepts connections.
 
@@ -52,14 +70,13 @@ def register() -> bool:
 
         @classmethod
         def is_env_present(cls) -> bool:
-            return "MESHRUN_RANK" in os.environ and "JAX_COORDINATOR_ADDRESS" in os.environ
+            return "MESHRUN_RANK" in os.environ and "MESHRUN_COORDINATOR" in os.environ
 
         @classmethod
         def get_coordinator_address(cls, timeout_secs, override_coordinator_port=None) -> str:
-            address = os.environ["JAX_COORDINATOR_ADDRESS"]
-            if override_coordinator_port:
-                address = f"{address.rsplit(':', 1)[0]}:{override_coordinator_port}"
-            return address
+            # The override is JAX_COORDINATOR_PORT, which meshrun sets for
+            # MaxText and a program may change: the run's port is meshrun's.
+            return coordinator()
 
         @classmethod
         def get_process_count(cls) -> int:
@@ -68,9 +85,9 @@ def register() -> bool:
         @classmethod
         def get_process_id(cls) -> int:
             # The last hook JAX calls before it connects (the address itself
-            # comes from JAX_COORDINATOR_ADDRESS without asking us), so the
+            # comes from meshrun's initialize, without asking us), so the
             # wait for the coordinator lives here.
-            wait_for_coordinator(os.environ["JAX_COORDINATOR_ADDRESS"])
+            wait_for_coordinator(coordinator())
             return int(os.environ["MESHRUN_RANK"])
 
         @classmethod
@@ -92,7 +109,7 @@ def _contradictions(given: dict[str, Any]) -> list[tuple[str, Any, Any]]:
     argument to ``initialize`` that contradicts where meshrun placed this
     process."""
     run = {
-        "coordinator_address": os.environ["JAX_COORDINATOR_ADDRESS"],
+        "coordinator_address": coordinator(),
         "num_processes": int(os.environ["MESHRUN_WORLD_SIZE"]),
         "process_id": int(os.environ["MESHRUN_RANK"]),
     }
@@ -130,24 +147,33 @@ def make_initialize_agree() -> None:
             bound = signature.bind(*args, **kwargs)
         except TypeError:
             return original(*args, **kwargs)  # JAX says what is wrong
-        found = _contradictions(bound.arguments)
-        if not found:
-            # Exactly the call the program made: going through the rebuilt
-            # call and a second wait for the coordinator here measured 8%
-            # slower steps of the demo GPT (bench/step_parity.py).
-            return original(*args, **kwargs)
+        given = bound.arguments
+        found = _contradictions(given)
+        if given.get("coordinator_address") is None:
+            # JAX would read JAX_COORDINATOR_ADDRESS, which holds the bare
+            # host (MaxText's convention) or whatever the program set:
+            # meshrun passes the run's own address instead.
+            in_env = os.environ.get("JAX_COORDINATOR_ADDRESS")
+            given["coordinator_address"] = coordinator()
+            if in_env and _host(in_env) != _host(coordinator()):
+                found.append(("coordinator_address (from JAX_COORDINATOR_ADDRESS)", in_env, coordinator()))
         for name, _, ours in found:
-            bound.arguments[name] = ours
-        changes = ", ".join(f"{name} {given!r} -> {'all of its GPUs' if ours is None else repr(ours)}" for name, given, ours in found)
-        sys.stderr.write(
-            f"meshrun: warning: jax.distributed.initialize() was given arguments that contradict where "
-            f"meshrun placed this process; using meshrun's: {changes}\n"
-        )
-        sys.stderr.flush()
-        if bound.arguments.get("process_id") is not None:
+            given[name.split(" ")[0]] = ours
+        # A coordinator on the run's host at another port is a launcher's
+        # fixed port (MaxText's CPU path always says 1234): replaced
+        # without a word. Anything else is said once per rank.
+        told = [(n, g, o) for n, g, o in found if not (n == "coordinator_address" and _host(str(g)) == _host(coordinator()))]
+        if told:
+            changes = ", ".join(f"{name} {g!r} -> {'all of its GPUs' if o is None else repr(o)}" for name, g, o in told)
+            sys.stderr.write(
+                f"meshrun: warning: jax.distributed.initialize() was given arguments that contradict where "
+                f"meshrun placed this process; using meshrun's: {changes}\n"
+            )
+            sys.stderr.flush()
+        if given.get("process_id") is not None:
             # JAX will not ask meshrun's ClusterEnv, whose hook waits for
             # the coordinator, so wait here.
-            wait_for_coordinator(bound.arguments.get("coordinator_address") or os.environ["JAX_COORDINATOR_ADDRESS"])
+            wait_for_coordinator(coordinator())
         return original(*bound.args, **bound.kwargs)
 
     initialize._meshrun_agrees = True  # type: ignore[attr-defined]

@@ -92,7 +92,7 @@ def get_context() -> Context:
         run_dir=os.environ.get("MESHRUN_RUN_DIR"),
         run_id=os.environ.get("MESHRUN_RUN_ID"),
         attempt=_int("MESHRUN_ATTEMPT", 1),
-        coordinator_address=os.environ.get("JAX_COORDINATOR_ADDRESS"),
+        coordinator_address=os.environ.get("MESHRUN_COORDINATOR"),
         checkpoint_every=int(os.environ["MESHRUN_CHECKPOINT_EVERY"]) if "MESHRUN_CHECKPOINT_EVERY" in os.environ else None,
         storage_dir=os.environ.get("MESHRUN_STORAGE_DIR", os.environ.get("MESHRUN_RUN_DIR")),
         memory_every=_opt_int("MESHRUN_MEMORY_EVERY"),

@@ -5,7 +5,11 @@ import hashlib
 import json
 import os
 
-keys = [k for k in os.environ if k.startswith(("MESHRUN_", "JAX_", "XLA_", "CUDA_"))]
+# meshrun's own variables, and those of the launchers it speaks for.
+LAUNCHERS = {"PROCESS_ID", "NUM_PROCESSES", "COORDINATOR_ADDRESS", "COORDINATOR_PORT", "JOB_INDEX", "JOB_COMPLETION_INDEX",
+             "PROCESSES_IN_JOB", "NNODES", "NODE_RANK", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+             "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT"}
+keys = [k for k in os.environ if k.startswith(("MESHRUN_", "JAX_", "XLA_", "CUDA_")) or k in LAUNCHERS]
 env = {k: os.environ[k] for k in keys}
 # The worker's credential is reported by length and by a digest, never
 # written whole; the run token must not be here at all.

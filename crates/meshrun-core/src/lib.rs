@@ -15,6 +15,7 @@ pub mod cgroup;
 pub mod controller;
 pub mod error;
 pub mod gpu;
+pub mod launcher_env;
 pub mod leftovers;
 pub mod limits;
 pub mod plan;

@@ -1,6 +1,7 @@
 //! The worker environment contract (architecture note): everything a worker
 //! needs to know about its place in the run, set before its Python starts.
 
+use crate::launcher_env::contract_env;
 use crate::plan::{Platform, RunPlan};
 use crate::token::{worker_key, Token};
 
@@ -119,7 +120,9 @@ pub fn worker_env(
         ("MESHRUN_HOST_RANK".into(), at.host.to_string()),
         ("MESHRUN_NUM_HOSTS".into(), at.num_hosts.to_string()),
         ("MESHRUN_HOST_IP".into(), info.host_ip.into()),
-        ("JAX_COORDINATOR_ADDRESS".into(), info.coordinator.into()),
+        // The JAX coordinator (`host:port`), where meshrun reads it: the
+        // launchers' variables below may be changed by a program.
+        ("MESHRUN_COORDINATOR".into(), info.coordinator.into()),
         // JAX's coordinator binds every interface unless told otherwise;
         // it should listen where the run said it would, and nowhere else.
         (
@@ -138,6 +141,7 @@ pub fn worker_env(
         // back in a block buffer and logs would arrive late or be lost.
         ("PYTHONUNBUFFERED".into(), "1".into()),
     ];
+    env.extend(contract_env(at, info.coordinator, info.attempt));
     // Always set, so that `meshrun.get_checkpoint()` gives out the step the
     // controller verified and never a newer one it skipped as damaged.
     let resume = info.resume_step.map_or("none".into(), |s| s.to_string());

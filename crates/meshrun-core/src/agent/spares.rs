@@ -56,7 +56,9 @@ struct Spare {
 /// Whether a variable may differ between a spare and the attempt it takes
 /// over: read only after the handover.
 fn late(key: &str) -> bool {
-    key.starts_with("MESHRUN_") || key.starts_with("JAX_COORDINATOR_")
+    key.starts_with("MESHRUN_")
+        || key.starts_with("JAX_COORDINATOR_")
+        || crate::launcher_env::is_contract_var(key)
 }
 
 /// The variables of a launch a spare must have started with, sorted.
@@ -243,12 +245,14 @@ mod tests {
     fn what_changes_per_attempt_is_not_fixed() {
         let a = launch(&[
             ("MESHRUN_ATTEMPT", "1"),
-            ("JAX_COORDINATOR_ADDRESS", "a:1"),
+            ("JAX_COORDINATOR_ADDRESS", "a"),
+            ("MASTER_PORT", "1"),
             ("JAX_PLATFORMS", "cpu"),
         ]);
         let b = launch(&[
             ("MESHRUN_ATTEMPT", "2"),
-            ("JAX_COORDINATOR_ADDRESS", "a:2"),
+            ("JAX_COORDINATOR_ADDRESS", "b"),
+            ("MASTER_PORT", "2"),
             ("JAX_PLATFORMS", "cpu"),
         ]);
         assert_eq!(fixed_env(&a.env), fixed_env(&b.env));

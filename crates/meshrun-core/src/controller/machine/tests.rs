@@ -46,7 +46,7 @@ fn launch_waits_for_every_agent_and_sends_each_its_workers() {
     };
     assert_eq!(env("MESHRUN_RANK").as_deref(), Some("1"));
     assert_eq!(
-        env("JAX_COORDINATOR_ADDRESS").as_deref(),
+        env("MESHRUN_COORDINATOR").as_deref(),
         Some("127.0.0.1:5000")
     );
 }
