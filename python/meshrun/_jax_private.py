@@ -1,21 +1,146 @@
 """Every use of JAX's private modules (``jax._src``), in one place.
 
-meshrun runs in the user's environment with the user's JAX, so each hook
-here checks the shape of what it wraps and, where that shape is not one it
-knows, leaves JAX as it is rather than guess.
+meshrun runs in the user's environment with the user's JAX. Each hook here
+is guarded twice: by JAX's version, which says what shape to expect of the
+private thing it touches (the shapes of every version meshrun is tested on
+are written down below), and by a check that the thing has that shape.
+Where the two disagree, the hook leaves JAX as it is and says so once, on
+rank 0's stderr, with what the run loses: never silently.
+
+``hook_status()`` tells, for this process, which hooks are on; the
+compatibility suite (``make test-compat``) asserts that every one is on
+with each supported JAX.
 """
 
 from __future__ import annotations
 
 import inspect
 import os
+import sys
 from typing import Any
+
+# The JAX versions (major, minor) the compatibility suite runs on. A newer
+# JAX is used as long as what it has keeps the newest shape written here.
+TESTED = ((0, 10), (0, 11), (0, 12))
+
+# The private compilation-cache writer's parameters, by the first JAX
+# version that declared them: 0.11 dropped ``host_callbacks`` (executables
+# with host callbacks became cacheable).
+_CACHE_WRITE_ARGS = {
+    (0, 10): ("cache_key", "compile_time_secs", "module_name", "backend", "executable", "host_callbacks"),
+    (0, 11): ("cache_key", "compile_time_secs", "module_name", "backend", "executable"),
+}
+
+_status: dict[str, str] = {}
+_warned: set[str] = set()
+
+
+def jax_version() -> tuple[int, ...]:
+    """The installed JAX's version as numbers, e.g. (0, 12, 0, 1)."""
+    import jax
+
+    info = getattr(jax, "__version_info__", None)
+    if info is not None:
+        return tuple(int(p) for p in info)
+    out = []
+    for part in jax.__version__.split("."):
+        digits = "".join(c for c in part if c.isdigit())
+        if not digits:
+            break
+        out.append(int(digits))
+    return tuple(out)
+
+
+def _expected(table: dict[tuple[int, int], Any], version: tuple[int, ...]) -> Any:
+    """The entry for the newest version in ``table`` not after ``version``."""
+    known = [v for v in sorted(table) if v <= tuple(version[:2])]
+    return table[known[-1]] if known else None
+
+
+def hook_status() -> dict[str, str]:
+    """Each hook tried in this process: ``"on"``, or ``"off: <why>"``."""
+    return dict(_status)
+
+
+def _on(name: str) -> None:
+    _status[name] = "on"
+
+
+def _off(name: str, why: str, loses: str) -> None:
+    """Records a hook left off, and says so once from rank 0."""
+    _status[name] = f"off: {why}"
+    if name in _warned or os.environ.get("MESHRUN_RANK", "0") != "0":
+        return
+    _warned.add(name)
+    try:
+        version = ".".join(map(str, jax_version()))
+    except Exception:
+        version = "?"
+    sys.stderr.write(
+        f"meshrun: warning: JAX {version}: {why}; {loses} (meshrun is tested with JAX "
+        f"{', '.join('.'.join(map(str, v)) for v in TESTED)})\n"
+    )
+    sys.stderr.flush()
 
 
 def backends_are_initialized() -> bool:
-    from jax._src import xla_bridge
+    """Whether this process has started a JAX backend (used JAX to compute).
+    False, with a warning once, where JAX no longer says."""
+    try:
+        from jax._src import xla_bridge
 
-    return bool(xla_bridge.backends_are_initialized())
+        ask = xla_bridge.backends_are_initialized
+    except (ImportError, AttributeError):
+        _off(
+            "backends_are_initialized",
+            "jax._src.xla_bridge.backends_are_initialized is gone",
+            "a rank 0 that never calls jax.distributed.initialize() is not warned about",
+        )
+        return False
+    _on("backends_are_initialized")
+    return bool(ask())
+
+
+def cluster_env_base() -> type | None:
+    """JAX's ``ClusterEnv`` base class, which a cluster environment
+    subclasses to be found by ``jax.distributed.initialize()``; None
+    without JAX. Where it is not of the shape meshrun subclasses (the
+    registry ``_cluster_types`` and the hooks ``get_coordinator_address``,
+    ``get_process_count``, ``get_process_id``, ``get_local_process_id``,
+    the same from 0.10 to 0.12), None with a warning once."""
+    try:
+        import jax  # noqa: F401
+    except ImportError:
+        return None
+    name = "cluster_env"
+    try:
+        from jax._src.clusters import ClusterEnv
+    except ImportError:
+        _off(name, "jax._src.clusters.ClusterEnv is gone", _CLUSTER_LOSS)
+        return None
+    hooks = ("is_env_present", "get_coordinator_address", "get_process_count", "get_process_id", "get_local_process_id")
+    if not isinstance(getattr(ClusterEnv, "_cluster_types", None), list) or not all(hasattr(ClusterEnv, h) for h in hooks):
+        _off(name, "jax._src.clusters.ClusterEnv has changed shape", _CLUSTER_LOSS)
+        return None
+    params = list(inspect.signature(ClusterEnv.get_coordinator_address).parameters)
+    if params != ["timeout_secs", "override_coordinator_port"]:
+        _off(name, f"ClusterEnv.get_coordinator_address takes {params}", _CLUSTER_LOSS)
+        return None
+    _on(name)
+    return ClusterEnv
+
+
+_CLUSTER_LOSS = "jax.distributed.initialize() without arguments does not find the run (pass them, or call meshrun.init())"
+
+
+def put_cluster_env_first(cls: type) -> None:
+    """Makes JAX ask ``cls`` (a subclass of :func:`cluster_env_base`) before
+    any other environment it knows (Slurm, Open MPI) that may also be
+    visible: meshrun placed this process."""
+    types = cls._cluster_types  # type: ignore[attr-defined]
+    if cls in types:
+        types.remove(cls)
+    types.insert(0, cls)
 
 
 def gloo_on_host_address() -> None:
@@ -27,30 +152,54 @@ def gloo_on_host_address() -> None:
     then dial their own loopback and the first collective times out.
     meshrun knows the address this host reached the controller from
     (``MESHRUN_HOST_IP``), so gloo is bound there, as ``GLOO_SOCKET_IFNAME``
-    would do by hand."""
+    would do by hand. The same private names from JAX 0.10 to 0.12."""
     host_ip = os.environ.get("MESHRUN_HOST_IP")
     if not host_ip:
         return
     import dataclasses
 
-    from jax._src import config, distributed, xla_bridge
-    from jax._src.lib import _jax
-
-    registered = xla_bridge._backend_factories.get("cpu")
-    if registered is None or getattr(registered.factory, "_meshrun_gloo", False):
+    name = "gloo_on_host_address"
+    loses = "CPU collectives between hosts whose names resolve to a loopback address time out"
+    try:
+        from jax._src import config, distributed, xla_bridge
+        from jax._src.lib import _jax
+    except ImportError as e:
+        _off(name, f"a private JAX module is gone ({e})", loses)
+        return
+    registered = getattr(xla_bridge, "_backend_factories", {}).get("cpu")
+    if registered is None or not dataclasses.is_dataclass(registered) or not hasattr(registered, "factory"):
+        _off(name, "jax._src.xla_bridge no longer registers its CPU backend as meshrun knows", loses)
         return
     original = registered.factory
+    if getattr(original, "_meshrun_gloo", False):
+        return
+    make_gloo = getattr(_jax, "make_gloo_tcp_collectives", None)
+    takes = list(_parameters(original) or [])
+    if (
+        make_gloo is None
+        or "hostname" not in (make_gloo.__doc__ or "")
+        or takes[:1] != ["collectives"]
+        or not hasattr(config, "cpu_collectives_implementation")
+        or not hasattr(distributed, "global_state")
+    ):
+        _off(name, "JAX's CPU client factory or its gloo collectives have changed shape", loses)
+        return
 
     def make_cpu_client(collectives: Any = None) -> Any:
         if collectives is None and distributed.global_state.client is not None and config.cpu_collectives_implementation.value == "gloo":
-            collectives = _jax.make_gloo_tcp_collectives(distributed_client=distributed.global_state.client, hostname=host_ip)
+            collectives = make_gloo(distributed_client=distributed.global_state.client, hostname=host_ip)
         return original(collectives)
 
     make_cpu_client._meshrun_gloo = True  # type: ignore[attr-defined]
     xla_bridge._backend_factories["cpu"] = dataclasses.replace(registered, factory=make_cpu_client)
+    _on(name)
 
 
-_CACHE_WRITE_ARGS = ("cache_key", "compile_time_secs", "module_name", "backend", "executable", "host_callbacks")
+def _parameters(fn: Any) -> list[str] | None:
+    try:
+        return list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return None
 
 
 def cache_from_every_process() -> None:
@@ -63,30 +212,58 @@ def cache_from_every_process() -> None:
     each process's key differs: ranks other than 0 then miss the cache on
     every restart and recompile while rank 0 waits for them in the first
     collective (measured: a restart's first GPT step 7.5 s later than with
-    this). Keys differ, so processes never write the same entry. If JAX's
-    internals change shape, this does nothing and restarts just compile
-    (tests/test_recovery.py checks that rank 1 hits the cache on a restart).
+    this). Keys differ, so processes never write the same entry. JAX has no
+    public switch for this (0.10 to 0.12), so the private writer
+    ``jax._src.compiler._cache_write`` is wrapped, with the parameters of
+    its version (``_CACHE_WRITE_ARGS``). tests/test_recovery.py and the
+    compatibility suite check that rank 1 hits the cache on a restart.
     """
+    name = "cache_from_every_process"
+    loses = "ranks other than 0 compile again on every restart instead of reading the compilation cache"
     try:
         from jax._src import compilation_cache, compiler, distributed
-    except ImportError:
+    except ImportError as e:
+        _off(name, f"a private JAX module is gone ({e})", loses)
         return
     original = getattr(compiler, "_cache_write", None)
-    if original is None or getattr(original, "_meshrun", False):
+    if original is not None and getattr(original, "_meshrun", False):
         return
-    # The wrapper below calls it as JAX 0.10 declares it; another JAX may
-    # take other arguments (0.11 does), and is then left as it is.
-    if list(inspect.signature(original).parameters) != list(_CACHE_WRITE_ARGS):
+    expected = _expected(_CACHE_WRITE_ARGS, jax_version())
+    have = _parameters(original) if original is not None else None
+    put = getattr(compilation_cache, "put_executable_and_time", None)
+    if expected is None or have is None or tuple(have) != expected or put is None:
+        why = "jax._src.compiler._cache_write is gone" if have is None else f"jax._src.compiler._cache_write takes {tuple(have)}"
+        _off(name, why, loses)
         return
+    import jax
 
-    def cache_write(cache_key, compile_time_secs, module_name, backend, executable, host_callbacks):
-        if distributed.global_state.process_id == 0 or host_callbacks or backend.platform != "cpu":
-            return original(cache_key, compile_time_secs, module_name, backend, executable, host_callbacks)
+    def write_here(backend: Any, host_callbacks: Any = ()) -> bool:
+        """Whether this process writes the entry itself rather than leave
+        it to JAX: on CPU, in a process other than 0."""
+        return distributed.global_state.process_id != 0 and not host_callbacks and getattr(backend, "platform", None) == "cpu"
+
+    def put_entry(cache_key: str, compile_time_secs: float, module_name: str, backend: Any, executable: Any) -> None:
+        if compile_time_secs < jax.config.jax_persistent_cache_min_compile_time_secs:
+            return
         try:
-            compilation_cache.put_executable_and_time(cache_key, module_name, executable, backend, int(compile_time_secs))
+            put(cache_key, module_name, executable, backend, int(compile_time_secs))
         except Exception:  # a cache that cannot be written only costs a compile
             pass
-        return None
+
+    if len(expected) == 6:  # JAX 0.10: executables with host callbacks are not cached
+
+        def cache_write(cache_key, compile_time_secs, module_name, backend, executable, host_callbacks):
+            if not write_here(backend, host_callbacks):
+                return original(cache_key, compile_time_secs, module_name, backend, executable, host_callbacks)
+            return put_entry(cache_key, compile_time_secs, module_name, backend, executable)
+
+    else:  # JAX 0.11 and later
+
+        def cache_write(cache_key, compile_time_secs, module_name, backend, executable):  # type: ignore[misc]
+            if not write_here(backend):
+                return original(cache_key, compile_time_secs, module_name, backend, executable)
+            return put_entry(cache_key, compile_time_secs, module_name, backend, executable)
 
     cache_write._meshrun = True  # type: ignore[attr-defined]
     compiler._cache_write = cache_write
+    _on(name)
