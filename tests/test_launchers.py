@@ -4,8 +4,10 @@ launcher's variables (docs/migrating.md), and all of them meet in one run."""
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 
-from conftest import SCRIPTS, meshrun
+from conftest import MESHRUN, SCRIPTS, meshrun
 
 WARNING = "contradict where meshrun placed this process"
 
@@ -27,3 +29,19 @@ def test_programs_of_every_launcher_join_one_run(runs):
     for rank in range(5):
         assert WARNING not in done.log(rank), done.log(rank)
     assert "coordinator_address (from JAX_COORDINATOR_ADDRESS) 'localhost' -> '127.0.0.1:" in done.log(5), done.log(5)
+
+
+def test_a_metrics_file_the_program_writes_becomes_its_steps(runs, tmp_path):
+    # A line left by an earlier run is not this run's and is skipped.
+    metrics = tmp_path / "metrics.txt"
+    metrics.write_text(json.dumps({"step": 99, "learning/loss": 0.0}) + "\n")
+    done = meshrun(["-n", "2", "-q", "--metrics-file", str(metrics), str(SCRIPTS / "metrics_file_writer.py"), str(metrics), "5"], runs_dir=runs, timeout=60)
+    assert done.code == 0, done.stderr
+    records = [json.loads(line) for line in (done.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 1, 2, 3, 4]
+    assert [r["metrics"]["learning/loss"] for r in records] == [10.0, 9.0, 8.0, 7.0, 6.0]
+    assert all(r["metrics"] == {"learning/loss": r["metrics"]["learning/loss"], "learning/grad_norm": 1.5} for r in records)
+    # The line that is not JSON is named once, and skipped.
+    assert "--metrics-file" in done.log(0) and "'not json'" in done.log(0), done.log(0)
+    status = subprocess.run([str(MESHRUN), "status", "--runs-dir", str(runs), "t"], capture_output=True, text=True, timeout=30)
+    assert re.search(r"^step\s+4$", status.stdout, re.M) and "learning/loss=6.0000" in status.stdout, status.stdout

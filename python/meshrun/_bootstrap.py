@@ -14,7 +14,7 @@ import runpy
 import sys
 import traceback
 
-from meshrun import _cluster, _connection, _goodput, _runtime, context
+from meshrun import _cluster, _connection, _goodput, _metrics_file, _runtime, context
 
 
 def _run(kind: str, target: str, args: list[str]) -> None:
@@ -45,6 +45,7 @@ def main(argv: list[str]) -> None:
         raise SystemExit("usage: python -m meshrun._bootstrap script|module|function TARGET [ARGS...]")
     kind, target, *args = argv
     _connection.start()
+    _metrics_file.follow()
     if _cluster.register():
         _cluster.make_initialize_agree()
         _goodput.watch_jax()

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import traceback
 
-from meshrun import _cluster, _connection, _goodput, checkpoint, reporting
+from meshrun import _cluster, _connection, _goodput, _metrics_file, checkpoint, reporting
 
 
 def report_failure(exc: BaseException) -> None:
     """Sends the exception and its traceback; waits until it is sent."""
     _cluster.warn_if_not_joined()
+    _metrics_file.finish()
     reporting._drain(wait=False)
     client = _connection.client()
     if client is None:
@@ -43,6 +44,7 @@ def report_exit(exc: SystemExit, code: int) -> None:
     exits waits in JAX's shutdown barrier for the others, minutes if they
     keep working, and its status would come too late and be a SIGABRT."""
     _cluster.warn_if_not_joined()
+    _metrics_file.finish()
     reporting._drain(wait=False)
     client = _connection.client()
     if client is None:
@@ -72,6 +74,7 @@ def _is_meshrun_frame(filename: str) -> bool:
 def finish() -> None:
     """The program ended normally: send what is queued, then say goodbye."""
     _cluster.warn_if_not_joined()
+    _metrics_file.finish()
     reporting._drain(wait=True)
     checkpoint.wait()
     client = _connection.client()

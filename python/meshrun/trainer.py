@@ -152,6 +152,11 @@ class RunConfig:
     #: ls``/``status`` and the report (``--loss-metric``; default ``loss``,
     #: else the first metric whose name ends in ``loss``, e.g. ``train_loss``).
     loss_metric: str | None = None
+    #: A JSON-lines file the program writes its metrics to (one object a
+    #: step, with its ``step``); rank 0 follows it and reports each line as
+    #: a step, for programs that never call ``meshrun.report``
+    #: (``--metrics-file``).
+    metrics_file: str | None = None
     #: A rank that reaches its steps this share of a step later than the
     #: median rank, for ``straggler_steps`` steps in a row, is named a
     #: straggler (``--straggler-threshold``, ``--straggler-steps``).

@@ -125,6 +125,10 @@ pub struct RunSpec {
     pub tensorboard: bool,
     /// The metric shown as the run's loss (see `meshrun_record::loss_key`).
     pub loss_metric: Option<String>,
+    /// A JSON-lines file the program writes its metrics to, followed by
+    /// rank 0 and reported as its steps (for programs that never call
+    /// `meshrun.report`).
+    pub metrics_file: Option<String>,
     /// Restarts and hang detection.
     pub failure: FailurePolicy,
     /// Place the agents on this Ray cluster instead of this machine.
@@ -197,6 +201,8 @@ pub struct RunPlan {
     pub tensorboard: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loss_metric: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics_file: Option<String>,
     pub failure: FailurePolicy,
     pub ray: Option<RayTarget>,
     pub control_host: IpAddr,
@@ -460,6 +466,7 @@ impl RunSpec {
             on_save_error: self.on_save_error,
             tensorboard: self.tensorboard,
             loss_metric: self.loss_metric,
+            metrics_file: self.metrics_file,
             failure: self.failure,
             control_host,
             control_port,

@@ -30,6 +30,7 @@ fn spec(dir: &Path) -> RunSpec {
         on_save_error: crate::plan::SaveErrorPolicy::Continue,
         tensorboard: false,
         loss_metric: None,
+        metrics_file: None,
         failure: FailurePolicy::default(),
         ray: None,
         control_host: None,

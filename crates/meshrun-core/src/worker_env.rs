@@ -166,6 +166,9 @@ pub fn worker_env(
         "MESHRUN_ON_SAVE_ERROR".into(),
         plan.on_save_error.as_str().into(),
     ));
+    if let Some(path) = &plan.metrics_file {
+        env.push(("MESHRUN_METRICS_FILE".into(), path.clone()));
+    }
     if let Some(n) = plan.checkpoint_every {
         env.push(("MESHRUN_CHECKPOINT_EVERY".into(), n.to_string()));
     }

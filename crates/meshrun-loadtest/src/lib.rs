@@ -55,6 +55,7 @@ pub fn spec(
         on_save_error: meshrun_core::plan::SaveErrorPolicy::Continue,
         tensorboard: false,
         loss_metric: None,
+        metrics_file: None,
         failure: FailurePolicy::default(),
         ray: None,
         control_host: None,

@@ -344,6 +344,7 @@ pub fn run_spec(
         )?,
         tensorboard: r.truthy("tensorboard")?,
         loss_metric: r.text("loss_metric")?,
+        metrics_file: r.text("metrics_file")?,
         failure: FailurePolicy {
             max_failures: failure.required_uint("max_failures")?,
             hang_timeout_s: failure.seconds("hang_timeout_s")?,

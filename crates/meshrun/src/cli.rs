@@ -303,6 +303,14 @@ pub struct RunArgs {
     #[arg(long, value_name = "NAME")]
     pub loss_metric: Option<String>,
 
+    /// For a program that never calls `meshrun.report` (MaxText, most
+    /// programs not written for meshrun): a JSON-lines file it writes its
+    /// metrics to, one object a step with its `step`, relative to the
+    /// program's folder. Rank 0 follows it and reports each line as a step:
+    /// the progress line, `status`, the report and --hang-timeout see them.
+    #[arg(long, value_name = "PATH")]
+    pub metrics_file: Option<String>,
+
     /// A rank that reaches its steps more than this share of a step later
     /// than the median rank (0.2: 20%), for --straggler-steps steps in a
     /// row, is named a straggler: an event, `status` and the report say so.

@@ -159,6 +159,7 @@ pub fn spec(args: RunArgs, launcher: &Launcher) -> Result<RunSpec, UsageError> {
         },
         tensorboard: args.tensorboard,
         loss_metric: args.loss_metric.clone(),
+        metrics_file: args.metrics_file.clone(),
         failure: FailurePolicy {
             max_failures: args.max_failures,
             hang_timeout_s: args.hang_timeout,

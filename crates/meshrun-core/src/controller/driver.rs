@@ -230,6 +230,7 @@ impl<'a> Driver<'a> {
                     if let Some(out) = &mut self.output {
                         out.line(rank, stream, &line, more);
                     }
+                    self.progress.output_line();
                 }
                 return Ok(());
             }

@@ -59,6 +59,9 @@ pub struct Progress {
     /// What the cluster holds back while the run waits for it.
     waiting: Option<String>,
     samples: VecDeque<(Instant, u64)>,
+    /// When a worker last wrote a line: a program that never reports
+    /// still shows it is alive.
+    last_output: Option<Instant>,
     drawn: Option<Instant>,
     printed: Instant,
 }
@@ -99,6 +102,7 @@ impl Progress {
             saves_failing: None,
             waiting: None,
             samples: VecDeque::new(),
+            last_output: None,
             drawn: None,
             printed: now,
         };
@@ -148,6 +152,11 @@ impl Progress {
             }
         }
         self.redraw(false);
+    }
+
+    /// A worker wrote a line of output.
+    pub fn output_line(&mut self) {
+        self.last_output = Some(Instant::now());
     }
 
     /// A checkpoint of `step` is being written (`None`: committed).
@@ -227,14 +236,22 @@ impl Progress {
 
     /// "attempt 2 · step 120/150 · loss 2.345 · 3.2 steps/s · 3,300 tokens/s · ETA 9s · saving step-120"
     pub fn text(&self) -> String {
+        self.text_at(Instant::now())
+    }
+
+    fn text_at(&self, now: Instant) -> String {
         let mut parts = vec![format!("attempt {}", self.attempt)];
-        match (self.step, self.total) {
-            (Some(s), Some(t)) => parts.push(format!("step {s}/{t}")),
-            (Some(s), None) => parts.push(format!("step {s}")),
-            (None, _) => parts.push(format!(
-                "starting ({:.0}s)",
-                self.started.elapsed().as_secs_f64()
+        let up = short_duration(now.duration_since(self.started).as_secs_f64());
+        match (self.step, self.total, self.last_output) {
+            (Some(s), Some(t), _) => parts.push(format!("step {s}/{t}")),
+            (Some(s), None, _) => parts.push(format!("step {s}")),
+            // A program that reports no steps (most programs not written
+            // for meshrun): that it runs, and when it last said anything.
+            (None, _, Some(said)) => parts.push(format!(
+                "running {up} · last output {} ago",
+                short_duration(now.duration_since(said).as_secs_f64())
             )),
+            (None, _, None) => parts.push(format!("starting ({up})")),
         }
         if let Some(loss) = self.loss {
             parts.push(format!("loss {loss:.4}"));
@@ -368,6 +385,28 @@ mod tests {
         );
         p.waiting(None);
         assert!(!p.text().contains("waiting"), "{}", p.text());
+    }
+
+    #[test]
+    fn a_program_that_reports_no_steps_shows_it_runs_and_when_it_last_spoke() {
+        let mut p = Progress::new(ProgressMode::Lines, 1);
+        let t0 = p.started;
+        assert_eq!(
+            p.text_at(t0 + Duration::from_secs(4)),
+            "attempt 1 · starting (4s)"
+        );
+        p.output_line();
+        let said = p.last_output.unwrap();
+        assert_eq!(
+            p.text_at(said + Duration::from_secs(75)),
+            format!(
+                "attempt 1 · running {} · last output 1m15s ago",
+                short_duration((said + Duration::from_secs(75) - t0).as_secs_f64())
+            )
+        );
+        // Its first step replaces both.
+        p.report(Some(1), &json!({}), None);
+        assert_eq!(p.text_at(said), "attempt 1 · step 1");
     }
 
     #[test]

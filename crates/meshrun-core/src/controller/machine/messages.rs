@@ -117,6 +117,19 @@ impl Machine {
                     }
                     state.timing = Some(t);
                 }
+                if rank == 0 && step.is_some() && self.plan.metrics_file.is_some() {
+                    // Only rank 0 follows the program's metrics file: its
+                    // steps are every rank's (the ranks of one SPMD program
+                    // step together), for hang detection and for when
+                    // training began.
+                    for r in self.ranks.iter_mut().skip(1) {
+                        r.progress = Some(now);
+                        if r.last_step.is_none() {
+                            self.stepped += 1;
+                        }
+                        r.last_step = step.or(r.last_step);
+                    }
+                }
                 let first_checkpointing = checkpoint && !self.checkpointing;
                 self.checkpointing |= checkpoint;
                 if first_checkpointing {

@@ -39,6 +39,7 @@ pub fn plan(nprocs: u32) -> RunPlan {
         on_save_error: crate::plan::SaveErrorPolicy::Continue,
         tensorboard: false,
         loss_metric: None,
+        metrics_file: None,
         failure: FailurePolicy::default(),
         ray: None,
         control_host: std::net::Ipv4Addr::LOCALHOST.into(),

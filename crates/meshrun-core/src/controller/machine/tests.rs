@@ -388,6 +388,28 @@ fn a_hang_names_the_rank_with_the_oldest_report() {
 }
 
 #[test]
+fn with_a_metrics_file_rank_0s_steps_are_every_ranks_for_hang_detection() {
+    let mut p = plan(2);
+    p.failure.hang_timeout_s = Some(30.0);
+    p.metrics_file = Some("metrics.txt".into());
+    let mut sim = Sim::running_with(p);
+    for step in 0..50u32 {
+        sim.alive_until(f64::from(step) + 1.0);
+        sim.report(0, u64::from(step), false);
+    }
+    assert!(sim.failed().is_none(), "rank 1 reports nothing of its own");
+    // Rank 0's file stops growing: the program is hung.
+    sim.alive_until(90.0);
+    assert!(matches!(
+        sim.failed().expect("hung").cause,
+        Cause::Hang {
+            last_step: Some(49),
+            ..
+        }
+    ));
+}
+
+#[test]
 fn a_rank_left_behind_by_a_finished_one_hangs_after_the_finish_timeout() {
     let mut p = plan(2);
     p.failure.finish_timeout_s = Some(20.0);
