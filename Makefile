@@ -11,7 +11,7 @@ BUILD_STAMP := $(VENV)/.meshrun-built
 CHROMIUM_STAMP := $(VENV)/.chromium
 RUST_SOURCES := $(shell find crates -name '*.rs' -o -name 'Cargo.toml') Cargo.toml $(wildcard Cargo.lock) pyproject.toml
 
-.PHONY: help install demo test test-fast test-rust test-python lint bench-startup bench-step-parity bench-data bench-ckpt bench-ckpt-s3 bench-recovery bench-vs-ray bench-hosts bench-elastic soak partition fuzz load bench-scale clean
+.PHONY: help install demo test test-fast test-rust test-python test-kubeflow lint bench-startup bench-step-parity bench-data bench-ckpt bench-ckpt-s3 bench-recovery bench-vs-ray bench-hosts bench-elastic soak partition fuzz load bench-scale clean
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -67,6 +67,13 @@ test-rust:  ## Rust tests only.
 
 test-python: install $(CHROMIUM_STAMP)  ## Python tests only.
 	$(VENV)/bin/pytest
+
+# Kubeflow's JAXJob examples are Kubeflow's code, not meshrun's: give the
+# examples/jax folder of a kubeflow/training-operator checkout from before
+# its v1 examples were removed (commit 7858371b4^).
+test-kubeflow: install  ## Kubeflow's two JAX examples, unmodified, on 2 processes and on 2 namespace hosts (KUBEFLOW_EXAMPLES=<training-operator>/examples/jax).
+	@test -n "$(KUBEFLOW_EXAMPLES)" || { echo "make test-kubeflow: set KUBEFLOW_EXAMPLES to the examples/jax folder of a kubeflow/training-operator checkout (commit 7858371b4^)" >&2; exit 2; }
+	MESHRUN_KUBEFLOW_EXAMPLES=$(abspath $(KUBEFLOW_EXAMPLES)) $(VENV)/bin/pytest tests/test_kubeflow.py -s
 
 lint: install  ## rustfmt, clippy.
 	cargo fmt --all -- --check
