@@ -75,6 +75,25 @@ test-kubeflow: install  ## Kubeflow's two JAX examples, unmodified, on 2 process
 	@test -n "$(KUBEFLOW_EXAMPLES)" || { echo "make test-kubeflow: set KUBEFLOW_EXAMPLES to the examples/jax folder of a kubeflow/training-operator checkout (commit 7858371b4^)" >&2; exit 2; }
 	MESHRUN_KUBEFLOW_EXAMPLES=$(abspath $(KUBEFLOW_EXAMPLES)) $(VENV)/bin/pytest tests/test_kubeflow.py -s
 
+# meshrun as users install it: the abi3 wheel, in venvs of other Pythons
+# and JAXes. A cell is a lock file compat/py<PYTHON>-jax<JAX>.lock; its
+# venv is .compat/<cell>/ (remade when the lock changes), its Python
+# pyenv's or on PATH. compat/cells.py says what is missing.
+.PHONY: wheel test-compat compat-short-venv
+
+wheel: install  ## Build meshrun's abi3 wheel into dist/ (only when its sources changed).
+	$(PY) compat/cells.py wheel
+
+test-compat: install  ## The wheel in a venv per (Python, JAX) of compat/*.lock, each running tests/compat/, one after the other; prints the table.
+	$(PY) compat/cells.py run
+
+# tests/test_compat.py (in `make test`) runs the short form in one cell;
+# its venv is made here, before pytest: pip reaches PyPI, tests do not.
+COMPAT_SHORT_CELL := py3.12-jax0.12
+compat-short-venv: install  ## Make the venv of the cell that `make test` runs the short form in.
+	$(PY) compat/cells.py prepare $(COMPAT_SHORT_CELL)
+test test-python: compat-short-venv
+
 lint: install  ## rustfmt, clippy.
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
