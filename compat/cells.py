@@ -147,7 +147,7 @@ def make_venv(cell: str, offline: bool = False) -> Path:
     lock = LOCKS / f"{cell}.lock"
     venv = VENVS / cell
     stamp = venv / ".made-from"
-    want = f"{python}\n{hashlib.sha256(lock.read_bytes()).hexdigest()}\n"
+    want = f"{python}\n{hashlib.sha256(' '.join(pins(lock.read_text())).encode()).hexdigest()}\n"
     if stamp.exists() and stamp.read_text() == want:
         return venv
     if offline:
