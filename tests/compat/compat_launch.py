@@ -55,7 +55,12 @@ def test_the_hook_on_private_jax_is_on_in_every_worker(two_hosts, hook):
     for rank in (0, 1):
         hooks = two_hosts.json(f"collective-{rank}.json")["hooks"]
         assert hooks.get(hook) == "on", hooks
-        # Any other hook the worker tried (the cluster environment) too.
+
+
+@pytest.mark.short
+def test_no_hook_is_off_and_none_warns(two_hosts):
+    for rank in (0, 1):
+        hooks = two_hosts.json(f"collective-{rank}.json")["hooks"]
         assert all(state == "on" for state in hooks.values()), hooks
     said = two_hosts.stderr + two_hosts.log(0) + two_hosts.log(1)
     assert "meshrun: warning: JAX" not in said
