@@ -31,6 +31,8 @@ _CACHE_WRITE_ARGS = {
     (0, 11): ("cache_key", "compile_time_secs", "module_name", "backend", "executable"),
 }
 
+_MIN_TIME = "jax_persistent_cache_min_compile_time_secs"
+
 _status: dict[str, str] = {}
 _warned: set[str] = set()
 
@@ -231,11 +233,14 @@ def cache_from_every_process() -> None:
     expected = _expected(_CACHE_WRITE_ARGS, jax_version())
     have = _parameters(original) if original is not None else None
     put = getattr(compilation_cache, "put_executable_and_time", None)
-    if expected is None or have is None or tuple(have) != expected or put is None:
+    import jax
+
+    if expected is None or have is None or tuple(have) != expected or put is None or not hasattr(jax.config, _MIN_TIME):
         why = "jax._src.compiler._cache_write is gone" if have is None else f"jax._src.compiler._cache_write takes {tuple(have)}"
+        if have is not None and tuple(have) == expected:
+            why = f"jax._src.compilation_cache.put_executable_and_time or jax.config.{_MIN_TIME} is gone"
         _off(name, why, loses)
         return
-    import jax
 
     def write_here(backend: Any, host_callbacks: Any = ()) -> bool:
         """Whether this process writes the entry itself rather than leave
@@ -243,7 +248,7 @@ def cache_from_every_process() -> None:
         return distributed.global_state.process_id != 0 and not host_callbacks and getattr(backend, "platform", None) == "cpu"
 
     def put_entry(cache_key: str, compile_time_secs: float, module_name: str, backend: Any, executable: Any) -> None:
-        if compile_time_secs < jax.config.jax_persistent_cache_min_compile_time_secs:
+        if compile_time_secs < getattr(jax.config, _MIN_TIME):
             return
         try:
             put(cache_key, module_name, executable, backend, int(compile_time_secs))
