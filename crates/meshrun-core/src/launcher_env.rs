@@ -4,7 +4,7 @@
 //!
 //! Where two contracts name the same variable differently, the value is
 //! the one that lets both kinds of program run: `JAX_COORDINATOR_ADDRESS`
-//! is JAX's `host:port` but MaxText's CPU path resolves it as a bare host
+//! is JAX's `host:port` but `MaxText`'s CPU path resolves it as a bare host
 //! name (and hangs on `host:port`), so it holds the bare host, with the
 //! port in `JAX_COORDINATOR_PORT`; a JAX program that reads it is still
 //! right, because meshrun's `jax.distributed.initialize` passes the whole
