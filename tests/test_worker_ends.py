@@ -158,9 +158,10 @@ def test_local_device_ids_outside_the_workers_gpus_are_replaced(monkeypatch):
 
 
 def test_the_compilation_cache_hook_leaves_a_jax_of_another_shape_alone(monkeypatch):
-    """JAX 0.11 calls its cache writer with other arguments than 0.10: the
-    hook that lets every rank write cache entries must then stay out, or
-    every compile fails (seen on a GPU machine with JAX 0.11.2)."""
+    """A cache writer not of the shape this JAX's version has (0.11 took
+    one argument fewer than 0.10) must be left alone, or every compile
+    fails (seen on a GPU machine with JAX 0.11.2 before the hook knew its
+    shape); the shapes it knows are tested on each JAX by tests/compat."""
     from jax._src import compiler
 
     from meshrun import _jax_private

@@ -59,9 +59,8 @@ def wait_for_coordinator(address: str, timeout: float = 300.0) -> None:
 
 def register() -> bool:
     """Registers meshrun's cluster environment with JAX; False without JAX."""
-    try:
-        from jax._src.clusters import ClusterEnv
-    except ImportError:
+    ClusterEnv = _jax_private.cluster_env_base()
+    if ClusterEnv is None:
         return False
 
     class MeshrunCluster(ClusterEnv):
@@ -96,9 +95,7 @@ def register() -> bool:
             # already given it its devices (CPU count or CUDA_VISIBLE_DEVICES).
             return None
 
-    types = ClusterEnv._cluster_types
-    types.remove(MeshrunCluster)
-    types.insert(0, MeshrunCluster)
+    _jax_private.put_cluster_env_first(MeshrunCluster)
     _jax_private.cache_from_every_process()
     _jax_private.gloo_on_host_address()
     return True

@@ -15,7 +15,7 @@ from cellrun import PROGRAMS
 
 COLLECTIVE = PROGRAMS / "collective.py"
 # Every hook that must be on in a worker, whatever the JAX.
-WORKER_HOOKS = ("backends_are_initialized", "cache_from_every_process", "gloo_on_host_address")
+WORKER_HOOKS = ("backends_are_initialized", "cache_from_every_process", "cluster_env", "gloo_on_host_address")
 
 
 @pytest.fixture(scope="module")
