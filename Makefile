@@ -147,4 +147,4 @@ fuzz:  ## Fuzz the control protocol's frame decoder for FUZZ_SECONDS (600) with 
 	cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run frame --sanitizer none -- -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1
 
 clean:  ## Remove build outputs and the virtualenv.
-	rm -rf $(VENV) target
+	rm -rf $(VENV) target .compat dist
