@@ -37,6 +37,9 @@ def _host(address: str) -> str:
     return address
 
 
+_coordinator_seen: str | None = None
+
+
 def wait_for_coordinator(address: str, timeout: float = 300.0) -> None:
     """Blocks until the JAX coordinator at ``address`` accepts connections.
 
@@ -45,13 +48,17 @@ def wait_for_coordinator(address: str, timeout: float = 300.0) -> None:
     again, which made one launch in two a second slower. Polling the port
     every few milliseconds costs nothing and removes that wait.
     """
-    if int(os.environ.get("MESHRUN_RANK", "0")) == 0:
+    global _coordinator_seen
+    if int(os.environ.get("MESHRUN_RANK", "0")) == 0 or _coordinator_seen == address:
         return
     host, port = address.rsplit(":", 1)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
+                # Once: meshrun.init() waits, then its initialize() call
+                # comes through the wrapper, which would connect again.
+                _coordinator_seen = address
                 return
         except OSError:
             time.sleep(0.005)
