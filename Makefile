@@ -11,7 +11,7 @@ BUILD_STAMP := $(VENV)/.meshrun-built
 CHROMIUM_STAMP := $(VENV)/.chromium
 RUST_SOURCES := $(shell find crates -name '*.rs' -o -name 'Cargo.toml') Cargo.toml $(wildcard Cargo.lock) pyproject.toml
 
-.PHONY: help install demo test test-fast test-rust test-python test-kubeflow lint bench-startup bench-step-parity bench-data bench-ckpt bench-ckpt-s3 bench-recovery bench-vs-ray bench-hosts bench-elastic soak partition fuzz load bench-scale clean
+.PHONY: help install demo test test-fast test-rust test-python test-kubeflow test-maxtext lint bench-startup bench-step-parity bench-data bench-ckpt bench-ckpt-s3 bench-recovery bench-vs-ray bench-hosts bench-elastic soak partition fuzz load bench-scale clean
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -93,6 +93,25 @@ COMPAT_SHORT_CELL := py3.12-jax0.12
 compat-short-venv: install  ## Make the venv of the cell that `make test` runs the short form in.
 	$(PY) compat/cells.py prepare $(COMPAT_SHORT_CELL)
 test test-python: compat-short-venv
+
+# MaxText, unmodified, under meshrun (tests/test_maxtext.py): its trainer on
+# 2 processes x 2 CPU devices, uninterrupted and with a rank SIGKILLed, the
+# losses compared. Its venv is Python 3.12 with exactly the pins of
+# compat/maxtext/requirements.lock (made again when they change) and
+# meshrun's wheel; `make test` runs the short form when the venv is there.
+MAXTEXT_VENV := .compat/maxtext-py3.12
+MAXTEXT_PYTHON ?= $(or $(lastword $(sort $(wildcard $(shell pyenv root 2>/dev/null)/versions/3.12.*/bin/python3.12))),$(shell command -v python3.12))
+
+$(MAXTEXT_VENV)/.deps-installed: compat/maxtext/requirements.lock
+	@test -n "$(MAXTEXT_PYTHON)" || { echo "make test-maxtext: MaxText needs Python 3.12 and none was found (pyenv install 3.12, or MAXTEXT_PYTHON=/path/to/python3.12)" >&2; exit 2; }
+	rm -rf $(MAXTEXT_VENV)
+	$(MAXTEXT_PYTHON) -m venv $(MAXTEXT_VENV)
+	$(MAXTEXT_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -r compat/maxtext/requirements.lock
+	touch $@
+
+test-maxtext: wheel $(MAXTEXT_VENV)/.deps-installed  ## MaxText's trainer under meshrun, a rank SIGKILLed after its first checkpoint: it resumes from its own checkpoint with the uninterrupted run's losses.
+	$(MAXTEXT_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps --force-reinstall $$(ls -t dist/meshrun-*-abi3-*.whl | head -1)
+	MESHRUN_MAXTEXT_FULL=1 $(VENV)/bin/pytest tests/test_maxtext.py -s
 
 lint: install  ## rustfmt, clippy.
 	cargo fmt --all -- --check
