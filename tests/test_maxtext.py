@@ -134,7 +134,7 @@ def run_uninterrupted(tmp: Path) -> tuple[dict[int, list[float]], float]:
     start = time.monotonic()
     proc = subprocess.Popen(command(tmp, name), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp)
     try:
-        out, err = proc.communicate(timeout=600)
+        _, err = proc.communicate(timeout=600)
     finally:
         stop(proc)
     took = time.monotonic() - start
@@ -167,7 +167,7 @@ def run_killed(tmp: Path) -> tuple[Path, float, float]:
         os.kill(pid, signal.SIGKILL)
         killed_at = time.monotonic() - start
         wait_for(lambda: not alive(pid), 10, f"rank {KILLED_RANK} ({pid}) to die")
-        out, err = proc.communicate(timeout=600)
+        _, err = proc.communicate(timeout=600)
     finally:
         stop(proc)
     took = time.monotonic() - start
@@ -239,4 +239,4 @@ def test_maxtext_resumes_from_its_own_checkpoint_after_a_sigkill(tmp_path):
     # MaxText restores its whole train state (parameters, optimizer state,
     # step) and the synthetic batch is the same every step, on the same
     # compiled program: the losses are bit-identical, not merely close.
-    assert not mismatches, f"(step, uninterrupted, resumed) losses that differ: {mismatches}"
+    assert not mismatches, f"(step, loss wanted, loss written) that differ: {mismatches}"
