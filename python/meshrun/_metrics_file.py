@@ -9,7 +9,8 @@ report of its step, so the progress line, ``meshrun status``, the report and
 worker started counts: a file left by an earlier attempt or run was already
 reported, or is not this run's. A file that was started anew (MaxText
 truncates it at step 0: it shrinks, or its first bytes change) is read from
-its beginning.
+its beginning. Each step is reported once, from its first line: every
+process of the program may append its own (MaxText's do).
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ class _Follower:
             pass
         self.partial = b""
         self.bad_lines = 0
+        # Every process of a program may append its own line for a step
+        # to the same file (MaxText's do): a step is reported once, from
+        # its first line.
+        self.last_step: int | None = None
         self.stop = threading.Event()
         self.lock = threading.Lock()
         self.thread = threading.Thread(target=self._loop, name="meshrun-metrics-file", daemon=True)
@@ -93,6 +98,9 @@ class _Follower:
                 )
                 sys.stderr.flush()
             return
+        if self.last_step is not None and step <= self.last_step:
+            return
+        self.last_step = step
         client = _connection.client()
         if client is None:
             return

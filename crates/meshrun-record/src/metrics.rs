@@ -15,9 +15,11 @@ pub struct MetricsRecord {
 
 /// The metric meshrun shows as a run's loss (the report's chart, `ls`,
 /// `status`, the progress line): `configured` (`--loss-metric`) when
-/// given, else `loss`, else the first metric in name order that ends in
-/// `loss` and is not a validation or test one (`train_loss`), else the
-/// first that ends in `loss`. `names`: the metrics reported.
+/// given, else `loss`, else one whose last `/`-separated part is `loss`
+/// (MaxText's `learning/loss`, beside its `learning/z_loss`), else the first
+/// metric in name order that ends in `loss` and is not a validation or test
+/// one (`train_loss`), else the first that ends in `loss`. `names`: the
+/// metrics reported.
 pub fn loss_key<'a>(
     configured: Option<&str>,
     names: impl IntoIterator<Item = &'a str>,
@@ -32,9 +34,11 @@ pub fn loss_key<'a>(
         return Some("loss".into());
     }
     let held_out = |n: &&str| ["val", "eval", "test"].iter().any(|p| n.starts_with(p));
+    let exactly_loss = |n: &&str| n.rsplit('/').next() == Some("loss");
     losses
         .iter()
-        .find(|n| !held_out(n))
+        .find(|n| exactly_loss(n) && !held_out(n))
+        .or_else(|| losses.iter().find(|n| !held_out(n)))
         .or_else(|| losses.first())
         .map(|n| (*n).to_string())
 }
@@ -74,6 +78,20 @@ mod tests {
             Some("val_loss")
         );
         assert_eq!(loss_key(None, ["accuracy"]), None);
+        // MaxText's: the loss itself, not the first name ending in loss.
+        assert_eq!(
+            loss_key(
+                None,
+                [
+                    "learning/indexer_loss",
+                    "learning/loss",
+                    "learning/z_loss",
+                    "eval/loss"
+                ]
+            )
+            .as_deref(),
+            Some("learning/loss")
+        );
         assert_eq!(loss_key(Some("nll"), ["loss"]).as_deref(), Some("nll"));
     }
 }

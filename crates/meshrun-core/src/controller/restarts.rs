@@ -43,6 +43,16 @@ pub(super) fn after(
     Next::Restart
 }
 
+/// The summary of an attempt that is restarted: the attempt failed, not
+/// the run (its final summary says `run 'NAME' failed (attempt N)`).
+pub(super) fn attempt_summary(summary: &str, name: &str, attempt: u32) -> String {
+    summary.replacen(
+        &format!("meshrun: run '{name}' failed (attempt {attempt}):"),
+        &format!("meshrun: attempt {attempt} of run '{name}' failed:"),
+        1,
+    )
+}
+
 /// The line said before a restart.
 pub(super) fn restarting_line(
     f: &FailureRecord,
@@ -52,7 +62,9 @@ pub(super) fn restarting_line(
     max_failures: u32,
 ) -> String {
     let mut from = newest.map_or_else(
-        || "from the start (no checkpoint yet)".to_string(),
+        // A program may keep checkpoints of its own (MaxText, Orbax): it
+        // then resumes from those, whatever meshrun has.
+        || "from the start (no checkpoint of meshrun's yet; a program with checkpoints of its own resumes from those)".to_string(),
         |s| format!("from the newest checkpoint that verifies (newest committed: step-{s})"),
     );
     if let Some(m) = memory_step.filter(|m| newest.is_none_or(|d| *m >= d)) {
@@ -155,6 +167,16 @@ mod tests {
         assert_eq!(after(failed, Some(&exit), 2, 3), Next::Restart);
         assert_eq!(after(failed, None, 0, 3), Next::End);
         assert_eq!(after(OutcomeStatus::Succeeded, None, 0, 3), Next::End);
+    }
+
+    #[test]
+    fn a_restarted_attempts_summary_says_the_attempt_failed_not_the_run() {
+        let summary =
+            "meshrun: run 'w' failed (attempt 2): rank 1 ended with signal 9 (SIGKILL)\n  log: x\n";
+        assert_eq!(
+            attempt_summary(summary, "w", 2),
+            "meshrun: attempt 2 of run 'w' failed: rank 1 ended with signal 9 (SIGKILL)\n  log: x\n"
+        );
     }
 
     #[test]

@@ -169,7 +169,7 @@ pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, Core
                 from_step: newest,
             })?;
             if let Some(text) = &end.summary {
-                terminal().note(text);
+                terminal().note(&restarts::attempt_summary(text, &plan.name, f.attempt));
             }
             terminal().note(&restarts::restarting_line(
                 f,
