@@ -16,7 +16,7 @@ pub struct MetricsRecord {
 /// The metric meshrun shows as a run's loss (the report's chart, `ls`,
 /// `status`, the progress line): `configured` (`--loss-metric`) when
 /// given, else `loss`, else one whose last `/`-separated part is `loss`
-/// (MaxText's `learning/loss`, beside its `learning/z_loss`), else the first
+/// (`MaxText`'s `learning/loss`, beside its `learning/z_loss`), else the first
 /// metric in name order that ends in `loss` and is not a validation or test
 /// one (`train_loss`), else the first that ends in `loss`. `names`: the
 /// metrics reported.

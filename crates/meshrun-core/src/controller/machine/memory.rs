@@ -11,7 +11,7 @@
 //! every host is asked to make it whole (its own copy, else the buddy's
 //! replica fetched back); if one cannot, the attempt resumes from storage.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use meshrun_ckpt::manifest::{Leaf, Manifest, FORMAT_VERSION};
@@ -36,7 +36,10 @@ enum Restore {
 #[derive(Debug, Default)]
 pub(super) struct MemoryTier {
     buddies_sent: bool,
-    prepare_sent: bool,
+    /// The hosts asked to make the step whole, each session once: a host
+    /// whose connection broke before the launch is asked again when it
+    /// joins again (its old session's answer is lost with it).
+    asked: BTreeSet<u32>,
     /// Host -> where its copy came from, or why it could not be had.
     prepared: BTreeMap<u32, Result<String, String>>,
     decided: Restore,
@@ -93,19 +96,35 @@ impl Machine {
             self.memory.decided = Restore::Storage;
             return true;
         };
-        if !self.memory.prepare_sent {
-            self.memory.prepare_sent = true;
-            for conn in self.agent_conns() {
-                self.send(
-                    conn,
-                    Message::MemoryPrepare {
-                        run_id: self.setup.run_id.clone(),
-                        step,
-                    },
-                );
-            }
+        let unasked: Vec<(u32, super::Conn)> = self
+            .agents
+            .iter()
+            .filter(|(h, _)| !self.memory.asked.contains(h))
+            .map(|(&h, link)| (h, link.conn))
+            .collect();
+        for (host, conn) in unasked {
+            self.memory.asked.insert(host);
+            self.send(
+                conn,
+                Message::MemoryPrepare {
+                    run_id: self.setup.run_id.clone(),
+                    step,
+                },
+            );
         }
         false
+    }
+
+    /// A joined host left before the launch: what its session said is
+    /// gone with it. Its answer is forgotten and it will be asked again;
+    /// every host is told its buddy again, since the host's new session
+    /// serves replicas on a new port.
+    pub(super) fn memory_host_left(&mut self, host: u32) {
+        self.memory.buddies_sent = false;
+        if self.memory.decided == Restore::Undecided {
+            self.memory.asked.remove(&host);
+            self.memory.prepared.remove(&host);
+        }
     }
 
     /// The step this attempt's workers restore, and whether from memory.

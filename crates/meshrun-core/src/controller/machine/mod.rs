@@ -444,6 +444,7 @@ impl Machine {
                     // its rank is free until then.
                     tracing::warn!(host, "a joined host left before the launch ({error})");
                     self.agents.remove(&host);
+                    self.memory_host_left(host);
                     self.record(Event::AgentLeft { host, error });
                     return Ok(());
                 }

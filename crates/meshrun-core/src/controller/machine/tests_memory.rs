@@ -13,6 +13,8 @@ use super::*;
 
 const H0: Conn = 500;
 const H1: Conn = 501;
+/// Host 1's connection after it joined again.
+const H1_AGAIN: Conn = 502;
 
 /// Two hosts of one worker each.
 fn two_hosts() -> RunPlan {
@@ -267,4 +269,50 @@ fn a_host_that_cannot_hold_a_step_leaves_it_uncommitted() {
             ..
         }
     )));
+}
+
+#[test]
+fn a_host_that_rejoins_before_the_launch_is_asked_again_and_the_run_decides() {
+    // The joined host answered, then its connection broke and it joined
+    // again: its old session's answer and replica port are gone with it.
+    let mut p = two_hosts();
+    p.rendezvous = true;
+    let mut sim = Sim::with_setup(p, setup(Some(5), Some(7)));
+    join(&mut sim, H0, 0);
+    join(&mut sim, H1, 1);
+    prepared(&mut sim, H1, 7, Some("this host's memory"));
+    sim.input(Input::AgentLost {
+        conn: H1,
+        error: "Connection reset by peer".into(),
+    });
+    sim.input(Input::AgentJoined {
+        host: Some(1),
+        ip: "127.0.0.3".into(),
+        pid: 11,
+        gpus: vec![],
+        free_port: 5000,
+        controller: None,
+        replica_port: Some(6101),
+        conn: H1_AGAIN,
+    });
+    assert!(
+        sim.sent_to(H1_AGAIN).contains(&&Message::MemoryPrepare {
+            run_id: "0123456789abcdef".into(),
+            step: 7
+        }),
+        "the new session is asked"
+    );
+    // Host 0 learns where its buddy now serves replicas.
+    assert!(sim.sent_to(H0).contains(&&Message::Buddy {
+        host: 1,
+        addr: "127.0.0.3:6101".into()
+    }));
+    prepared(&mut sim, H0, 7, Some("this host's memory"));
+    assert!(!sim.m.launched(), "the old session's answer does not count");
+    prepared(&mut sim, H1_AGAIN, 7, Some("this host's memory"));
+    assert!(sim.m.launched());
+    assert!(sim
+        .events()
+        .iter()
+        .any(|e| matches!(e, Event::ResumingFromMemory { step: 7, .. })));
 }
