@@ -113,9 +113,14 @@ test-maxtext: wheel $(MAXTEXT_VENV)/.deps-installed  ## MaxText's trainer under 
 	$(MAXTEXT_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps --force-reinstall $$(ls -t dist/meshrun-*-abi3-*.whl | head -1)
 	MESHRUN_MAXTEXT_FULL=1 $(VENV)/bin/pytest tests/test_maxtext.py -s
 
-lint: install  ## rustfmt, clippy.
+# The Python checks take their settings from pyproject.toml; stubtest
+# compares python/meshrun/_native.pyi with the built native module.
+lint: install  ## rustfmt, clippy; ruff, mypy and stubtest on the Python package.
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	$(VENV)/bin/ruff check python/meshrun
+	$(VENV)/bin/mypy
+	$(PY) -m mypy.stubtest --mypy-config-file pyproject.toml meshrun._native
 
 bench-startup: install  ## Startup overhead of `meshrun run` against a hand launch.
 	$(PY) bench/startup.py

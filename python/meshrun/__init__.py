@@ -5,8 +5,8 @@ The package stays light on import (no JAX), because every worker and the
 """
 
 from meshrun._native import __version__
-from meshrun.context import Context, get_context, init
 from meshrun.checkpoint import Checkpoint, get_checkpoint, restore, save, wait_committed
+from meshrun.context import Context, get_context, init
 from meshrun.errors import CheckpointError, ConfigError, ControlError, DataError, MeshrunError, RunFailedError, StorageError, TrainingFailedError
 from meshrun.ray_data import get_dataset_shard
 from meshrun.reporting import report

@@ -66,7 +66,8 @@ def wait_for_coordinator(address: str, timeout: float = 300.0) -> None:
 
 def register() -> bool:
     """Registers meshrun's cluster environment with JAX; False without JAX."""
-    ClusterEnv = _jax_private.cluster_env_base()
+    # Any: a base class found at runtime, which mypy cannot check a subclass against.
+    ClusterEnv: Any = _jax_private.cluster_env_base()
     if ClusterEnv is None:
         return False
 

@@ -88,21 +88,22 @@ def counts_as(part: str) -> Callable[[F], F]:
     return wrap
 
 
-def _compile_span(event: str, start: float, end: float, **_: Any) -> None:
+def _compile_span(event: str, start_time: float, end_time: float, **_: Any) -> None:
     """Adds a compile span, merging it with the spans it overlaps (an outer
-    trace is reported after the inner ones it contains)."""
+    trace is reported after the inner ones it contains). The parameters are
+    named as in JAX's listener protocol."""
     global _compile
-    if event not in COMPILE_EVENTS or end <= start:
+    if event not in COMPILE_EVENTS or end_time <= start_time:
         return
     keep = []
     for s, e in _spans:
-        if e < start or s > end:
+        if e < start_time or s > end_time:
             keep.append((s, e))
         else:
-            start, end = min(start, s), max(end, e)
+            start_time, end_time = min(start_time, s), max(end_time, e)
             _compile -= e - s
-    keep.append((start, end))
-    _compile += end - start
+    keep.append((start_time, end_time))
+    _compile += end_time - start_time
     keep.sort()
     _spans[:] = keep
 

@@ -14,6 +14,7 @@ with each supported JAX.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import sys
@@ -169,7 +170,9 @@ def gloo_on_host_address() -> None:
         _off(name, f"a private JAX module is gone ({e})", loses)
         return
     registered = getattr(xla_bridge, "_backend_factories", {}).get("cpu")
-    if registered is None or not dataclasses.is_dataclass(registered) or not hasattr(registered, "factory"):
+    # An instance of a dataclass, for dataclasses.replace() below; asked of its
+    # type, as is_dataclass() does anyway, so that mypy keeps JAX's type for it.
+    if registered is None or not dataclasses.is_dataclass(type(registered)) or not hasattr(registered, "factory"):
         _off(name, "jax._src.xla_bridge no longer registers its CPU backend as meshrun knows", loses)
         return
     original = registered.factory
@@ -235,7 +238,7 @@ def cache_from_every_process() -> None:
     put = getattr(compilation_cache, "put_executable_and_time", None)
     import jax
 
-    if expected is None or have is None or tuple(have) != expected or put is None or not hasattr(jax.config, _MIN_TIME):
+    if original is None or expected is None or have is None or tuple(have) != expected or put is None or not hasattr(jax.config, _MIN_TIME):
         why = "jax._src.compiler._cache_write is gone" if have is None else f"jax._src.compiler._cache_write takes {tuple(have)}"
         if have is not None and tuple(have) == expected:
             why = f"jax._src.compilation_cache.put_executable_and_time or jax.config.{_MIN_TIME} is gone"
@@ -250,10 +253,8 @@ def cache_from_every_process() -> None:
     def put_entry(cache_key: str, compile_time_secs: float, module_name: str, backend: Any, executable: Any) -> None:
         if compile_time_secs < getattr(jax.config, _MIN_TIME):
             return
-        try:
+        with contextlib.suppress(Exception):  # a cache that cannot be written only costs a compile
             put(cache_key, module_name, executable, backend, int(compile_time_secs))
-        except Exception:  # a cache that cannot be written only costs a compile
-            pass
 
     if len(expected) == 6:  # JAX 0.10: executables with host callbacks are not cached
 

@@ -1,14 +1,50 @@
-"""Type stubs of the native engine module (crates/meshrun-python).
-
-tests/test_package.py checks them against the module: every class,
-function, method and property, and every parameter's name and kind.
-"""
+# Type stubs of the native engine module (crates/meshrun-python).
+#
+# tests/test_package.py checks them against the module: every class,
+# function, method and property, and every parameter's name and kind;
+# `make lint` runs mypy's stubtest on them too, which also checks the
+# types it can see at runtime (pyo3 classes cannot be subclassed: @final).
 
 from os import PathLike
 from pathlib import Path
-from typing import Any
+from typing import Any, final
 
 import numpy as np
+
+from meshrun.trainer import Result
+
+# The module's own __all__ (pyo3 lists every name it adds); stubtest compares them.
+__all__ = [
+    "__version__",
+    "cli",
+    "Plan",
+    "Outcome",
+    "plan",
+    "run",
+    "WorkerClient",
+    "stacks_file",
+    "profile_folder",
+    "read_metrics",
+    "DataSource",
+    "DataLoader",
+    "CheckpointReader",
+    "WrittenShards",
+    "checkpoints_dir",
+    "write_shards",
+    "write_directory",
+    "fetch_directory",
+    "committed_checkpoints",
+    "resume_checkpoint",
+    "storage_roundtrip",
+    "MeshrunError",
+    "ConfigError",
+    "ControlError",
+    "RunFailedError",
+    "TrainingFailedError",
+    "DataError",
+    "CheckpointError",
+    "StorageError",
+]
 
 __version__: str
 
@@ -16,13 +52,17 @@ class MeshrunError(Exception): ...
 class ConfigError(MeshrunError): ...
 class ControlError(MeshrunError): ...
 class RunFailedError(MeshrunError): ...
-class TrainingFailedError(RunFailedError): ...
+class TrainingFailedError(RunFailedError):
+    # Only Trainer.fit() raises it, and sets this first.
+    result: Result
+
 class DataError(MeshrunError): ...
 class CheckpointError(MeshrunError): ...
 class StorageError(MeshrunError): ...
 
 def cli(argv: list[str], python: str, agent_command: list[str]) -> int: ...
 
+@final
 class Plan:
     @property
     def name(self) -> str: ...
@@ -42,6 +82,7 @@ def plan(
     agent_command: list[str],
 ) -> Plan: ...
 
+@final
 class Outcome:
     @property
     def status(self) -> str: ...
@@ -64,6 +105,7 @@ class Outcome:
 
 def run(plan: Plan, *, payload: bytes, env: list[tuple[str, str]]) -> Outcome: ...
 
+@final
 class WorkerClient:
     def __new__(cls, addr: str, token: str, rank: int, attempt: int, exit_on_controller_loss: bool = True) -> WorkerClient: ...
     def report(
@@ -96,6 +138,7 @@ def stacks_file(scratch: str | PathLike[str], attempt: int, rank: int) -> Path: 
 def profile_folder(scratch: str | PathLike[str], capture: str, rank: int) -> Path: ...
 def read_metrics(run_dir: str | PathLike[str], offset: int) -> tuple[list[dict[str, Any]], int]: ...
 
+@final
 class DataSource:
     @staticmethod
     def tokens(path: str, dtype: str, seq_len: int, cache_bytes: int | None = None) -> DataSource: ...
@@ -114,6 +157,7 @@ class DataSource:
     @property
     def fetched_bytes(self) -> int: ...
 
+@final
 class DataLoader:
     def __new__(
         cls,
@@ -134,6 +178,7 @@ class DataLoader:
     @property
     def offset(self) -> int: ...
 
+@final
 class WrittenShards:
     def __len__(self) -> int: ...
 
@@ -150,6 +195,7 @@ def fetch_directory(dir: str | PathLike[str], dest: str | PathLike[str]) -> int:
 def resume_checkpoint(root: str | PathLike[str], attempt: int | None = None, chosen: int | None = None) -> tuple[str, int] | None: ...
 def storage_roundtrip(url: str, size: int) -> tuple[float, float]: ...
 
+@final
 class CheckpointReader:
     def __new__(cls, path: str | PathLike[str]) -> CheckpointReader: ...
     def manifest(self) -> dict[str, Any]: ...

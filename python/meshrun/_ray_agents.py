@@ -23,12 +23,14 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from typing import Any
 
 from meshrun._ray_waiting import POLL_S, Watch
 
@@ -79,11 +81,10 @@ def main(argv: list[str]) -> None:
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     try:
-        ray.init(address=args.address, logging_level="ERROR", log_to_driver=False, configure_logging=False)
+        ray.init(address=args.address, logging_level=logging.ERROR, log_to_driver=False, configure_logging=False)
     except Exception as exc:  # Ray's own errors are many and version-specific
         _die(f"cannot join the Ray cluster at {args.address}: {exc}")
 
-    @ray.remote
     class Agent:
         """Runs ``meshrun agent`` on its node until the agent exits."""
 
@@ -100,6 +101,10 @@ def main(argv: list[str]) -> None:
         def wait(self) -> int:
             return self.proc.wait()
 
+    # ray.remote called rather than used as a decorator: the actor class is
+    # the same, and mypy, which keeps a decorated class's own type, sees it.
+    agent_actor = ray.remote(Agent)
+
     bundle = {"CPU": args.cpus, **({"GPU": args.gpus} if args.gpus else {})}
     nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
     fits = [all(r.get(k, 0) >= v for k, v in bundle.items()) for r in nodes]
@@ -115,7 +120,7 @@ def main(argv: list[str]) -> None:
         controller_host = ray.util.get_node_ip_address()
     controller = f"{controller_host}:{port}"
     if args.min_hosts is not None:
-        _elastic(args, bundle, controller, token, watch, Agent)
+        _elastic(args, bundle, controller, token, watch, agent_actor)
         ray.shutdown()
         return
     pg = placement_group([dict(bundle) for _ in range(args.hosts)], strategy=args.strategy)
@@ -130,8 +135,9 @@ def main(argv: list[str]) -> None:
                 "lower -n or --hosts, free resources or add nodes"
             )
         watch.check()
-    agents = [
-        Agent.options(
+    # Any: Ray types an actor handle's methods without their .remote().
+    agents: list[Any] = [
+        agent_actor.options(
             scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=h),
             num_cpus=0,
             num_gpus=args.gpus,

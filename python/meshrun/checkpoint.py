@@ -38,7 +38,7 @@ import shutil
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -83,7 +83,10 @@ class Checkpoint:
         Orbax), to pass to ``report(checkpoint=...)``, as in Ray Train."""
         folder = os.fspath(path)
         if "://" in folder:
-            raise ConfigError(f"Checkpoint.from_directory takes a local folder, got the URL {folder!r}; write the checkpoint into a local (temporary) folder and meshrun copies it into the run's storage")
+            raise ConfigError(
+                f"Checkpoint.from_directory takes a local folder, got the URL {folder!r}; "
+                "write the checkpoint into a local (temporary) folder and meshrun copies it into the run's storage"
+            )
         if not os.path.isdir(folder):
             raise ConfigError(f"Checkpoint.from_directory: {folder!r} is not a folder")
         return cls(os.path.abspath(folder))
@@ -160,7 +163,7 @@ def _host_buffer(nbytes: int) -> np.ndarray:
 
 
 def _region(index: tuple[slice, ...], shape: tuple[int, ...]) -> list[tuple[int, int]]:
-    return [(s.start or 0, dim if s.stop is None else s.stop) for s, dim in zip(index, shape)]
+    return [(s.start or 0, dim if s.stop is None else s.stop) for s, dim in zip(index, shape, strict=True)]
 
 
 _NUMBERS = (bool, int, float, complex, np.generic)
@@ -188,7 +191,7 @@ def _storable(path: str, leaf: Any) -> Any:
 
     if _is_key(leaf):
         return jax.random.key_data(leaf)
-    if isinstance(leaf, jax.Array) or isinstance(leaf, _NUMBERS):
+    if isinstance(leaf, (jax.Array, *_NUMBERS)):
         return leaf
     if isinstance(leaf, np.ndarray) and leaf.dtype != object:
         return leaf
@@ -248,7 +251,7 @@ def _join_writers() -> None:
 
 
 @_goodput.counts_as("checkpoint")
-def save(step: int, state: Any, *, metrics: dict[str, Any] | None = None, extra: dict[str, Any] | None = None) -> None:
+def save(step: int, state: Any, *, metrics: dict[str, Any] | None = None, extra: Mapping[str, Any] | None = None) -> None:
     """Checkpoints ``state`` (any pytree of arrays and scalars) as ``step``.
     Returns once the shards are on the host; writing goes on behind."""
     global _writer, _last_saved, _settled
@@ -291,14 +294,14 @@ def save(step: int, state: Any, *, metrics: dict[str, Any] | None = None, extra:
     _writer.start()
 
 
-def _info(state: Any, metrics: dict[str, Any] | None, extra: dict[str, Any] | None) -> dict[str, Any]:
+def _info(state: Any, metrics: dict[str, Any] | None, extra: Mapping[str, Any] | None) -> dict[str, Any]:
     leaves = _leaf_paths(state)
     keys = {p: _key_impl(leaf) for p, leaf in leaves if _is_key(leaf)}
     return _values.plain({"paths": [p for p, _ in leaves], "keys": keys, "metrics": metrics or {}, "user": extra or {}})
 
 
 @_goodput.counts_as("checkpoint")
-def save_memory(step: int, state: Any, *, metrics: dict[str, Any] | None = None, extra: dict[str, Any] | None = None) -> None:
+def save_memory(step: int, state: Any, *, metrics: dict[str, Any] | None = None, extra: Mapping[str, Any] | None = None) -> None:
     """Keeps ``state`` as memory checkpoint ``step``: this rank's regions
     go into its host's shared memory (``MESHRUN_MEMORY_DIR``), whose agent
     commits them and sends a replica to the buddy host. Returns once the
@@ -329,7 +332,7 @@ def save_memory(step: int, state: Any, *, metrics: dict[str, Any] | None = None,
 
 
 @_goodput.counts_as("checkpoint")
-def save_directory(step: int, folder: str, *, metrics: dict[str, Any] | None = None, extra: dict[str, Any] | None = None) -> bool:
+def save_directory(step: int, folder: str, *, metrics: dict[str, Any] | None = None, extra: Mapping[str, Any] | None = None) -> bool:
     """Copies the local ``folder`` as this rank's part of checkpoint
     ``step`` and tells the controller; returns once the copy is in the
     run's storage (the folder may be deleted then), ``False`` when the
@@ -376,11 +379,15 @@ def wait_committed(step: int | None = None, *, timeout: float | None = _COMMIT_W
     _join_writers()
     if step is None:
         if _last_saved is None:
-            raise CheckpointError("meshrun.wait_committed(): this process has saved no checkpoint in this attempt; save one first, or name the step: wait_committed(step)")
+            raise CheckpointError(
+                "meshrun.wait_committed(): this process has saved no checkpoint in this attempt; save one first, or name the step: wait_committed(step)"
+            )
         step = _last_saved
     client = _connection.client()
     if client is None:
-        raise ConfigError("meshrun.wait_committed() needs the run's controller, which commits checkpoints: start the program with `meshrun run` or Trainer.fit()")
+        raise ConfigError(
+            "meshrun.wait_committed() needs the run's controller, which commits checkpoints: start the program with `meshrun run` or Trainer.fit()"
+        )
     path = client.wait_committed(step, seconds)
     assert path is not None  # a step that will not commit raised
     return Checkpoint(path, step)
@@ -421,8 +428,9 @@ def _chosen_or_newer() -> Checkpoint | None:
         newer = _native.resume_checkpoint(root, get_context().attempt, None)
         if newer is not None and newer[1] is not None and newer[1] > int(chosen):
             return Checkpoint(*newer)
-        path, step = _native.resume_checkpoint(memory, get_context().attempt, int(chosen))
-        return Checkpoint(path, step)
+        found = _native.resume_checkpoint(memory, get_context().attempt, int(chosen))
+        assert found is not None  # given a chosen step, it always names one
+        return Checkpoint(*found)
     if chosen is None:  # not started by a controller: the newest committed
         found = _native.resume_checkpoint(root)
     else:
@@ -462,7 +470,10 @@ def restore(target: Any, checkpoint: Checkpoint | str | os.PathLike | None = Non
     manifest = reader.manifest()
     keys = (manifest.get("extra") or {}).get("keys") or {}
     if manifest.get("files"):
-        raise CheckpointError(f"{path} holds a folder a rank handed over (Checkpoint.from_directory), not a sharded state: open it with `with checkpoint.as_directory() as folder:` and load it as it was written")
+        raise CheckpointError(
+            f"{path} holds a folder a rank handed over (Checkpoint.from_directory), not a sharded state: "
+            "open it with `with checkpoint.as_directory() as folder:` and load it as it was written"
+        )
     saved = {leaf["path"]: leaf for leaf in manifest["leaves"]}
     from meshrun.sharding import _path_str
 
@@ -482,7 +493,9 @@ def restore(target: Any, checkpoint: Checkpoint | str | os.PathLike | None = Non
                 raise CheckpointError(f"leaf '{name}' of the target is a PRNG key, but checkpoint {path} holds plain {saved[name]['dtype']} there")
             impl, leaf = keys[name], _key_data_target(leaf)
         elif name in keys:
-            raise CheckpointError(f"leaf '{name}': checkpoint {path} holds a PRNG key ({keys[name]}) there, the target asks for {getattr(leaf, 'dtype', type(leaf).__name__)}")
+            raise CheckpointError(
+                f"leaf '{name}': checkpoint {path} holds a PRNG key ({keys[name]}) there, the target asks for {getattr(leaf, 'dtype', type(leaf).__name__)}"
+            )
         if not hasattr(leaf, "shape"):  # a Python scalar
             leaf = np.asarray(leaf)
         shape, dtype = tuple(leaf.shape), np.dtype(leaf.dtype)
@@ -491,7 +504,11 @@ def restore(target: Any, checkpoint: Checkpoint | str | os.PathLike | None = Non
                 f"leaf '{name}': the checkpoint holds {entry['dtype']}{list(entry['shape'])}, the target asks for {dtype.name}{list(shape)}"
             )
         sharding = getattr(leaf, "sharding", None)
-        regions = [(None, [(0, d) for d in shape])] if sharding is None else [(device, _region(index, shape)) for device, index in sharding.addressable_devices_indices_map(shape).items()]
+        regions = (
+            [(None, [(0, d) for d in shape])]
+            if sharding is None
+            else [(device, _region(index, shape)) for device, index in sharding.addressable_devices_indices_map(shape).items()]
+        )
         parts = []
         for device, region in regions:
             out = _host_buffer(int(np.prod([b - a for a, b in region], dtype=np.int64)) * dtype.itemsize)

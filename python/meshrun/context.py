@@ -111,6 +111,7 @@ def init() -> Context:
         import jax
 
         if not jax.distributed.is_initialized():
+            assert ctx.coordinator_address is not None  # the agent sets it with MESHRUN_RUN_DIR
             wait_for_coordinator(ctx.coordinator_address)
             jax.distributed.initialize(
                 coordinator_address=ctx.coordinator_address,

@@ -119,8 +119,9 @@ def parquet(
         columns = [columns]
     _check_bytes("max_memory", max_memory)
     _check_bytes("cache_bytes", cache_bytes)
-    native = _native.DataSource.parquet([os.fspath(p) for p in paths], list(columns), seq_len, max_memory, cache_bytes)
-    return Source(native, f"parquet {', '.join(map(os.fspath, paths))}")
+    files = [os.fspath(p) for p in paths]
+    native = _native.DataSource.parquet(files, list(columns), seq_len, max_memory, cache_bytes)
+    return Source(native, f"parquet {', '.join(files)}")
 
 
 def npy(path: str | os.PathLike, *, cache_bytes: int | None = None) -> Source:
@@ -234,7 +235,7 @@ class Loader:
             raise StopIteration
         _step, _epoch, raws, mask, index = got
         batch: dict[str, Any] = {}
-        for (name, dtype, shape), raw in zip(self._fields, raws):
+        for (name, dtype, shape), raw in zip(self._fields, raws, strict=True):
             batch[name] = raw.view(dtype).reshape(shape)
         if not self.drop_last:
             batch["mask"] = mask.view(np.bool_)

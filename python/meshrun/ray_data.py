@@ -15,6 +15,7 @@ the worker, not through the driver.
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from typing import Any
@@ -63,7 +64,10 @@ def _check_datasets(datasets: Any) -> dict[str, Any]:
         if not isinstance(name, str) or not name:
             raise ConfigError(f"Trainer datasets: names must be non-empty strings, got {name!r}")
         if not isinstance(ds, ray.data.Dataset):
-            raise ConfigError(f"Trainer datasets[{name!r}] must be a ray.data.Dataset, got {type(ds).__name__}; for files on disk, meshrun.data.Loader reads them without Ray")
+            raise ConfigError(
+                f"Trainer datasets[{name!r}] must be a ray.data.Dataset, got {type(ds).__name__}; "
+                "for files on disk, meshrun.data.Loader reads them without Ray"
+            )
     return datasets
 
 
@@ -77,7 +81,7 @@ class _Host:
 
         self.owns_ray = not ray.is_initialized()
         if self.owns_ray:
-            ray.init(address=ray_address, logging_level="ERROR", log_to_driver=False, configure_logging=False)
+            ray.init(address=ray_address, logging_level=logging.ERROR, log_to_driver=False, configure_logging=False)
         gcs = ray.get_runtime_context().gcs_address
         if ray_address not in (None, "auto", "local") and not self.owns_ray and gcs != ray_address:
             raise ConfigError(
@@ -85,7 +89,8 @@ class _Host:
                 "the datasets and the run must be on one cluster"
             )
         self.name = f"datasets-{uuid.uuid4().hex[:12]}"
-        actor = ray.remote(num_cpus=0)(_Datasets)
+        # Any: Ray's typing gives a handle whose methods have no .remote().
+        actor: Any = ray.remote(num_cpus=0)(_Datasets)
         self.actor = actor.options(name=self.name, namespace=_NAMESPACE).remote(datasets)
         ray.get(self.actor.names.remote())
         self.env = {_ADDRESS_ENV: gcs, _ACTOR_ENV: self.name}
@@ -112,10 +117,10 @@ def get_dataset_shard(name: str = "train") -> Any:
     import ray
 
     if not ray.is_initialized():
-        ray.init(address=address, namespace=_NAMESPACE, logging_level="ERROR", log_to_driver=False, configure_logging=False)
+        ray.init(address=address, namespace=_NAMESPACE, logging_level=logging.ERROR, log_to_driver=False, configure_logging=False)
     holder = ray.get_actor(actor_name, namespace=_NAMESPACE)
     ctx = get_context()
-    shard = ray.get(holder.split.remote(name, ctx.attempt, ctx.rank, ctx.world_size))
+    shard: Any = ray.get(holder.split.remote(name, ctx.attempt, ctx.rank, ctx.world_size))
     if shard is None:
         raise ConfigError(f"get_dataset_shard({name!r}): no dataset of that name; the run has {ray.get(holder.names.remote())}")
     _shards[name] = shard

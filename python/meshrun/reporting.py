@@ -238,8 +238,8 @@ def report(
     if checkpoint is not None:
         if _checkpoint_due(at):
             client = _connection.client()
-            preempting = client is not None and client.checkpoint_requested()
-            if preempting:
+            if client is not None and client.checkpoint_requested():
+                preempting = True
                 client.preempt_save(at)
             plain = _values.plain(dict(metrics))
             if folder is not None:

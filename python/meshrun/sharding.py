@@ -28,8 +28,7 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import AxisType, Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from meshrun.errors import ConfigError
 
@@ -200,7 +199,7 @@ class Description:
         head = ("path", "shape", "dtype", "spec", "bytes/device")
         body = [(r.path, str(r.shape), r.dtype, r.spec, f"{r.bytes_per_device:,}") for r in self.rows]
         widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
-        lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [head, *body]]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in [head, *body]]
         lines.append(
             f"total per device: {self.bytes_per_device:,} bytes "
             f"(of which replicated: {self.replicated_bytes_per_device:,}); whole tree: {self.total_bytes:,} bytes"

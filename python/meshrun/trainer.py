@@ -274,8 +274,10 @@ def _dumps_keeping_file_names(obj: Any) -> bytes:
         rebuild, args = reduce_code(code)
         return rebuild, tuple(code.co_filename if isinstance(a, str) and a == "<dynamic-code>" else a for a in args)
 
+    dispatch = ChainMap({types.CodeType: code_with_its_file}, table)
+
     class Pickler(cloudpickle.Pickler):
-        dispatch_table = ChainMap({types.CodeType: code_with_its_file}, table)
+        dispatch_table = dispatch
 
     out = io.BytesIO()
     Pickler(out, protocol=cloudpickle.DEFAULT_PROTOCOL).dump(obj)
