@@ -11,7 +11,7 @@ BUILD_STAMP := $(VENV)/.meshrun-built
 CHROMIUM_STAMP := $(VENV)/.chromium
 RUST_SOURCES := $(shell find crates -name '*.rs' -o -name 'Cargo.toml') Cargo.toml $(wildcard Cargo.lock) pyproject.toml
 
-.PHONY: help install demo test test-fast test-rust test-python test-kubeflow test-maxtext lint bench-startup bench-step-parity bench-data bench-ckpt bench-ckpt-s3 bench-recovery bench-vs-ray bench-hosts bench-elastic soak partition fuzz load bench-scale clean
+.PHONY: help install demo test test-fast test-rust test-python test-kubeflow test-maxtext lint bench-smoke bench-startup bench-step-parity bench-data bench-ckpt bench-ckpt-s3 bench-recovery bench-vs-ray bench-hosts bench-elastic soak partition fuzz load bench-scale clean
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -121,6 +121,11 @@ lint: install  ## rustfmt, clippy; ruff, mypy and stubtest on the Python package
 	$(VENV)/bin/ruff check python/meshrun
 	$(VENV)/bin/mypy
 	$(PY) -m mypy.stubtest --mypy-config-file pyproject.toml meshrun._native
+
+# The benchmarks' short forms (tests/test_benches.py): each script run small,
+# so it keeps working; the figures come from the bench-* targets below.
+bench-smoke: install  ## The benchmark scripts run small (pytest --bench-smoke); CI runs it after make test.
+	$(VENV)/bin/pytest --bench-smoke
 
 bench-startup: install  ## Startup overhead of `meshrun run` against a hand launch.
 	$(PY) bench/startup.py

@@ -245,3 +245,18 @@ def _own_scratch(tmp_path_factory, monkeypatch):
     shared memory."""
     monkeypatch.setenv("MESHRUN_SCRATCH", str(tmp_path_factory.mktemp("scratch")))
     monkeypatch.setenv("MESHRUN_MEMORY_DIR", str(tmp_path_factory.mktemp("memory")))
+
+
+# Benchmark short forms run under `make bench-smoke` (pytest --bench-smoke),
+# not `make test`: they keep the benchmark scripts working, and measure
+# nothing a test asserts on beyond that.
+def pytest_addoption(parser):
+    parser.addoption("--bench-smoke", action="store_true", help="run only the benchmark short forms (marked bench_smoke)")
+
+
+def pytest_collection_modifyitems(config, items):
+    smoke = config.getoption("--bench-smoke")
+    keep = [item for item in items if (item.get_closest_marker("bench_smoke") is not None) == smoke]
+    if len(keep) != len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item not in keep])
+        items[:] = keep

@@ -10,8 +10,9 @@ import sys
 import pytest
 from conftest import ROOT
 
-# Each runs a whole benchmark script, some against Ray: up to a minute or two.
-pytestmark = pytest.mark.slow
+# Each runs a whole benchmark script, some against Ray: up to a minute or
+# two. `make bench-smoke` runs them; `make test` leaves them out.
+pytestmark = [pytest.mark.slow, pytest.mark.bench_smoke]
 
 
 def run_bench(tmp_path, script, *args):

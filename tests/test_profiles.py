@@ -74,10 +74,15 @@ class _Rows(HTMLParser):
 @pytest.mark.slow
 def test_a_rank_sleeping_in_each_step_is_named_and_profiled_with_the_others(tmp_path):
     runs = tmp_path / "runs"
+    # Rank 1's share of a step behind is PACE / (PACE + the step's own
+    # compute), whatever else the machine runs: at 0.15 s against a
+    # threshold of 0.1 it stays over until a step's compute passes 1.35 s
+    # (this model's takes milliseconds), so no busy moment breaks the
+    # window of steps in a row.
     done = meshrun(
-        ["-n", "2", "--hosts", "2", "--devices-per-proc", "2", "--quiet", "--straggler-steps", str(WINDOW), "--profile-stragglers", "--profile-steps", "3:5",
-         PACED, *SMALL, "--steps", "60", "--data-dir", str(tmp_path / "data")],
-        runs_dir=runs, name="slow", env={"GPT_PACE_S": "0.05", "GPT_PACE_RANKS": "1"}, timeout=300,
+        ["-n", "2", "--hosts", "2", "--devices-per-proc", "2", "--quiet", "--straggler-threshold", "0.1", "--straggler-steps", str(WINDOW),
+         "--profile-stragglers", "--profile-steps", "3:5", PACED, *SMALL, "--steps", "40", "--data-dir", str(tmp_path / "data")],
+        runs_dir=runs, name="slow", env={"GPT_PACE_S": "0.15", "GPT_PACE_RANKS": "1"}, timeout=300,
     )
     assert done.code == 0, done.stderr
     events = done.events()
@@ -89,7 +94,7 @@ def test_a_rank_sleeping_in_each_step_is_named_and_profiled_with_the_others(tmp_
     # after the first one all ranks reported) are enough.
     judged = [line["step"] for line in lag if line["step_ms"] > 0]
     assert named[0]["step"] <= judged[WINDOW - 1] + 2, (named[0], judged[:WINDOW + 2])
-    assert named[0]["slower"] > 0.2 and named[0]["lag_ms"] > 25, named[0]
+    assert named[0]["slower"] > 0.1 and named[0]["lag_ms"] > 75, named[0]
 
     status = cli("status", "slow", "--runs-dir", runs)
     assert re.search(r"^slowest\s+rank 1 \(host 1\): \d+% of a step later than the median rank", status.stdout, re.M), status.stdout
@@ -98,7 +103,7 @@ def test_a_rank_sleeping_in_each_step_is_named_and_profiled_with_the_others(tmp_
     rows = _Rows()
     rows.feed((done.run_dir / "report.html").read_text())
     assert set(rows.rows) == {0, 1}
-    assert rows.rows[1] > 25 and rows.rows[0] < 5, rows.rows
+    assert rows.rows[1] > 75 and rows.rows[0] < 5, rows.rows
     assert sum(rows.opacity[1]) > 3 * sum(rows.opacity[0]), "rank 1's row is drawn darker"
 
     saved = {e["dir"]: e for e in events if e["event"] == "profile_saved"}

@@ -375,11 +375,11 @@ async fn answer(conn: &mut Connection, root: &Path) -> Result<(), String> {
             files,
         } if plain(&run_id) => {
             let replica = HostMemory::replica(&root.join(&run_id), host);
-            // One replica per buddy: the older one goes as the newer comes.
-            // The buddy still holds its own copies of both steps until the
-            // newer is committed everywhere, so only the loss of the whole
-            // buddy host while this transfer runs finds no replica.
-            drop_steps(&replica, step);
+            // The older replica stays until the controller releases it
+            // (`HostMemory::release`, once the newer step is committed on
+            // every host): a host that dies between sending this replica
+            // and the commit restarts from the older step, which its
+            // buddy must then still hold.
             let tmp = tmp_dir(&replica, step);
             let result = match receive_files(conn, &tmp, &files).await {
                 Ok(_) => {
@@ -523,6 +523,37 @@ mod tests {
             err.contains("did not accept") || err.contains("no word"),
             "{err}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_newer_replica_keeps_the_older_until_it_is_released() {
+        let tmp = tempfile::tempdir().unwrap();
+        let token = Token::generate().unwrap();
+        let (a_root, b_root) = (tmp.path().join("a"), tmp.path().join("b"));
+        let a = HostMemory::new(&a_root, "run1", 0);
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(serve(listener, token.clone(), b_root.clone()));
+        for step in [7, 8] {
+            let tmpdir = tmp_dir(&a.own(), step);
+            std::fs::create_dir_all(&tmpdir).unwrap();
+            std::fs::write(tmpdir.join("rank-0.safetensors"), [step as u8; 64]).unwrap();
+            a.commit(&manifest(step)).unwrap();
+            send_replica(&addr, &token, "run1", &a, step).await.unwrap();
+        }
+        // Host 0 died after sending step 8, before step 8 was committed
+        // everywhere: the restart asks for step 7, which must still be held.
+        let replica = |s: u64| b_root.join(format!("run1/replica-of-0/step-{s}"));
+        assert!(replica(7).is_dir() && replica(8).is_dir());
+        std::fs::remove_dir_all(&a_root).unwrap();
+        fetch_replica(&addr, &token, "run1", &a, 7).await.unwrap();
+        assert_eq!(
+            std::fs::read(step_dir(&a.own(), 7).join("rank-0.safetensors")).unwrap(),
+            [7u8; 64]
+        );
+        // Once step 8 is committed everywhere, step 7's replica goes.
+        HostMemory::new(&b_root, "run1", 1).release(8);
+        assert!(!replica(7).exists() && replica(8).is_dir());
     }
 
     #[test]

@@ -12,6 +12,7 @@
 
 mod beats;
 pub mod join;
+mod last_words;
 mod memory;
 mod news;
 mod scratch;
@@ -234,6 +235,7 @@ async fn session(
     // Why the connection broke, where a read said; a send that fails says
     // nothing more.
     let mut lost_why = String::from("it broke while this host was sending");
+    let mut read_failed = false;
     let mut launched_attempt: Option<u32> = None;
     // Stops under way end with the session: what they would still signal
     // by pid is ended below, and a pid outliving its session may be reused.
@@ -353,6 +355,7 @@ async fn session(
                 Err(e) => {
                     tracing::debug!("controller connection lost ({e})");
                     lost_why = e.to_string();
+                    read_failed = true;
                     break Ended::Lost;
                 }
             },
@@ -419,6 +422,21 @@ async fn session(
                 }
             }
         }
+    };
+    let ended = match ended {
+        Ended::Lost if !read_failed => {
+            match last_words::shutdown_before_break(&mut from_controller).await {
+                Some((true, _)) => {
+                    if let Some(attempt) = launched_attempt {
+                        tell(News::AttemptOver { attempt });
+                    }
+                    Ended::Again
+                }
+                Some((false, state)) => Ended::Over(state),
+                None => Ended::Lost,
+            }
+        }
+        ended => ended,
     };
     // A connection the controller never took this host on is a join still
     // being tried (the previous attempt's listener closing under a host

@@ -21,7 +21,7 @@ impl Machine {
         if self.agents.values().any(|a| !a.storage_ok) {
             return;
         }
-        if !self.memory_ready() {
+        if !self.memory_ready(now) {
             return;
         }
         let (resume_step, resume_memory) = self.restore_choice();

@@ -12,7 +12,7 @@
 //! replica fetched back); if one cannot, the attempt resumes from storage.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use meshrun_ckpt::manifest::{Leaf, Manifest, FORMAT_VERSION};
 use meshrun_record::Event;
@@ -20,6 +20,14 @@ use serde_json::Value;
 
 use super::Machine;
 use crate::protocol::Message;
+
+/// How long the preparation may go without a word from any host before
+/// the attempt gives memory up and resumes from storage. A host answers
+/// once its copy is whole; fetching a replica back is bounded by the
+/// agents' own peer timeout (30 s without a byte), so a host silent
+/// longer than two of those has lost its way, and waiting out the join
+/// timeout for it would only hide why.
+pub const MEMORY_PREPARE_TIMEOUT: Duration = Duration::from_secs(75);
 
 /// Every rank's leaves of one step, and rank 0's extra.
 type Gathered = (BTreeMap<u32, Vec<Leaf>>, Option<Value>);
@@ -42,6 +50,9 @@ pub(super) struct MemoryTier {
     asked: BTreeSet<u32>,
     /// Host -> where its copy came from, or why it could not be had.
     prepared: BTreeMap<u32, Result<String, String>>,
+    /// When a host was last asked or last answered: the preparation's
+    /// deadline counts from here.
+    heard: Option<Instant>,
     decided: Restore,
     /// Step -> what its ranks wrote so far.
     written: BTreeMap<u64, Gathered>,
@@ -59,7 +70,7 @@ impl Machine {
     /// Whether the launch may go ahead as far as memory is concerned;
     /// first tells each agent its buddy and, when a memory checkpoint may
     /// be restored, asks every host to make it whole.
-    pub(super) fn memory_ready(&mut self) -> bool {
+    pub(super) fn memory_ready(&mut self, now: Instant) -> bool {
         if !self.memory.buddies_sent {
             self.memory.buddies_sent = true;
             let hosts = self.plan.hosts;
@@ -104,6 +115,7 @@ impl Machine {
             .collect();
         for (host, conn) in unasked {
             self.memory.asked.insert(host);
+            self.memory.heard = Some(now);
             self.send(
                 conn,
                 Message::MemoryPrepare {
@@ -149,16 +161,55 @@ impl Machine {
         }
         let answer = source.ok_or_else(|| why.unwrap_or_else(|| "no copy".into()));
         self.memory.prepared.insert(host, answer);
+        self.memory.heard = Some(now);
         if self.memory.prepared.len() < self.plan.hosts as usize {
             return;
         }
-        let attempt = self.attempt();
         let missing: Vec<String> = self
             .memory
             .prepared
             .iter()
             .filter_map(|(h, a)| a.as_ref().err().map(|why| format!("host {h}: {why}")))
             .collect();
+        self.memory_decide(now, step, &missing);
+    }
+
+    /// When the preparation is given up unless a host answers first:
+    /// `None` unless hosts were asked and the attempt is still undecided.
+    pub(super) fn memory_deadline(&self) -> Option<Instant> {
+        (self.memory.decided == Restore::Undecided)
+            .then_some(self.memory.heard?)
+            .map(|t| self.since(t) + MEMORY_PREPARE_TIMEOUT)
+    }
+
+    /// The preparation is over without every answer (its deadline, or
+    /// the join timeout with every host joined): the attempt resumes from
+    /// storage and says which hosts never answered. Nothing to do once
+    /// decided.
+    pub(super) fn memory_give_up(&mut self, now: Instant, waited: Duration) {
+        let Some(step) = self.setup.memory_step else {
+            return;
+        };
+        if self.memory.decided != Restore::Undecided {
+            return;
+        }
+        let missing: Vec<String> = (0..self.plan.hosts)
+            .filter_map(|h| match self.memory.prepared.get(&h) {
+                None => Some(format!(
+                    "host {h}: no answer in {} s whether it holds step {step}",
+                    waited.as_secs()
+                )),
+                Some(Err(why)) => Some(format!("host {h}: {why}")),
+                Some(Ok(_)) => None,
+            })
+            .collect();
+        self.memory_decide(now, step, &missing);
+    }
+
+    /// Records the choice (memory when nothing is missing, storage
+    /// otherwise) and launches.
+    fn memory_decide(&mut self, now: Instant, step: u64, missing: &[String]) {
+        let attempt = self.attempt();
         if missing.is_empty() {
             let sources = self
                 .memory

@@ -316,3 +316,66 @@ fn a_host_that_rejoins_before_the_launch_is_asked_again_and_the_run_decides() {
         .iter()
         .any(|e| matches!(e, Event::ResumingFromMemory { step: 7, .. })));
 }
+
+/// The `MemoryUnavailable` the attempt recorded: why, and where it resumes.
+fn unavailable(sim: &Sim) -> (String, Option<u64>) {
+    sim.events()
+        .iter()
+        .find_map(|e| match e {
+            Event::MemoryUnavailable {
+                why, resume_step, ..
+            } => Some((why.clone(), *resume_step)),
+            _ => None,
+        })
+        .expect("memory_unavailable recorded")
+}
+
+#[test]
+fn a_host_that_never_answers_sends_the_attempt_to_storage_at_the_deadline() {
+    let mut sim = Sim::with_setup(two_hosts(), setup(Some(5), Some(7)));
+    join(&mut sim, H0, 0);
+    join(&mut sim, H1, 1);
+    let limit = memory::MEMORY_PREPARE_TIMEOUT.as_secs_f64();
+    // The deadline counts from the last word of any host.
+    sim.until(10.0);
+    prepared(&mut sim, H0, 7, Some("this host's memory"));
+    sim.until(10.0 + limit - 1.0);
+    assert!(!sim.m.launched(), "host 0's answer gave host 1 more time");
+    sim.until(10.0 + limit + 1.0);
+    assert!(
+        sim.m.launched(),
+        "given up for storage, not the join timeout"
+    );
+    let (why, resume) = unavailable(&sim);
+    assert_eq!(
+        why,
+        format!("host 1: no answer in {limit} s whether it holds step 7")
+    );
+    assert_eq!(resume, Some(5));
+    let env = launch_env(&sim, H1);
+    assert_eq!(var(&env, "MESHRUN_RESUME_STEP"), Some("5"));
+    assert_eq!(var(&env, "MESHRUN_RESUME_FROM"), None);
+    // An answer that comes after the choice changes nothing.
+    prepared(&mut sim, H1, 7, Some("this host's memory"));
+    assert!(!sim
+        .events()
+        .iter()
+        .any(|e| matches!(e, Event::ResumingFromMemory { .. })));
+}
+
+#[test]
+fn a_join_timeout_before_the_deadline_gives_memory_up_instead_of_blaming_storage() {
+    // Every host joined and read the storage marker back: what the join
+    // timeout finds unfinished is the memory step's preparation.
+    let mut s = setup(None, Some(7));
+    s.join_timeout = Duration::from_secs(30);
+    let mut sim = Sim::with_setup(two_hosts(), s);
+    join(&mut sim, H0, 0);
+    join(&mut sim, H1, 1);
+    prepared(&mut sim, H1, 7, Some("this host's memory"));
+    sim.until(31.0);
+    assert!(sim.m.launched());
+    let (why, resume) = unavailable(&sim);
+    assert!(why.starts_with("host 0: no answer in 30 s"), "{why}");
+    assert_eq!(resume, None);
+}
