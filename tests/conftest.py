@@ -236,15 +236,45 @@ def s3_bucket(s3server) -> str:
     return s3server.bucket(f"meshrun-test-{next(_buckets)}")
 
 
+@pytest.fixture(scope="session")
+def _session_compile_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("compile-cache")
+
+
 @pytest.fixture(autouse=True)
-def _own_scratch(tmp_path_factory, monkeypatch):
-    """Every test's hosts get a scratch folder of their own (the compilation
-    cache and the runs' host-local files live there): no test finds what
-    another left. Memory checkpoints likewise: a folder of the test's own,
-    removed with its temporary files, so a killed run leaves none in
-    shared memory."""
+def _own_scratch(request, tmp_path_factory, monkeypatch, _session_compile_cache):
+    """Every test's hosts get a scratch folder of their own (the runs'
+    host-local files live there): no test finds what another left. Memory
+    checkpoints likewise: a folder of the test's own, removed with its
+    temporary files, so a killed run leaves none in shared memory.
+
+    The compilation cache is the session's: the same small programs are
+    compiled by test after test, and a cached executable is the one a
+    compile would give (JAX keys it by the program, the devices, the flags
+    and its own version), so no result depends on it. Tests of the cache
+    itself, or of where meshrun puts it, are marked ``own_compile_cache``
+    and get meshrun's default (the scratch folder's). Hosts that share
+    nothing never share it (nshosts.py leaves it out of their
+    environment)."""
     monkeypatch.setenv("MESHRUN_SCRATCH", str(tmp_path_factory.mktemp("scratch")))
     monkeypatch.setenv("MESHRUN_MEMORY_DIR", str(tmp_path_factory.mktemp("memory")))
+    if request.node.get_closest_marker("own_compile_cache") is None:
+        monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(_session_compile_cache))
+    else:
+        monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+
+
+@pytest.fixture(scope="session")
+def gpt_data(tmp_path_factory) -> str:
+    """examples/gpt.py's corpus, built once for the session by the example's
+    own ``build_corpus`` (every run would otherwise read the standard
+    library again: seconds per test). Runs only read it."""
+    import runpy
+
+    build = runpy.run_path(str(ROOT / "examples" / "gpt.py"), run_name="gpt_corpus")["build_corpus"]
+    out = tmp_path_factory.mktemp("gpt-data")
+    build(out)
+    return str(out)
 
 
 # Benchmark short forms run under `make bench-smoke` (pytest --bench-smoke),

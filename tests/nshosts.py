@@ -217,10 +217,11 @@ class NsHosts:
 
     def env(self, h: int, extra: dict | None = None) -> dict:
         """The environment a process in host h gets: ours, less TMPDIR
-        (which names our /tmp), plus MESHRUN_SCRATCH, the memory tier's
-        folder in it (each host's own, as its shared memory would be), and
-        then ``extra``."""
-        env = {k: v for k, v in os.environ.items() if k != "TMPDIR"}
+        (which names our /tmp) and the session's compilation cache (each
+        host keeps its own, in its scratch folder), plus MESHRUN_SCRATCH,
+        the memory tier's folder in it (each host's own, as its shared
+        memory would be), and then ``extra``."""
+        env = {k: v for k, v in os.environ.items() if k not in ("TMPDIR", "JAX_COMPILATION_CACHE_DIR")}
         env["MESHRUN_SCRATCH"] = str(self.scratch_path)
         env["MESHRUN_MEMORY_DIR"] = str(self.scratch_path / "memory")
         env["HOSTNAME"] = self.hostname(h)

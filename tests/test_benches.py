@@ -12,7 +12,7 @@ from conftest import ROOT
 
 # Each runs a whole benchmark script, some against Ray: up to a minute or
 # two. `make bench-smoke` runs them; `make test` leaves them out.
-pytestmark = [pytest.mark.slow, pytest.mark.bench_smoke]
+pytestmark = [pytest.mark.slow, pytest.mark.bench_smoke, pytest.mark.own_compile_cache]
 
 
 def run_bench(tmp_path, script, *args):

@@ -23,7 +23,8 @@ from conftest import ROOT
 
 CELL = "py3.12-jax0.12"
 
-pytestmark = pytest.mark.slow
+# The cells check where the cache goes and that rank 1 hits its own entry.
+pytestmark = [pytest.mark.slow, pytest.mark.own_compile_cache]
 
 
 @pytest.mark.timeout(600)

@@ -62,7 +62,7 @@ def global_batches(log_dir) -> dict[tuple[int, int], list[int]]:
 
 
 @pytest.mark.slow
-def test_a_lost_host_shrinks_the_gpt_to_two_hosts_and_its_return_grows_it_back_with_the_same_samples_and_losses(nshosts, tmp_path):
+def test_a_lost_host_shrinks_the_gpt_to_two_hosts_and_its_return_grows_it_back_with_the_same_samples_and_losses(nshosts, tmp_path, gpt_data):
     """The GPT on 4 hosts x 1 process x 2 devices (fsdp 2 x tensor 2, data
     2); host 1 is killed for good after the first commit. The restart waits
     the rejoin timeout and runs on 2 hosts (the largest count that divides
@@ -75,7 +75,7 @@ def test_a_lost_host_shrinks_the_gpt_to_two_hosts_and_its_return_grows_it_back_w
     launch = ["-n", "4", "--devices-per-proc", "2", "--tee", "none", "--checkpoint-every", "4"]
     ref_samples = tmp_path / "ref-samples"
     ref_samples.mkdir()
-    ref = meshrun([*launch, PACED, *train, "--data-dir", str(tmp_path / "data"), "--sample-log", str(ref_samples)], runs_dir=tmp_path / "runs", name="ref", timeout=600, env={"GPT_PACE_S": "0"})
+    ref = meshrun([*launch, PACED, *train, "--data-dir", gpt_data, "--sample-log", str(ref_samples)], runs_dir=tmp_path / "runs", name="ref", timeout=600, env={"GPT_PACE_S": "0"})
     assert ref.code == 0, ref.stderr
     ref_batches = {step: ids for (_, step), ids in global_batches(ref_samples).items()}
     ref_loss = {m["step"]: m["metrics"]["loss"] for m in ref.metrics() if "loss" in m["metrics"]}

@@ -22,11 +22,11 @@ LAYOUTS = {
 
 
 @pytest.fixture(scope="module")
-def gpt_runs(tmp_path_factory):
+def gpt_runs(tmp_path_factory, gpt_data):
     base = tmp_path_factory.mktemp("gpt")
     out = {}
     for name, (launch, mesh) in LAYOUTS.items():
-        done = meshrun([*launch, "--tee", "none", EXAMPLE, *SMALL, *mesh, "--data-dir", str(base / "data")], runs_dir=base / "runs", name=name, timeout=400)
+        done = meshrun([*launch, "--tee", "none", EXAMPLE, *SMALL, *mesh, "--data-dir", gpt_data], runs_dir=base / "runs", name=name, timeout=400)
         assert done.code == 0, done.stderr + done.log(0)[-3000:]
         out[name] = {r["step"]: r["metrics"]["loss"] for r in done.metrics() if "loss" in r["metrics"]}
     return out
@@ -67,8 +67,8 @@ def test_mesh_puts_tensor_then_fsdp_within_a_host(nshosts):
     assert procs == [[[0, 0], [1, 1]]]
 
 
-def test_checkpoint_resume_equals_the_uninterrupted_run(tmp_path):
-    base = [*SMALL[2:], "--fsdp", "2", "--tensor", "2", "--data-dir", str(tmp_path / "data")]
+def test_checkpoint_resume_equals_the_uninterrupted_run(tmp_path, gpt_data):
+    base = [*SMALL[2:], "--fsdp", "2", "--tensor", "2", "--data-dir", gpt_data]
     launch = ["-n", "2", "--devices-per-proc", "2", "--tee", "none", "--checkpoint-every", "10"]
     runs = tmp_path / "runs"
     straight = meshrun([*launch, EXAMPLE, "--steps", "20", *base], runs_dir=runs, name="straight", timeout=400)

@@ -99,6 +99,7 @@ def test_env_contract_with_two_hosts(nshosts):
     assert run["plan"]["hosts"] == 2
 
 
+@pytest.mark.own_compile_cache
 def test_env_contract_with_two_local_hosts(runs):
     """--hosts on one machine: agent processes on loopback addresses."""
     done = meshrun(["-n", "4", "--hosts", "2", "--platform", "cpu", str(SCRIPTS / "dump_env.py")], runs_dir=runs)

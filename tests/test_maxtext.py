@@ -36,6 +36,8 @@ KILLED_RANK = int(os.environ.get("MESHRUN_MAXTEXT_KILL_RANK", "1"))
 
 pytestmark = [
     pytest.mark.slow,
+    # MaxText's JAX is not the suite's: its programs get meshrun's default.
+    pytest.mark.own_compile_cache,
     pytest.mark.skipif(
         not MESHRUN.exists(),
         reason=f"no MaxText venv with meshrun at {VENV}: `make test-maxtext` makes it from compat/maxtext/requirements.lock",

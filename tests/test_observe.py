@@ -25,14 +25,14 @@ PARTS = ("startup", "compile", "restore", "data", "step", "checkpoint", "lost", 
 
 
 @pytest.fixture(scope="module")
-def failed_once(tmp_path_factory):
+def failed_once(tmp_path_factory, gpt_data):
     """The GPT with a checkpoint every 5 steps; rank 1 SIGKILLed after step
     12, then resumed. Returns (runs dir, wall time seen from outside)."""
     base = tmp_path_factory.mktemp("observe")
     runs = base / "runs"
     run_dir = runs / "g"
     t0 = time.monotonic()
-    proc = start(["-n", "2", "--devices-per-proc", "2", "--checkpoint-every", "5", "--max-failures", "1", "--quiet", "--tee", "none", GPT, *TINY, "--data-dir", str(base / "data")], runs_dir=runs, name="g")
+    proc = start(["-n", "2", "--devices-per-proc", "2", "--checkpoint-every", "5", "--max-failures", "1", "--quiet", "--tee", "none", GPT, *TINY, "--data-dir", gpt_data], runs_dir=runs, name="g")
     try:
         wait_for(lambda: proc.poll() is not None or any((r["step"] or 0) >= 12 for r in read_jsonl(run_dir / "metrics.jsonl")), 180, "step 12")
         assert proc.poll() is None, proc.communicate()[1]

@@ -72,7 +72,7 @@ class _Rows(HTMLParser):
 
 
 @pytest.mark.slow
-def test_a_rank_sleeping_in_each_step_is_named_and_profiled_with_the_others(tmp_path):
+def test_a_rank_sleeping_in_each_step_is_named_and_profiled_with_the_others(tmp_path, gpt_data):
     runs = tmp_path / "runs"
     # Rank 1's share of a step behind is PACE / (PACE + the step's own
     # compute), whatever else the machine runs: at 0.15 s against a
@@ -81,7 +81,7 @@ def test_a_rank_sleeping_in_each_step_is_named_and_profiled_with_the_others(tmp_
     # window of steps in a row.
     done = meshrun(
         ["-n", "2", "--hosts", "2", "--devices-per-proc", "2", "--quiet", "--straggler-threshold", "0.1", "--straggler-steps", str(WINDOW),
-         "--profile-stragglers", "--profile-steps", "3:5", PACED, *SMALL, "--steps", "40", "--data-dir", str(tmp_path / "data")],
+         "--profile-stragglers", "--profile-steps", "3:5", PACED, *SMALL, "--steps", "40", "--data-dir", gpt_data],
         runs_dir=runs, name="slow", env={"GPT_PACE_S": "0.15", "GPT_PACE_RANKS": "1"}, timeout=300,
     )
     assert done.code == 0, done.stderr
@@ -116,10 +116,10 @@ def test_a_rank_sleeping_in_each_step_is_named_and_profiled_with_the_others(tmp_
 
 @pytest.mark.slow
 @covers("profile-rank-out-of-range", "profile-not-running")
-def test_meshrun_profile_collects_one_trace_per_rank_of_a_running_gpt(tmp_path):
+def test_meshrun_profile_collects_one_trace_per_rank_of_a_running_gpt(tmp_path, gpt_data):
     runs = tmp_path / "runs"
     run_dir = runs / "g"
-    proc = start(["-n", "2", "--devices-per-proc", "2", "--quiet", "--tee", "none", PACED, *SMALL, "--steps", "400", "--data-dir", str(tmp_path / "data")],
+    proc = start(["-n", "2", "--devices-per-proc", "2", "--quiet", "--tee", "none", PACED, *SMALL, "--steps", "400", "--data-dir", gpt_data],
                  runs_dir=runs, name="g", env={"GPT_PACE_S": "0.1"})
     try:
         wait_for(lambda: proc.poll() is not None or any((r["step"] or 0) >= 3 for r in read_jsonl(run_dir / "metrics.jsonl")), 180, "step 3")

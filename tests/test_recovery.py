@@ -36,7 +36,7 @@ def final_records(log_dir: Path, rank: int) -> dict[int, dict]:
     return out
 
 
-def soak(tmp_path: Path, kills: int, steps: int, seed: int, memory: bool = False) -> None:
+def soak(tmp_path: Path, data_dir: str, kills: int, steps: int, seed: int, memory: bool = False) -> None:
     """The GPT on 2 processes x 2 devices, checkpointing every 2 steps, is
     killed with SIGKILL ``kills`` times (every other time just as a
     checkpoint folder appears, i.e. during a save) and must finish with the
@@ -45,7 +45,7 @@ def soak(tmp_path: Path, kills: int, steps: int, seed: int, memory: bool = False
     it keeps a memory checkpoint every step (and a durable one every 10):
     then each restart may redo at most one step."""
     rng = random.Random(seed)
-    runs, data = tmp_path / "runs", ["--data-dir", str(tmp_path / "data")]
+    runs, data = tmp_path / "runs", ["--data-dir", data_dir]
     ref_log, soak_log = tmp_path / "ref-samples", tmp_path / "soak-samples"
     ref_log.mkdir()
     soak_log.mkdir()
@@ -123,14 +123,14 @@ def soak(tmp_path: Path, kills: int, steps: int, seed: int, memory: bool = False
         assert sum(redone) <= kills, f"seed {seed}: {sum(redone)} steps redone over {kills} restarts: {redone}"
 
 
-def test_sigkill_soak_with_memory_checkpoints(tmp_path):
+def test_sigkill_soak_with_memory_checkpoints(tmp_path, gpt_data):
     seed = int(os.environ.get("MESHRUN_SOAK_SEED", str(random.randrange(1 << 30))))
-    soak(tmp_path, kills=int(os.environ.get("MESHRUN_SOAK_KILLS", "2")), steps=int(os.environ.get("MESHRUN_SOAK_STEPS", "30")), seed=seed, memory=True)
+    soak(tmp_path, gpt_data, kills=int(os.environ.get("MESHRUN_SOAK_KILLS", "2")), steps=int(os.environ.get("MESHRUN_SOAK_STEPS", "30")), seed=seed, memory=True)
 
 
-def test_sigkill_soak_short(tmp_path):
+def test_sigkill_soak_short(tmp_path, gpt_data):
     seed = int(os.environ.get("MESHRUN_SOAK_SEED", str(random.randrange(1 << 30))))
-    soak(tmp_path, kills=int(os.environ.get("MESHRUN_SOAK_KILLS", "2")), steps=int(os.environ.get("MESHRUN_SOAK_STEPS", "30")), seed=seed)
+    soak(tmp_path, gpt_data, kills=int(os.environ.get("MESHRUN_SOAK_KILLS", "2")), steps=int(os.environ.get("MESHRUN_SOAK_STEPS", "30")), seed=seed)
 
 
 def test_hang_is_detected_with_stacks_and_restarted(tmp_path):
@@ -153,8 +153,8 @@ def test_hang_is_detected_with_stacks_and_restarted(tmp_path):
     assert "done in attempt 2" in done.log(0)
 
 
-def test_preemption_checkpoints_then_the_same_name_resumes(tmp_path):
-    runs, data = tmp_path / "runs", ["--data-dir", str(tmp_path / "data")]
+def test_preemption_checkpoints_then_the_same_name_resumes(tmp_path, gpt_data):
+    runs, data = tmp_path / "runs", ["--data-dir", gpt_data]
     run_dir = runs / "pre"
     # No regular checkpoint before step 1000: the one saved is preemption's.
     args = [*LAUNCH, "--checkpoint-every", "1000", EXAMPLE, *TINY, "--steps", "60", *data]
@@ -253,6 +253,7 @@ def test_a_frozen_worker_is_caught_by_its_missing_heartbeats(tmp_path):
     assert_none_left(run_dir)
 
 
+@pytest.mark.own_compile_cache
 def test_every_rank_finds_its_compilation_in_the_cache_on_a_restart(tmp_path):
     """JAX itself writes cache entries from process 0 only, and on CPU each
     process's key differs: meshrun lets every rank write its own, so a

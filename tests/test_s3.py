@@ -148,12 +148,12 @@ TINY = ["--batch-size", "8", "--seq-len", "32", "--d-model", "32", "--layers", "
 
 
 @pytest.mark.slow
-def test_the_gpt_killed_resumes_from_s3_bit_identical(s3server, s3_bucket, tmp_path):
+def test_the_gpt_killed_resumes_from_s3_bit_identical(s3server, s3_bucket, tmp_path, gpt_data):
     """The GPT on 2 processes x 2 devices with its checkpoints on S3: rank 1
     SIGKILLed after the first commit; the restart resumes from S3 and ends
     with the parameters of an uninterrupted run, bit for bit."""
     steps = 12
-    data = ["--data-dir", str(tmp_path / "data")]
+    data = ["--data-dir", gpt_data]
     common = [*LAUNCH, "--checkpoint-every", "2"]
     ref = meshrun([*common, EXAMPLE, *TINY, "--steps", str(steps), *data, "--params-digest", str(tmp_path / "ref.sha")], runs_dir=tmp_path / "runs", name="ref", timeout=600)
     assert ref.code == 0, ref.stderr
