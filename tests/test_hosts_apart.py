@@ -14,7 +14,7 @@ import sys
 import time
 
 import pytest
-from conftest import MESHRUN, ROOT, SCRIPTS, cli, freeze_agent_and_kill_worker, meshrun, read_jsonl, stopped, wait_for
+from conftest import MESHRUN, ROOT, SCRIPTS, cli, freeze_agent_and_kill_worker, meshrun, read_jsonl, wait_for
 from errors_page import covers, exits
 from hostsrun import listen_addr, meshrun_on, run_args, start_joins
 
