@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -85,6 +86,7 @@ def test_a_lost_host_shrinks_the_gpt_to_two_hosts_and_its_return_grows_it_back_w
     env = token_env()
     samples = hosts.shared / "samples"
     samples.mkdir()
+    shutil.copytree(gpt_data, hosts.shared / "data")
     args = run_args(hosts, [*launch, "--max-failures", "2", "--rejoin-timeout", "5", "--join-timeout", "120", PACED, *train, "--data-dir", str(hosts.shared / "data"), "--sample-log", str(samples)], "el", count="2:4")
     controller = hosts.popen(0, args, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     joiners = start_joins(hosts, env, timeout=120)

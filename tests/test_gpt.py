@@ -4,6 +4,7 @@ hosts and mesh axes, and the mesh keeps busy axes within a host."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from conftest import ROOT, SCRIPTS, meshrun
@@ -41,10 +42,12 @@ def test_per_step_losses_agree_across_layouts(gpt_runs):
     assert reference[20] < reference[1]
 
 
-def test_two_hosts_that_share_nothing_agree(gpt_runs, nshosts, tmp_path):
-    """2 namespace hosts x 1 process x 2 devices, data 2 x tensor 2."""
+def test_two_hosts_that_share_nothing_agree(gpt_runs, nshosts, gpt_data):
+    """2 namespace hosts x 1 process x 2 devices, data 2 x tensor 2; the
+    data set in the storage both see."""
     hosts = nshosts(2)
-    done = meshrun_on(hosts, ["-n", "2", "--devices-per-proc", "2", "--tee", "none", EXAMPLE, *SMALL, "--data", "2", "--tensor", "2", "--data-dir", str(tmp_path / "data")], timeout=400)
+    shutil.copytree(gpt_data, hosts.shared / "data")
+    done = meshrun_on(hosts, ["-n", "2", "--devices-per-proc", "2", "--tee", "none", EXAMPLE, *SMALL, "--data", "2", "--tensor", "2", "--data-dir", str(hosts.shared / "data")], timeout=400)
     assert done.code == 0, done.stderr + done.log(0)[-3000:]
     losses = {r["step"]: r["metrics"]["loss"] for r in done.metrics() if "loss" in r["metrics"]}
     reference = gpt_runs["1x4_fsdp4"]

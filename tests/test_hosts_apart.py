@@ -129,7 +129,7 @@ TINY = ["--batch-size", "8", "--seq-len", "32", "--d-model", "32", "--layers", "
 
 
 @pytest.mark.slow
-def test_a_host_cut_off_mid_training_rejoins_and_the_run_ends_bit_identical(nshosts, tmp_path):
+def test_a_host_cut_off_mid_training_rejoins_and_the_run_ends_bit_identical(nshosts, tmp_path, gpt_data):
     """The GPT on 2 hosts x 1 process x 2 devices (fsdp 2 x tensor 2),
     checkpoints in the storage both hosts see; host 1's link is cut for
     15 s right after the first commit, 5 s past the heartbeat window. The
@@ -142,13 +142,16 @@ def test_a_host_cut_off_mid_training_rejoins_and_the_run_ends_bit_identical(nsho
     uninterrupted run on one host. `make partition` runs it at full length."""
     steps = int(os.environ.get("MESHRUN_PARTITION_STEPS", "14"))
     model = [*TINY] if steps < 100 else []
-    train = [EXAMPLE, *model, "--fsdp", "2", "--tensor", "2", "--steps", str(steps), "--data-dir", str(tmp_path / "data")]
+    train = [EXAMPLE, *model, "--fsdp", "2", "--tensor", "2", "--steps", str(steps)]
     launch = ["-n", "2", "--devices-per-proc", "2", "--tee", "none", "--checkpoint-every", "2"]
-    ref = meshrun([*launch, *train, "--params-digest", str(tmp_path / "ref.sha")], runs_dir=tmp_path / "runs", name="ref", timeout=900)
+    ref = meshrun([*launch, *train, "--data-dir", gpt_data, "--params-digest", str(tmp_path / "ref.sha")], runs_dir=tmp_path / "runs", name="ref", timeout=900)
     assert ref.code == 0, ref.stderr
 
     hosts = nshosts(2)
     env = token_env()
+    # The data set sits in the storage both hosts see.
+    shutil.copytree(gpt_data, hosts.shared / "data")
+    train += ["--data-dir", str(hosts.shared / "data")]
     args = run_args(hosts, [*launch, "--max-failures", "1", "--join-timeout", "120", *train, "--params-digest", str(hosts.shared / "cut.sha")], "cut")
     controller = hosts.popen(0, args, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     (joiner,) = start_joins(hosts, {**env, "MESHRUN_CGROUP": "0"}, timeout=120)
@@ -282,7 +285,7 @@ def test_meshrun_join_says_what_it_takes_part_in_and_exits_with_the_runs_outcome
 
 
 @pytest.mark.slow
-def test_a_joined_host_that_lost_its_memory_restores_from_its_buddy_over_the_network(nshosts, tmp_path):
+def test_a_joined_host_that_lost_its_memory_restores_from_its_buddy_over_the_network(nshosts, tmp_path, gpt_data):
     """The GPT on 2 hosts that share nothing (host 1 joined with `meshrun
     join`), a memory checkpoint every step and no durable one before the
     end: host 1's worker is killed and everything host 1 kept in memory is
@@ -291,13 +294,16 @@ def test_a_joined_host_that_lost_its_memory_restores_from_its_buddy_over_the_net
     parameters equal those of an uninterrupted run on one host."""
     # Enough steps that the run is still training when the kill comes,
     # on a fast machine too (16 were done before it on one).
-    train = [EXAMPLE, *TINY, "--fsdp", "2", "--tensor", "2", "--steps", "48", "--data-dir", str(tmp_path / "data")]
+    train = [EXAMPLE, *TINY, "--fsdp", "2", "--tensor", "2", "--steps", "48"]
     launch = ["-n", "2", "--devices-per-proc", "2", "--tee", "none"]
-    ref = meshrun([*launch, *train, "--params-digest", str(tmp_path / "ref.sha")], runs_dir=tmp_path / "runs", name="ref", timeout=900)
+    ref = meshrun([*launch, *train, "--data-dir", gpt_data, "--params-digest", str(tmp_path / "ref.sha")], runs_dir=tmp_path / "runs", name="ref", timeout=900)
     assert ref.code == 0, ref.stderr
 
     hosts = nshosts(2)
     env = token_env()
+    # The data set sits in the storage both hosts see.
+    shutil.copytree(gpt_data, hosts.shared / "data")
+    train += ["--data-dir", str(hosts.shared / "data")]
     args = run_args(hosts, [*launch, "--memory-checkpoint-every", "1", "--checkpoint-every", "1000", "--max-failures", "1", *train, "--params-digest", str(hosts.shared / "mem.sha")], "mem")
     controller = hosts.popen(0, args, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     (joiner,) = start_joins(hosts, env, timeout=120)
