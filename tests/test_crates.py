@@ -1,6 +1,7 @@
-"""Which crate depends on what: the engine's crates (supervision and
-protocol, data loading, checkpoint I/O) carry no web server, no renderer
-and no Python binding; those sit in crates of their own. Read from
+"""Which crate depends on what: the engine's crates (supervision, the
+control protocol, data loading, checkpoint I/O) carry no web server, no
+renderer and no Python binding; those sit in crates of their own, and the
+control protocol builds without the controller and the agent. Read from
 ``cargo tree`` over the lock file, so a dependency added to the wrong
 crate fails here."""
 
@@ -18,6 +19,13 @@ from conftest import ROOT
 WEB = {"axum", "axum-core", "matchit"}
 RENDERING = {"meshrun-report", "meshrun-serve"}
 BINDING = {"pyo3", "numpy", "meshrun-python"}
+
+# The meshrun crates the control protocol may build with, itself included:
+# its messages carry meshrun-record's exit statuses and goodput timings and
+# meshrun-ckpt's manifests and shard records, and meshrun-ckpt brings
+# meshrun-store (where checkpoints are). Never the engine (meshrun-core),
+# which speaks the protocol, nor the data loader.
+PROTOCOL_MESHRUN = {"meshrun-protocol", "meshrun-record", "meshrun-ckpt", "meshrun-store"}
 
 
 def _packages(crate: str) -> set[str]:
@@ -38,7 +46,12 @@ def _packages(crate: str) -> set[str]:
     return {line.split()[0] for line in out.stdout.splitlines() if line.strip()}
 
 
-@pytest.mark.parametrize("crate", ["meshrun-core", "meshrun-data", "meshrun-ckpt", "meshrun-store", "meshrun-record"])
+def _meshrun(packages: set[str]) -> set[str]:
+    """The workspace's own crates among ``packages``."""
+    return {p for p in packages if p == "meshrun" or p.startswith("meshrun-")}
+
+
+@pytest.mark.parametrize("crate", ["meshrun-core", "meshrun-protocol", "meshrun-data", "meshrun-ckpt", "meshrun-store", "meshrun-record"])
 def test_the_engine_crates_carry_no_web_rendering_or_binding_dependency(crate):
     packages = _packages(crate)
     assert crate in packages, f"cargo tree did not list {crate} itself: {sorted(packages)[:10]}"
@@ -51,3 +64,17 @@ def test_the_web_stack_is_where_the_live_page_is():
     packages = _packages("meshrun-serve")
     assert {"axum", "matchit", "meshrun-report"} <= packages, sorted(packages)
     assert not packages & BINDING, sorted(packages & BINDING)
+
+
+def test_the_protocol_builds_without_the_engine_around_it():
+    packages = _meshrun(_packages("meshrun-protocol"))
+    assert "meshrun-protocol" in packages, sorted(packages)
+    assert packages <= PROTOCOL_MESHRUN, f"meshrun-protocol depends on {sorted(packages - PROTOCOL_MESHRUN)}"
+
+
+def test_the_engine_is_seen_where_it_is():
+    """The checks above can fail: the engine's own packages are more than
+    the protocol's."""
+    packages = _meshrun(_packages("meshrun-core"))
+    assert {"meshrun-core", "meshrun-protocol"} <= packages, sorted(packages)
+    assert not packages <= PROTOCOL_MESHRUN, sorted(packages)

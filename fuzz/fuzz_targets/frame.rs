@@ -6,9 +6,9 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use meshrun_core::protocol::auth::handshake_in_memory;
-use meshrun_core::protocol::frame::decode;
-use meshrun_core::token::Token;
+use meshrun_protocol::auth::handshake_in_memory;
+use meshrun_protocol::frame::decode;
+use meshrun_protocol::token::Token;
 
 fuzz_target!(|data: &[u8]| {
     let _ = decode(data);

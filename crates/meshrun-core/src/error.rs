@@ -167,7 +167,7 @@ pub enum CoreError {
         source: io::Error,
     },
     #[error(transparent)]
-    Protocol(#[from] crate::protocol::ProtocolError),
+    Protocol(#[from] meshrun_protocol::ProtocolError),
     #[error("{} did not join within {secs} s: start `meshrun join` there (or give it more time with --join-timeout)", hosts_named(missing))]
     AgentTimeout { missing: Vec<u32>, secs: u64 },
     #[error(
@@ -204,7 +204,7 @@ pub enum CoreError {
         source: io::Error,
     },
     #[error(transparent)]
-    Token(#[from] crate::token::TokenError),
+    Token(#[from] meshrun_protocol::token::TokenError),
     #[error("the controller at {controller} did not accept this host's run token ({why}): give the token of that run (MESHRUN_TOKEN, or --token-file with the file it printed)")]
     HandshakeFailed {
         controller: std::net::SocketAddr,

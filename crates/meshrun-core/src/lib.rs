@@ -7,8 +7,10 @@
 //! - [`agent`] spawns and watches the workers of one host; [`leftovers`]
 //!   and [`cgroup`] see that nothing a worker starts outlives it;
 //! - [`worker_client`] is the worker's side of the control protocol,
-//!   used from inside the user's Python process;
-//! - [`protocol`] is the one authenticated TCP protocol they all speak.
+//!   used from inside the user's Python process.
+//!
+//! The one authenticated TCP protocol they all speak, and the run token it
+//! is keyed by, are the crate `meshrun-protocol`.
 
 pub mod agent;
 pub mod cgroup;
@@ -20,9 +22,7 @@ pub mod leftovers;
 pub mod limits;
 pub mod plan;
 pub mod process;
-pub mod protocol;
 pub mod rundir;
-pub mod token;
 pub mod worker_client;
 pub mod worker_env;
 

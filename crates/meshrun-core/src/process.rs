@@ -4,10 +4,9 @@
 
 use std::process::ExitStatus;
 
+use meshrun_protocol::ExitInfo;
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
-
-use crate::protocol::ExitInfo;
 
 /// Sends `signal` to the process group led by `pid`. A group that is
 /// already gone is not an error: stopping is idempotent.

@@ -11,12 +11,12 @@ use std::time::{Duration, UNIX_EPOCH};
 pub use meshrun_record::read::lock_is_held;
 pub use meshrun_record::{unix_time, utc_rfc3339};
 
+use meshrun_protocol::token::Token;
 use meshrun_record::{names, EventLine, Goodput, MetricsRecord, RunRecord};
 use nix::fcntl::{Flock, FlockArg};
 use serde::Serialize;
 
 use crate::error::{CoreError, UsageError};
-use crate::token::Token;
 
 /// `20261202-134630`, for default run names.
 pub fn utc_compact(unix_secs: u64) -> String {

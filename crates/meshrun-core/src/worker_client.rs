@@ -14,10 +14,11 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use meshrun_protocol::frame::{encode, MAX_FRAME_BYTES};
+use meshrun_protocol::token::{Peer, Token};
+use meshrun_protocol::{auth, BlockingWriter, Message, ProtocolError};
+
 use crate::error::CoreError;
-use crate::protocol::frame::{encode, MAX_FRAME_BYTES};
-use crate::protocol::{auth, BlockingWriter, Message, ProtocolError};
-use crate::token::{Peer, Token};
 
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);

@@ -1,10 +1,10 @@
 //! The worker's bound on unsent reports, against a real controller end
 //! over TCP that stops reading.
 
+use meshrun_protocol::auth;
 use tokio::net::TcpListener;
 
 use super::*;
-use crate::protocol::auth;
 
 /// A report of about 64 KiB.
 fn big_report(step: u64) -> Report {
@@ -22,7 +22,7 @@ async fn a_controller_that_stops_reading_costs_counted_reports_not_the_workers_m
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     // A worker holds its own credential, not the run token.
-    let client_key = crate::token::worker_key(&token, 1, 0);
+    let client_key = meshrun_protocol::token::worker_key(&token, 1, 0);
     let client = tokio::task::spawn_blocking(move || {
         WorkerClient::connect(&addr, &client_key, 0, 1, OnControllerLoss::Ignore).unwrap()
     });

@@ -1,9 +1,10 @@
 //! The worker environment contract (architecture note): everything a worker
 //! needs to know about its place in the run, set before its Python starts.
 
+use meshrun_protocol::token::{worker_key, Token};
+
 use crate::launcher_env::contract_env;
 use crate::plan::{Platform, RunPlan};
-use crate::token::{worker_key, Token};
 
 /// One worker's place in the run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -20,8 +20,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use meshrun_ckpt::manifest::{Leaf, ShardRecord};
-use meshrun_core::protocol::{auth, Connection, ExitInfo, Message, WorkerLaunch};
-use meshrun_core::token::{worker_key, Peer, Token};
+use meshrun_protocol::token::{worker_key, Peer, Token};
+use meshrun_protocol::{auth, Connection, ExitInfo, Message, WorkerLaunch};
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
@@ -181,7 +181,7 @@ async fn attempt(
     host: &mut Option<u32>,
     launched: &mut bool,
 ) -> Result<bool, String> {
-    let err = |e: meshrun_core::protocol::ProtocolError| e.to_string();
+    let err = |e: meshrun_protocol::ProtocolError| e.to_string();
     conn.send(&Message::AgentHello {
         host: *host,
         host_ip: "127.0.0.1".into(),

@@ -4,11 +4,11 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use meshrun_core::protocol::{ProtocolError, MAX_FRAME_BYTES};
-use meshrun_core::token::Token;
 use meshrun_core::worker_client::{
     NotCommitted, OnControllerLoss, Report, WorkerClient as Client, KEPT_OUTCOMES,
 };
+use meshrun_protocol::token::Token;
+use meshrun_protocol::{ProtocolError, MAX_FRAME_BYTES};
 use meshrun_record::names;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;

@@ -8,8 +8,8 @@ use meshrun_core::error::UsageError;
 use meshrun_core::plan::{
     Elastic, FailurePolicy, RayTarget, Retention, SaveErrorPolicy, ScoreOrder,
 };
-use meshrun_core::token::Token;
 use meshrun_core::{execute, Entry, ExecOptions, PlatformChoice, RunSpec, Tee};
+use meshrun_protocol::token::Token;
 
 use crate::cli::{
     completion_command, AgentArgs, Cli, Command, OnOffArg, PlatformArg, RunArgs, SaveErrorArg,

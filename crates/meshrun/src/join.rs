@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use meshrun_core::agent::{self, join::join as join_run, AgentConfig, News};
-use meshrun_core::token::Token;
+use meshrun_protocol::token::Token;
 
 use crate::cli::JoinArgs;
 use crate::commands::error;
@@ -25,7 +25,7 @@ enum JoinUsage {
     #[error("{what}: {source}")]
     BadToken {
         what: String,
-        source: meshrun_core::token::TokenError,
+        source: meshrun_protocol::token::TokenError,
     },
     #[error("SLURM_NODEID must be a host rank (a whole number), got '{0}'")]
     BadSlurmNodeId(String),

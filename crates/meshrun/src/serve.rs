@@ -3,7 +3,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
-use meshrun_core::token::Token;
+use meshrun_protocol::token::Token;
 use meshrun_serve::ServeConfig;
 
 use crate::commands::error;

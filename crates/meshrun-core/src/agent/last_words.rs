@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use crate::protocol::{FrameStream, Message};
+use meshrun_protocol::{FrameStream, Message};
 
 /// What has arrived is read at once; this bounds the wait for a peer that
 /// neither sends nor resets (a send failing without a reset).
@@ -34,11 +34,11 @@ pub(super) async fn shutdown_before_break(
 
 #[cfg(test)]
 mod tests {
+    use meshrun_protocol::auth;
+    use meshrun_protocol::token::Token;
     use tokio::net::{TcpListener, TcpStream};
 
     use super::*;
-    use crate::protocol::auth;
-    use crate::token::Token;
 
     #[tokio::test]
     async fn a_shutdown_sent_before_a_reset_is_read_after_the_failed_send() {

@@ -18,11 +18,10 @@ use bytes::Bytes;
 use meshrun_ckpt::commit::{commit, step_dir, tmp_dir};
 use meshrun_ckpt::manifest::{Manifest, MANIFEST};
 use meshrun_ckpt::store::Location;
+use meshrun_protocol::token::Token;
+use meshrun_protocol::{auth, Connection, Message};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-
-use crate::protocol::{auth, Connection, Message};
-use crate::token::Token;
 
 /// Where memory checkpoints live when `MESHRUN_MEMORY_DIR` does not say.
 pub const MEMORY_ENV: &str = "MESHRUN_MEMORY_DIR";

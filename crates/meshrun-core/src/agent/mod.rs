@@ -27,6 +27,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use meshrun_protocol::token::Token;
+use meshrun_protocol::{auth, Connection, Message, STACK_DUMP_WAIT};
 use nix::sys::signal::Signal;
 use tokio::net::TcpSocket;
 use tokio::sync::mpsc;
@@ -35,8 +37,6 @@ use crate::error::CoreError;
 use crate::gpu::Inventory;
 use crate::leftovers::{Contained, Containment};
 use crate::process::{catches, signal_group, signal_process};
-use crate::protocol::{auth, Connection, Message, STACK_DUMP_WAIT};
-use crate::token::Token;
 pub use memory::{memory_root, MEMORY_ENV};
 pub use news::News;
 use scratch::RunScratch;
@@ -279,7 +279,7 @@ async fn session(
                                 extra
                             }
                             Err(e) => {
-                                let _ = events_tx.send(Message::SpawnFailed { rank: w.rank, error: e.clone(), problem: crate::protocol::message::SpawnProblem::Other });
+                                let _ = events_tx.send(Message::SpawnFailed { rank: w.rank, error: e.clone(), problem: meshrun_protocol::message::SpawnProblem::Other });
                                 continue;
                             }
                         };

@@ -22,10 +22,9 @@ use std::collections::{HashMap, HashSet};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 
+use meshrun_protocol::WorkerLaunch;
 use tokio::io::AsyncWriteExt;
 use tokio::process::{Child, ChildStdin, Command};
-
-use crate::protocol::WorkerLaunch;
 
 /// The module a spare runs, and the one a cold worker runs (its argv).
 const SPARE_MODULE: &str = "meshrun._spare";
@@ -146,7 +145,7 @@ impl Spares {
             let fixed = fixed_env(&env);
             let spawned = Command::new(python)
                 .args(["-m", SPARE_MODULE])
-                .env_remove(crate::token::TOKEN_ENV)
+                .env_remove(meshrun_protocol::token::TOKEN_ENV)
                 .envs(fixed.iter().map(|(k, v)| (k, v)))
                 .env("MESHRUN_SPARE_IMPORTS", imports.join(","))
                 .current_dir(&w.cwd)

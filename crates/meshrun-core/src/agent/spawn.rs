@@ -6,6 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use meshrun_protocol::message::SpawnProblem;
+use meshrun_protocol::{Message, Stream, WorkerLaunch};
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::sync::mpsc;
 
@@ -13,8 +15,6 @@ use super::{DRAIN_GRACE, MAX_LINE_BYTES};
 use crate::cgroup::{self, WorkerCgroup};
 use crate::leftovers::{Contained, Containment};
 use crate::process::exit_info;
-use crate::protocol::message::SpawnProblem;
-use crate::protocol::{Message, Stream, WorkerLaunch};
 
 /// The longest a worker's exit waits for its output to be forwarded while
 /// lines still move (the controller far behind): past it the exit goes.
@@ -51,7 +51,7 @@ pub(super) fn spawn_worker(
         cmd.args(args)
             // The agent holds the run token; its workers never do (they
             // get their own credential, `MESHRUN_WORKER_KEY`).
-            .env_remove(crate::token::TOKEN_ENV)
+            .env_remove(meshrun_protocol::token::TOKEN_ENV)
             .envs(w.env.iter().chain(extra_env).map(|(k, v)| (k, v)))
             .current_dir(&w.cwd)
             .stdin(Stdio::null())
@@ -156,7 +156,7 @@ pub(super) fn watch(
     tokio::spawn(async move {
         let exit = match child.wait().await {
             Ok(status) => exit_info(status),
-            Err(_) => crate::protocol::ExitInfo {
+            Err(_) => meshrun_protocol::ExitInfo {
                 code: None,
                 signal: None,
             },

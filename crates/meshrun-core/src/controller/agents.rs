@@ -7,13 +7,13 @@ use std::net::SocketAddr;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 
+use meshrun_protocol::token::Token;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::mpsc;
 
 use crate::agent::{self, AgentConfig};
 use crate::error::CoreError;
 use crate::plan::{RayTarget, RunPlan};
-use crate::token::Token;
 
 /// Agents started for a run; processes are stopped when the run ends.
 pub struct Agents {

@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use meshrun_protocol::Message;
 use meshrun_record::{Event, MetricsRecord, RunRecord};
 use nix::sys::signal::Signal;
 use tokio::signal::unix::{signal, SignalKind};
@@ -23,7 +24,6 @@ use super::stragglers::Stragglers;
 use super::StopHandle;
 use crate::error::CoreError;
 use crate::plan::RunPlan;
-use crate::protocol::Message;
 use crate::rundir::{unix_time, utc_rfc3339, RunDir};
 
 /// SIGINT and SIGTERM, when this run handles them. Installed before

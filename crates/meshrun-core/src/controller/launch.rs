@@ -2,9 +2,10 @@
 //! meshrun's Python bootstrap, which joins the run before the user's code
 //! starts) and its environment (the contract in `worker_env`).
 
+use meshrun_protocol::WorkerLaunch;
+
 use crate::gpu::{GpuError, Inventory, InventorySource};
 use crate::plan::{Entry, Platform, RunPlan};
-use crate::protocol::WorkerLaunch;
 use crate::worker_env::{worker_env, AttemptInfo, Placement};
 
 /// The worker's command line: the bootstrap module, then what to run.

@@ -5,6 +5,7 @@
 
 use std::time::SystemTime;
 
+use meshrun_protocol::Message;
 use meshrun_record::{unix_time, Event};
 use tokio::sync::mpsc;
 
@@ -14,7 +15,6 @@ use super::profiles::Saved;
 use super::stragglers::Found;
 use crate::error::CoreError;
 use crate::plan::DEFAULT_PROFILE_STEPS;
-use crate::protocol::Message;
 
 /// A straggler's automatic capture takes every rank up to this many, else
 /// the straggler's host and one rank of another for comparison.

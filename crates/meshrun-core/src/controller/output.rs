@@ -9,12 +9,12 @@ use std::collections::VecDeque;
 use std::path::PathBuf;
 
 use indicatif::ProgressBar;
+use meshrun_protocol::Stream;
 
 use super::rank_logs::RankLogs;
 use super::terminal::{terminal, Target, Terminal};
 use crate::error::CoreError;
 use crate::plan::Tee;
-use crate::protocol::Stream;
 
 const TAIL_KEEP: usize = 40;
 

@@ -8,13 +8,13 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::Path;
 use std::time::Duration;
 
+use meshrun_protocol::token::Token;
+use meshrun_protocol::{auth, Connection, Message};
 use serde_json::Value;
 use tokio::net::TcpStream;
 
 use crate::error::CoreError;
-use crate::protocol::{auth, Connection, Message};
 use crate::rundir::lock_is_held;
-use crate::token::Token;
 
 /// How long the controller may take to connect and answer.
 const ANSWER_WAIT: Duration = Duration::from_secs(10);
@@ -99,7 +99,7 @@ pub fn profile_run(
 }
 
 fn unexpected(expected: &'static str) -> CoreError {
-    crate::protocol::ProtocolError::Unexpected { expected }.into()
+    meshrun_protocol::ProtocolError::Unexpected { expected }.into()
 }
 
 /// Connects to the run's controller with the run's token. Between

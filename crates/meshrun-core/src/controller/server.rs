@@ -8,14 +8,14 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use meshrun_protocol::auth::{self, HANDSHAKE_TIMEOUT};
+use meshrun_protocol::token::{Peer, Token};
+use meshrun_protocol::{Connection, FrameSink, Message, ProtocolError};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::machine::Conn;
-use crate::protocol::auth::{self, HANDSHAKE_TIMEOUT};
-use crate::protocol::{Connection, FrameSink, Message, ProtocolError};
-use crate::token::{Peer, Token};
 
 /// What the connections tell the supervisor. Every connection is
 /// numbered here, once, as it is accepted: the machine names it by that

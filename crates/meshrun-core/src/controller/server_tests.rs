@@ -4,12 +4,12 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use meshrun_protocol::token::{worker_key, Peer, Token};
+use meshrun_protocol::{auth, Message};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
 use super::{bind, spawn_accept_loop, Event};
-use crate::protocol::{auth, Message};
-use crate::token::{worker_key, Peer, Token};
 
 async fn listening() -> (
     SocketAddr,

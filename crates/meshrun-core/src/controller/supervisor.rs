@@ -9,6 +9,8 @@ use std::path::PathBuf;
 use std::time::{Instant, SystemTime};
 
 use meshrun_ckpt::store::Location;
+use meshrun_protocol::token::{Token, TokenError};
+use meshrun_protocol::PROTOCOL_VERSION;
 use meshrun_record::{names, AttemptRecord, Event, Goodput, RunRecord, RunState};
 use nix::sys::signal::Signal;
 use tokio::sync::mpsc;
@@ -28,9 +30,7 @@ use super::terminal::terminal;
 use super::{ExecOptions, FailureRecord, Outcome, OutcomeStatus};
 use crate::error::CoreError;
 use crate::plan::RunPlan;
-use crate::protocol::PROTOCOL_VERSION;
 use crate::rundir::{unix_time, utc_rfc3339, RunDir};
-use crate::token::{Token, TokenError};
 
 /// How long the end of a run waits for the terminal to take what is queued.
 const TERMINAL_FLUSH_WAIT: std::time::Duration = std::time::Duration::from_secs(2);

@@ -5,8 +5,8 @@
 
 use std::io::Write as _;
 
-use meshrun_core::token::Token;
 use meshrun_loadtest::scale::{play, Scenario};
+use meshrun_protocol::token::Token;
 
 fn main() {
     let mut args = std::env::args().skip(1);

@@ -5,11 +5,11 @@
 use std::time::Instant;
 
 use base64::Engine as _;
+use meshrun_protocol::Message;
 use meshrun_record::Event;
 
 use super::{Action, AgentLink, Conn, Machine};
 use crate::error::CoreError;
-use crate::protocol::Message;
 
 /// Raw bytes of the pickled function per frame: base64 makes 4 of every
 /// 3, and a frame carries at most 1 MiB.

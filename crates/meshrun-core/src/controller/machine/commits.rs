@@ -3,10 +3,10 @@
 
 use std::time::Instant;
 
+use meshrun_protocol::Message;
 use meshrun_record::Event;
 
 use super::{Action, Conn, Machine};
-use crate::protocol::Message;
 
 impl Machine {
     pub(super) fn committed(&mut self, now: Instant, step: u64, path: &str) {

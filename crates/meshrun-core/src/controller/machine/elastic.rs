@@ -15,12 +15,12 @@
 
 use std::time::Instant;
 
+use meshrun_protocol::Message;
 use meshrun_record::Event;
 
 use super::stop::{StopReason, PREEMPT_GRACE};
 use super::{Action, Conn, Machine};
 use crate::error::CoreError;
-use crate::protocol::Message;
 
 /// An elastic attempt's hosts, beyond those the machine runs.
 #[derive(Default)]

@@ -4,11 +4,11 @@
 
 use std::time::Instant;
 
+use meshrun_protocol::{Message, WorkerLaunch};
 use meshrun_record::{Cause, Event};
 
 use super::{Action, Conn, Machine};
 use crate::controller::launch::host_launches;
-use crate::protocol::{Message, WorkerLaunch};
 use crate::worker_env::{AttemptInfo, ElasticInfo};
 
 impl Machine {

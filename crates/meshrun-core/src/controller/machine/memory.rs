@@ -15,11 +15,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use meshrun_ckpt::manifest::{Leaf, Manifest, FORMAT_VERSION};
+use meshrun_protocol::Message;
 use meshrun_record::Event;
 use serde_json::Value;
 
 use super::Machine;
-use crate::protocol::Message;
 
 /// How long the preparation may go without a word from any host before
 /// the attempt gives memory up and resumes from storage. A host answers

@@ -2,11 +2,11 @@
 
 use std::time::Instant;
 
+use meshrun_protocol::Message;
 use meshrun_record::{Cause, Event, ExitInfo};
 
 use super::{Action, Conn, Machine};
 use crate::controller::gather::Part;
-use crate::protocol::Message;
 
 impl Machine {
     pub(super) fn on_agent_message(&mut self, now: Instant, host: u32, msg: Message) {

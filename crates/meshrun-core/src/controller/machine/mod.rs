@@ -43,13 +43,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use meshrun_protocol::Message;
 use meshrun_record::{Cause, Event, FailureRecord};
 use serde_json::Value;
 
 use super::gather::Part;
 use crate::error::CoreError;
 use crate::plan::RunPlan;
-use crate::protocol::Message;
 use rank::RankState;
 
 pub use stop::StopReason;

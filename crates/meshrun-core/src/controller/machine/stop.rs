@@ -2,6 +2,7 @@
 
 use std::time::{Duration, Instant};
 
+use meshrun_protocol::{Message, STACK_DUMP_WAIT};
 use meshrun_record::goodput::{self, Parts};
 use meshrun_record::{Cause, Event, FailureRecord};
 use nix::sys::signal::Signal;
@@ -11,7 +12,6 @@ use super::Action;
 use super::{Conn, Machine};
 use crate::controller::summary::{EarlyFinish, RankEnd};
 use crate::controller::{OutcomeStatus, STOP_GRACE_MS};
-use crate::protocol::{Message, STACK_DUMP_WAIT};
 
 /// After a stop is sent, how long to wait for exits that an agent should
 /// report before treating the remaining workers as lost.

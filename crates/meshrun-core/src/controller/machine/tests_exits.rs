@@ -3,10 +3,10 @@
 //! a rank that aborted or crashed by itself while the group was being
 //! stopped, or whose exit could not be read, ended on its own.
 
+use meshrun_protocol::Message;
 use meshrun_record::{Event, ExitInfo};
 
 use super::sim::Sim;
-use crate::protocol::Message;
 
 fn ended(sim: &mut Sim, rank: u32, code: Option<i32>, signal: Option<i32>) {
     sim.agent(Message::WorkerExited {

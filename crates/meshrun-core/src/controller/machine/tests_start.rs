@@ -6,13 +6,13 @@
 
 use std::os::unix::fs::PermissionsExt;
 
+use meshrun_protocol::message::SpawnProblem;
+use meshrun_protocol::Message;
 use meshrun_record::{Cause, Event};
 
 use super::sim::{plan, Sim};
 use super::Input;
 use crate::controller::machine::Action;
-use crate::protocol::message::SpawnProblem;
-use crate::protocol::Message;
 
 const WAIT: &str = "1 task needs {'CPU': 1.0}; free: CPU 0 of 4";
 

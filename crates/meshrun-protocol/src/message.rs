@@ -31,8 +31,8 @@ pub struct WorkerLaunch {
 impl WorkerLaunch {
     /// The script a worker started through meshrun's bootstrap runs
     /// (`PYTHON -m meshrun._bootstrap script PATH ...`, as
-    /// `controller::launch::worker_argv` builds it), as given: relative
-    /// to `cwd` unless absolute.
+    /// `meshrun_core::controller::launch::worker_argv` builds it), as
+    /// given: relative to `cwd` unless absolute.
     pub fn script(&self) -> Option<&str> {
         match self.argv.as_slice() {
             [_, m, bootstrap, kind, path, ..]
@@ -364,7 +364,7 @@ pub enum Message {
     Heartbeat,
     /// This many of the worker's reports were dropped before they were
     /// sent: the controller fell behind and the worker's bound on unsent
-    /// reports ([`crate::worker_client::UNSENT_REPORT_BYTES`]) was full.
+    /// reports (`UNSENT_REPORT_BYTES` of the worker client) was full.
     ReportsShed {
         count: u64,
     },

@@ -1,5 +1,5 @@
 //! The run's secret. It is the pre-shared key of every control connection
-//! (see `protocol::auth`): only a peer that holds it completes the
+//! (see [`crate::auth`]): only a peer that holds it completes the
 //! handshake, and the token itself never crosses the network.
 
 use std::fmt;

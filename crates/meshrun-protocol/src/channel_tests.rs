@@ -7,9 +7,9 @@ use std::net::SocketAddr;
 use tokio::net::TcpListener;
 
 use super::*;
-use crate::protocol::auth::{self, HANDSHAKE_TIMEOUT};
-use crate::protocol::Stream;
+use crate::auth::{self, HANDSHAKE_TIMEOUT};
 use crate::token::Token;
+use crate::Stream;
 
 /// A log frame of about `bytes` bytes, which does not repeat itself.
 fn log_of(bytes: usize) -> Message {
