@@ -1,7 +1,8 @@
 """Which crate depends on what: the engine's crates (supervision, the
 control protocol, data loading, checkpoint I/O) carry no web server, no
 renderer and no Python binding; those sit in crates of their own, and the
-control protocol builds without the controller and the agent. Read from
+control protocol and the worker's client build without the controller and
+the agent. Read from
 ``cargo tree`` over the lock file, so a dependency added to the wrong
 crate fails here."""
 
@@ -27,15 +28,21 @@ BINDING = {"pyo3", "numpy", "meshrun-python"}
 # which speaks the protocol, nor the data loader.
 PROTOCOL_MESHRUN = {"meshrun-protocol", "meshrun-record", "meshrun-ckpt", "meshrun-store"}
 
+# The worker's client, inside every training process: the protocol's crates
+# and itself, never the controller and the agent (meshrun-core).
+WORKER_MESHRUN = PROTOCOL_MESHRUN | {"meshrun-worker"}
 
-def _packages(crate: str) -> set[str]:
+
+def _packages(crate: str, depth: int | None = None) -> set[str]:
     """The names of every package ``crate`` builds with (normal and build
-    dependencies, not dev ones), itself included."""
+    dependencies, not dev ones), itself included; with ``depth`` 1, only
+    those it names itself."""
     cargo = shutil.which("cargo")
     if cargo is None:
         pytest.fail("cargo is not on PATH: the dependency check reads `cargo tree`")
+    limit = [] if depth is None else ["--depth", str(depth)]
     out = subprocess.run(
-        [cargo, "tree", "--offline", "--locked", "-p", crate, "-e", "normal,build", "--prefix", "none", "--format", "{p}"],
+        [cargo, "tree", "--offline", "--locked", "-p", crate, "-e", "normal,build", "--prefix", "none", "--format", "{p}", *limit],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -51,7 +58,7 @@ def _meshrun(packages: set[str]) -> set[str]:
     return {p for p in packages if p == "meshrun" or p.startswith("meshrun-")}
 
 
-@pytest.mark.parametrize("crate", ["meshrun-core", "meshrun-protocol", "meshrun-data", "meshrun-ckpt", "meshrun-store", "meshrun-record"])
+@pytest.mark.parametrize("crate", ["meshrun-core", "meshrun-protocol", "meshrun-worker", "meshrun-data", "meshrun-ckpt", "meshrun-store", "meshrun-record"])
 def test_the_engine_crates_carry_no_web_rendering_or_binding_dependency(crate):
     packages = _packages(crate)
     assert crate in packages, f"cargo tree did not list {crate} itself: {sorted(packages)[:10]}"
@@ -72,9 +79,27 @@ def test_the_protocol_builds_without_the_engine_around_it():
     assert packages <= PROTOCOL_MESHRUN, f"meshrun-protocol depends on {sorted(packages - PROTOCOL_MESHRUN)}"
 
 
+def test_the_worker_client_builds_without_the_engine():
+    packages = _meshrun(_packages("meshrun-worker"))
+    assert "meshrun-worker" in packages, sorted(packages)
+    assert "meshrun-core" not in packages, "meshrun-worker depends on meshrun-core"
+    assert packages <= WORKER_MESHRUN, f"meshrun-worker depends on {sorted(packages - WORKER_MESHRUN)}"
+
+
+def test_the_worker_client_names_no_async_runtime():
+    """The client is threads over blocking sockets. tokio still comes in
+    below it (the protocol's async side for the controller and the agent,
+    and the object-storage client under meshrun-ckpt), so only what the
+    crate names itself is checked."""
+    direct = _packages("meshrun-worker", depth=1)
+    assert {"meshrun-worker", "meshrun-protocol"} <= direct, sorted(direct)
+    assert not direct & {"tokio", "meshrun-core"}, f"meshrun-worker names {sorted(direct & {'tokio', 'meshrun-core'})}"
+
+
 def test_the_engine_is_seen_where_it_is():
     """The checks above can fail: the engine's own packages are more than
-    the protocol's."""
+    the protocol's and the worker's, and it names tokio itself."""
     packages = _meshrun(_packages("meshrun-core"))
     assert {"meshrun-core", "meshrun-protocol"} <= packages, sorted(packages)
-    assert not packages <= PROTOCOL_MESHRUN, sorted(packages)
+    assert not packages <= WORKER_MESHRUN, sorted(packages)
+    assert "tokio" in _packages("meshrun-core", depth=1)

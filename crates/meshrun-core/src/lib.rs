@@ -6,11 +6,13 @@
 //!   supervises the workers and writes the run directory;
 //! - [`agent`] spawns and watches the workers of one host; [`leftovers`]
 //!   and [`cgroup`] see that nothing a worker starts outlives it;
-//! - [`worker_client`] is the worker's side of the control protocol,
-//!   used from inside the user's Python process.
+//! - [`worker_env`] is what each worker is started with (the environment
+//!   contract and its credential).
 //!
 //! The one authenticated TCP protocol they all speak, and the run token it
-//! is keyed by, are the crate `meshrun-protocol`.
+//! is keyed by, are the crate `meshrun-protocol`; the worker's side of it,
+//! inside the user's Python process, is the crate `meshrun-worker`, which
+//! builds without this one.
 
 pub mod agent;
 pub mod cgroup;
@@ -23,7 +25,6 @@ pub mod limits;
 pub mod plan;
 pub mod process;
 pub mod rundir;
-pub mod worker_client;
 pub mod worker_env;
 
 pub use controller::{execute, ExecOptions, Outcome, OutcomeStatus, StopHandle};

@@ -5,6 +5,7 @@
 use meshrun_ckpt::CkptError;
 use meshrun_core::{CoreError, UsageError};
 use meshrun_data::DataError as LoaderError;
+use meshrun_worker::WorkerError;
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
@@ -95,6 +96,16 @@ pub fn to_py(err: &CoreError) -> PyErr {
         | CoreError::HandshakeFailed { .. }
         | CoreError::JoinRefused(_)
         | CoreError::JoinTimeout { .. } => ControlError::new_err(text),
+    }
+}
+
+/// A worker's connection to its controller: a `ControlError`, as the
+/// engine's own network and protocol errors are.
+pub fn worker_to_py(err: &WorkerError) -> PyErr {
+    match err {
+        WorkerError::Net { .. } | WorkerError::Protocol(_) => {
+            ControlError::new_err(err.to_string())
+        }
     }
 }
 

@@ -4,12 +4,12 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use meshrun_core::worker_client::{
-    NotCommitted, OnControllerLoss, Report, WorkerClient as Client, KEPT_OUTCOMES,
-};
 use meshrun_protocol::token::Token;
 use meshrun_protocol::{ProtocolError, MAX_FRAME_BYTES};
 use meshrun_record::names;
+use meshrun_worker::{
+    NotCommitted, OnControllerLoss, Report, WorkerClient as Client, KEPT_OUTCOMES,
+};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -17,7 +17,7 @@ use serde::Serialize;
 
 use crate::checkpoint::WrittenShards;
 use crate::convert::{to_typed, to_value};
-use crate::errors::{to_py, CheckpointError, ConfigError};
+use crate::errors::{worker_to_py, CheckpointError, ConfigError};
 
 /// Room left in a frame for the message's own fields.
 const FRAME_HEADROOM: usize = 4096;
@@ -71,7 +71,7 @@ impl WorkerClient {
             })
         })
         .map(Self)
-        .map_err(|e| to_py(&e))
+        .map_err(|e| worker_to_py(&e))
     }
 
     /// Queues a metrics record (a dict of plain values); returns at once.
@@ -104,7 +104,7 @@ impl WorkerClient {
                     "the report of step {} takes {bytes} bytes, over the {MAX_FRAME_BYTES} bytes                      a report may carry; report fewer or smaller values",
                     step.map_or_else(|| "-".to_string(), |s| s.to_string())
                 )),
-                other => to_py(&other.into()),
+                other => worker_to_py(&other.into()),
             })
     }
 

@@ -12,9 +12,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use meshrun_ckpt::manifest::{Leaf, ShardRecord};
-use meshrun_core::worker_client::{OnControllerLoss, Report, WorkerClient};
 use meshrun_loadtest::{CHECKPOINT_AT_ENV, CONNECT_ENV, METRICS_ENV, RATE_ENV, SECONDS_ENV};
 use meshrun_protocol::token::Token;
+use meshrun_worker::{OnControllerLoss, Report, WorkerClient};
 
 fn var(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set"))

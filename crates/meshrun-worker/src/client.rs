@@ -18,7 +18,9 @@ use meshrun_protocol::frame::{encode, MAX_FRAME_BYTES};
 use meshrun_protocol::token::{Peer, Token};
 use meshrun_protocol::{auth, BlockingWriter, Message, ProtocolError};
 
-use crate::error::CoreError;
+use crate::commits::{Commits, NotCommitted};
+use crate::error::WorkerError;
+use crate::files::{self, FileSendError};
 
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -155,13 +157,13 @@ impl WorkerClient {
         rank: u32,
         attempt: u32,
         on_loss: OnControllerLoss,
-    ) -> Result<Self, CoreError> {
-        let net = |what| move |source| CoreError::Net { what, source };
+    ) -> Result<Self, WorkerError> {
+        let net = |what| move |source| WorkerError::Net { what, source };
         let sockaddr = addr
             .to_socket_addrs()
             .map_err(net("bad controller address"))?
             .next()
-            .ok_or_else(|| CoreError::Net {
+            .ok_or_else(|| WorkerError::Net {
                 what: "bad controller address",
                 source: std::io::Error::other(addr.to_string()),
             })?;
@@ -535,10 +537,10 @@ fn write_loop(
                 }
             }
             Outgoing::Profile { capture, dir } => {
-                let error = match worker_files::send_files(&mut out, &capture, &dir) {
+                let error = match files::send_files(&mut out, &capture, &dir) {
                     Ok(()) => None,
-                    Err(worker_files::FileSendError::Net) => return,
-                    Err(worker_files::FileSendError::Read(e)) => Some(e),
+                    Err(FileSendError::Net) => return,
+                    Err(FileSendError::Read(e)) => Some(e),
                 };
                 if out.put(&Message::ProfileDone { capture, error }).is_err() {
                     return;
@@ -559,14 +561,6 @@ fn write_loop(
     }
 }
 
-#[path = "worker_files.rs"]
-mod worker_files;
-
-#[path = "worker_commits.rs"]
-mod worker_commits;
-use worker_commits::Commits;
-pub use worker_commits::{NotCommitted, KEPT_OUTCOMES};
-
 #[cfg(test)]
-#[path = "worker_client_tests.rs"]
+#[path = "client_tests.rs"]
 mod tests;
