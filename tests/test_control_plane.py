@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from errors_page import covers, exits
 
-# meshrun-core's PROTOCOL_VERSION: this test speaks the handshake itself.
+# meshrun-protocol's PROTOCOL_VERSION: this test speaks the handshake itself.
 VERSION = 8
 PATTERN = b"Noise_NNpsk0_25519_ChaChaPoly_BLAKE2s"
 PROLOGUE = b"meshrun control protocol, version"
