@@ -140,3 +140,94 @@ def shell_without_aws(home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_") and k != "MESHRUN_S3_INSTANCE_METADATA"}
     env["HOME"] = str(home)
     return env
+
+
+class HoldingProxy:
+    """A TCP proxy on 127.0.0.1 in front of a real S3 server: every request
+    passes through as it came, except that while :meth:`hold` is in force a
+    PUT whose path ends in ``suffix`` waits until :meth:`release` (or 120 s)
+    before it goes on; ``holding`` is set once one waits. The server's
+    answers are passed back byte for byte."""
+
+    def __init__(self, upstream: str, suffix: str) -> None:
+        import socket
+        from urllib.parse import urlsplit
+
+        up = urlsplit(upstream)
+        self._upstream = (up.hostname, up.port)
+        self._suffix = suffix.encode()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.endpoint = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        self._open = threading.Event()
+        self._open.set()
+        self.holding = threading.Event()
+        self._sockets: list = []
+        threading.Thread(target=self._accept, name="s3-proxy", daemon=True).start()
+
+    def hold(self) -> None:
+        self._open.clear()
+
+    def release(self) -> None:
+        self._open.set()
+
+    def close(self) -> None:
+        self.release()
+        for s in [self._listener, *self._sockets]:
+            with contextlib.suppress(OSError):
+                s.close()
+
+    def __enter__(self) -> HoldingProxy:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _accept(self) -> None:
+        import socket
+
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self._upstream, timeout=10)
+            server.settimeout(None)
+            self._sockets += [client, server]
+            threading.Thread(target=self._answers, args=(server, client), daemon=True).start()
+            threading.Thread(target=self._requests, args=(client, server), daemon=True).start()
+
+    @staticmethod
+    def _answers(server, client) -> None:
+        with contextlib.suppress(OSError):
+            while data := server.recv(1 << 16):
+                client.sendall(data)
+        with contextlib.suppress(OSError):
+            client.shutdown(2)
+
+    def _requests(self, client, server) -> None:
+        buf = b""
+        with contextlib.suppress(OSError):
+            while True:
+                while b"\r\n\r\n" not in buf:
+                    data = client.recv(1 << 16)
+                    if not data:
+                        return
+                    buf += data
+                head, buf = buf.split(b"\r\n\r\n", 1)
+                lines = head.split(b"\r\n")
+                method, path = lines[0].split(b" ")[:2]
+                headers = dict(line.split(b":", 1) for line in lines[1:])
+                headers = {k.strip().lower(): v.strip() for k, v in headers.items()}
+                if headers.get(b"transfer-encoding"):
+                    raise AssertionError(f"a chunked request the proxy cannot frame: {lines[0]!r}")
+                length = int(headers.get(b"content-length", b"0"))
+                while len(buf) < length:
+                    data = client.recv(1 << 16)
+                    if not data:
+                        return
+                    buf += data
+                body, buf = buf[:length], buf[length:]
+                if method == b"PUT" and path.split(b"?")[0].endswith(self._suffix) and not self._open.is_set():
+                    self.holding.set()
+                    self._open.wait(timeout=120)
+                server.sendall(head + b"\r\n\r\n" + body)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import re
 from pathlib import Path
 
 import pytest
@@ -364,3 +365,25 @@ def test_a_damaged_checkpoint_is_a_checkpoint_error(tmp_path):
         _native.CheckpointReader(tmp_path)
     assert type(caught.value) is meshrun.CheckpointError
     assert "has no manifest.json" in str(caught.value)
+
+
+def env_names_spelt(source: str) -> list[tuple[int, str]]:
+    """(line, string) of every worker-environment name ``source`` writes
+    itself instead of reading it from ``meshrun._native.ENV``."""
+    return sorted((line, text) for line, text in _string_parts(ast.parse(source)) if re.fullmatch(r"MESHRUN_[A-Z_]+", text))
+
+
+def test_python_reads_the_environments_names_from_the_engine():
+    from meshrun._native import ENV
+
+    found = [f"{path.name}:{line}: {text!r}" for path in sorted(PACKAGE.glob("*.py")) for line, text in env_names_spelt(path.read_text())]
+    assert found == []
+    # Every key the package reads is one the engine gives.
+    used = {key for path in PACKAGE.glob("*.py") for key in re.findall(r'ENV\["([a-z_]+)"\]', path.read_text())}
+    assert used and sorted(used - set(ENV)) == [], sorted(used - set(ENV))
+    assert ENV["rank"] == "MESHRUN_RANK"
+
+
+def test_an_environment_name_spelt_in_python_is_found():
+    source = 'import os\n\ndef rank():\n    """MESHRUN_RANK, as a docstring may say."""\n    return os.environ["MESHRUN_RANK"], f"set MESHRUN_X=1 {0}"\n'
+    assert env_names_spelt(source) == [(5, "MESHRUN_RANK")]

@@ -83,3 +83,50 @@ def test_saves_that_fail_for_a_while_are_told_once_and_counted(tmp_path):
     page = (run_dir / "report.html").read_text()
     assert f'<span class="failed">{len(failed)} failed</span>' in page
     assert f"{len(failed)} saves failed (steps {lo} to {hi})" in page
+
+
+def test_a_commit_held_for_20_s_holds_back_no_report_and_fails_no_rank(s3server, s3_bucket, tmp_path):
+    """The controller's commit of a step (its manifest's PUT) is held for
+    20 s by a proxy in front of the S3 server, while the ranks' own uploads
+    pass. Commits run off the controller's loop: meanwhile the ranks'
+    reports keep reaching metrics.jsonl and their heartbeats the
+    controller, no rank is failed, and once the PUT goes through the held
+    step commits, then the steps saved meanwhile, in order."""
+    from s3fakes import HoldingProxy
+
+    runs, name = tmp_path / "runs", "held"
+    run_dir = runs / name
+    with HoldingProxy(s3server.endpoint, "/manifest.json") as proxy:
+        env = s3server.env(AWS_ENDPOINT_URL=proxy.endpoint)
+        proc = start(["-n", "2", "--tee", "none", "--checkpoint-every", "1", "--storage", f"{s3_bucket}/runs", str(SCRIPTS / "save_through_outage.py")], runs_dir=runs, name=name, env=env)
+        try:
+            wait_for(lambda: proc.poll() is not None or commits(run_dir), 120, "the first commit")
+            proxy.hold()
+            wait_for(lambda: proc.poll() is not None or proxy.holding.is_set(), 60, "a commit to be held")
+            held_at, held_unix = time.monotonic(), time.time()
+            reports = lambda: len(read_jsonl(run_dir / "metrics.jsonl"))  # noqa: E731
+            seen = [(0.0, reports())]
+            while (waited := time.monotonic() - held_at) < 20:
+                time.sleep(0.5)
+                seen.append((waited, reports()))
+            assert proc.poll() is None, proc.communicate()[1]
+            proxy.release()
+            wait_for(lambda: proc.poll() is not None or any(e["time"] > held_unix + 20 for e in commits(run_dir)), 60, "the held commit")
+            (run_dir / "stop-now").write_text("")
+            out, err = proc.communicate(timeout=120)
+        finally:
+            stop(proc)
+    assert proc.returncode == 0, err
+    # Reports came in all along: in each 5 s of the hold, several.
+    for lo in (0, 5, 10, 15):
+        during = [n for t, n in seen if lo <= t <= lo + 5]
+        assert during[-1] - during[0] >= 5, f"reports recorded while the commit was held (seconds, lines): {seen}"
+    events = read_jsonl(run_dir / "events.jsonl")
+    assert not [e for e in events if e["event"] in ("worker_failed", "restarting", "checkpoint_failed")], [e["event"] for e in events]
+    steps = [e["step"] for e in commits(run_dir)]
+    assert steps == sorted(steps) and len(steps) == len(set(steps)), steps
+    # The first commit after the hold began is the held step's: it came
+    # once its PUT went through, and those saved meanwhile after it.
+    after = [e for e in commits(run_dir) if e["time"] >= held_unix]
+    assert len(after) >= 2 and after[0]["time"] > held_unix + 20, after[:3]
+    assert_none_left(run_dir)

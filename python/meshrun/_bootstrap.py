@@ -15,6 +15,7 @@ import sys
 import traceback
 
 from meshrun import _cluster, _connection, _goodput, _metrics_file, _runtime, context
+from meshrun._native import ENV
 
 
 def _run(kind: str, target: str, args: list[str]) -> None:
@@ -29,7 +30,7 @@ def _run(kind: str, target: str, args: list[str]) -> None:
     elif kind == "function":
         import cloudpickle  # only function mode needs it
 
-        with open(os.path.join(os.environ.get("MESHRUN_SCRATCH", ""), target), "rb") as f:
+        with open(os.path.join(os.environ.get(ENV["scratch"], ""), target), "rb") as f:
             fn, config = cloudpickle.load(f)
         context.init()
         if config is None:

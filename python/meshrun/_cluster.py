@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from meshrun import _jax_private
+from meshrun._native import ENV
 
 
 def coordinator() -> str:
@@ -25,7 +26,7 @@ def coordinator() -> str:
     Never from ``JAX_COORDINATOR_ADDRESS``: that one is a launcher's
     convention (meshrun sets it to the bare host, for MaxText), and
     programs and launch shims change it."""
-    return os.environ["MESHRUN_COORDINATOR"]
+    return os.environ[ENV["coordinator"]]
 
 
 def _host(address: str) -> str:
@@ -49,7 +50,7 @@ def wait_for_coordinator(address: str, timeout: float = 300.0) -> None:
     every few milliseconds costs nothing and removes that wait.
     """
     global _coordinator_seen
-    if int(os.environ.get("MESHRUN_RANK", "0")) == 0 or _coordinator_seen == address:
+    if int(os.environ.get(ENV["rank"], "0")) == 0 or _coordinator_seen == address:
         return
     host, port = address.rsplit(":", 1)
     deadline = time.monotonic() + timeout
@@ -77,7 +78,7 @@ def register() -> bool:
 
         @classmethod
         def is_env_present(cls) -> bool:
-            return "MESHRUN_RANK" in os.environ and "MESHRUN_COORDINATOR" in os.environ
+            return ENV["rank"] in os.environ and ENV["coordinator"] in os.environ
 
         @classmethod
         def get_coordinator_address(cls, timeout_secs, override_coordinator_port=None) -> str:
@@ -87,7 +88,7 @@ def register() -> bool:
 
         @classmethod
         def get_process_count(cls) -> int:
-            return int(os.environ["MESHRUN_WORLD_SIZE"])
+            return int(os.environ[ENV["world_size"]])
 
         @classmethod
         def get_process_id(cls) -> int:
@@ -95,7 +96,7 @@ def register() -> bool:
             # comes from meshrun's initialize, without asking us), so the
             # wait for the coordinator lives here.
             wait_for_coordinator(coordinator())
-            return int(os.environ["MESHRUN_RANK"])
+            return int(os.environ[ENV["rank"]])
 
         @classmethod
         def get_local_process_id(cls) -> int | None:
@@ -115,12 +116,12 @@ def _contradictions(given: dict[str, Any]) -> list[tuple[str, Any, Any]]:
     process."""
     run = {
         "coordinator_address": coordinator(),
-        "num_processes": int(os.environ["MESHRUN_WORLD_SIZE"]),
-        "process_id": int(os.environ["MESHRUN_RANK"]),
+        "num_processes": int(os.environ[ENV["world_size"]]),
+        "process_id": int(os.environ[ENV["rank"]]),
     }
     found = [(name, given[name], ours) for name, ours in run.items() if given.get(name) is not None and given[name] != ours]
     ids = given.get("local_device_ids")
-    gpus = os.environ.get("MESHRUN_GPUS")
+    gpus = os.environ.get(ENV["gpus"])
     if ids is not None and gpus:
         # Ids count from 0 within the GPUs meshrun made visible; on CPU JAX
         # ignores them, so they contradict nothing there.
@@ -201,9 +202,9 @@ def warn_if_not_joined() -> None:
     if _join_checked:
         return
     if (
-        os.environ.get("MESHRUN_RANK") != "0"
-        or int(os.environ.get("MESHRUN_WORLD_SIZE", "1")) < 2
-        or os.environ.get("MESHRUN_INDEPENDENT") == "1"
+        os.environ.get(ENV["rank"]) != "0"
+        or int(os.environ.get(ENV["world_size"], "1")) < 2
+        or os.environ.get(ENV["independent"]) == "1"
     ):
         _join_checked = True
         return
@@ -220,7 +221,7 @@ def warn_if_not_joined() -> None:
         _join_checked = joined
         return
     _join_checked = True
-    n = os.environ["MESHRUN_WORLD_SIZE"]
+    n = os.environ[ENV["world_size"]]
     sys.stderr.write(
         f"meshrun: warning: rank 0 of {n} never called jax.distributed.initialize() before using JAX, so the {n} "
         f"processes run as {n} independent programs, not one; call it (or meshrun.init()) first, or set "

@@ -14,6 +14,7 @@ import signal
 from typing import IO
 
 from meshrun import _native
+from meshrun._native import ENV
 
 _client: _native.WorkerClient | None = None
 _stacks_file: IO[str] | None = None
@@ -41,9 +42,9 @@ def _stacks_on_sigusr1(scratch: str, attempt: int, rank: int) -> None:
 def start() -> None:
     """Connects to the controller named in the environment contract."""
     global _client
-    if _client is not None or "MESHRUN_CONTROL_ADDR" not in os.environ:
+    if _client is not None or ENV["control_addr"] not in os.environ:
         return
-    rank = int(os.environ["MESHRUN_RANK"])
-    attempt = int(os.environ.get("MESHRUN_ATTEMPT", "1"))
-    _stacks_on_sigusr1(os.environ["MESHRUN_SCRATCH"], attempt, rank)
-    _client = _native.WorkerClient(os.environ["MESHRUN_CONTROL_ADDR"], os.environ["MESHRUN_WORKER_KEY"], rank, attempt)
+    rank = int(os.environ[ENV["rank"]])
+    attempt = int(os.environ.get(ENV["attempt"], "1"))
+    _stacks_on_sigusr1(os.environ[ENV["scratch"]], attempt, rank)
+    _client = _native.WorkerClient(os.environ[ENV["control_addr"]], os.environ[ENV["worker_key"]], rank, attempt)

@@ -20,6 +20,8 @@ import os
 import sys
 from typing import Any
 
+from meshrun._native import ENV
+
 # The JAX versions (major, minor) the compatibility suite runs on. A newer
 # JAX is used as long as what it has keeps the newest shape written here.
 TESTED = ((0, 10), (0, 11), (0, 12))
@@ -72,7 +74,7 @@ def _on(name: str) -> None:
 def _off(name: str, why: str, loses: str) -> None:
     """Records a hook left off, and says so once from rank 0."""
     _status[name] = f"off: {why}"
-    if name in _warned or os.environ.get("MESHRUN_RANK", "0") != "0":
+    if name in _warned or os.environ.get(ENV["rank"], "0") != "0":
         return
     _warned.add(name)
     try:
@@ -156,7 +158,7 @@ def gloo_on_host_address() -> None:
     meshrun knows the address this host reached the controller from
     (``MESHRUN_HOST_IP``), so gloo is bound there, as ``GLOO_SOCKET_IFNAME``
     would do by hand. The same private names from JAX 0.10 to 0.12."""
-    host_ip = os.environ.get("MESHRUN_HOST_IP")
+    host_ip = os.environ.get(ENV["host_ip"])
     if not host_ip:
         return
     import dataclasses

@@ -23,8 +23,8 @@ import threading
 from typing import Any
 
 from meshrun import _connection
+from meshrun._native import ENV
 
-ENV = "MESHRUN_METRICS_FILE"
 # How often the file is looked at: a step is seen at most this late.
 _POLL_S = 0.5
 # The first bytes of the file, kept to tell a file written anew.
@@ -121,8 +121,8 @@ class _Follower:
 def follow() -> None:
     """Starts following the run's metrics file on rank 0, if the run names one."""
     global _follower
-    path = os.environ.get(ENV)
-    if not path or os.environ.get("MESHRUN_RANK") != "0" or _follower is not None:
+    path = os.environ.get(ENV["metrics_file"])
+    if not path or os.environ.get(ENV["rank"]) != "0" or _follower is not None:
         return
     _follower = _Follower(path)
 

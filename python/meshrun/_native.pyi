@@ -35,6 +35,8 @@ __all__ = [
     "fetch_directory",
     "committed_checkpoints",
     "resume_checkpoint",
+    "resume_choice",
+    "ENV",
     "storage_roundtrip",
     "MeshrunError",
     "ConfigError",
@@ -193,6 +195,11 @@ def write_directory(root: str | PathLike[str], step: int, rank: int, src: str | 
 def committed_checkpoints(root: str | PathLike[str]) -> list[tuple[str, int]]: ...
 def fetch_directory(dir: str | PathLike[str], dest: str | PathLike[str]) -> int: ...
 def resume_checkpoint(root: str | PathLike[str], attempt: int | None = None, chosen: int | None = None) -> tuple[str, int] | None: ...
+def resume_choice(root: str | PathLike[str]) -> tuple[str, int] | None: ...
+
+# The worker environment's names by key ("rank": "MESHRUN_RANK", ...).
+ENV: dict[str, str]
+
 def storage_roundtrip(url: str, size: int) -> tuple[float, float]: ...
 
 @final

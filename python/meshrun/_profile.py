@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from meshrun import _native
+from meshrun._native import ENV
 
 # (capture, the step to stop at, folder) while a trace runs.
 _active: tuple[str, int, Path] | None = None
@@ -65,9 +66,9 @@ def finish(client: Any) -> None:
 def _folder(capture: str) -> Path:
     """In the run's scratch folder on this host (removed with the run),
     else a temporary folder."""
-    scratch = os.environ.get("MESHRUN_SCRATCH")
+    scratch = os.environ.get(ENV["scratch"])
     if scratch:
-        folder = _native.profile_folder(scratch, capture, int(os.environ.get("MESHRUN_RANK", "0")))
+        folder = _native.profile_folder(scratch, capture, int(os.environ.get(ENV["rank"], "0")))
         folder.mkdir(parents=True, exist_ok=True)
         return folder
     return Path(tempfile.mkdtemp(prefix=f"meshrun-profile-{capture}-"))

@@ -32,6 +32,7 @@ import sys
 import time
 from typing import Any
 
+from meshrun._native import ENV
 from meshrun._ray_waiting import POLL_S, Watch
 
 PR_SET_PDEATHSIG = 1
@@ -73,7 +74,7 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the placement group (--start-timeout)")
     ap.add_argument("--min-hosts", type=int, help="an elastic run: one placement group per host, started as each is placed")
     args = ap.parse_args(argv)
-    token = os.environ["MESHRUN_TOKEN"]
+    token = os.environ[ENV["token"]]
     _check_reachable(args.address)
 
     import ray
@@ -90,7 +91,7 @@ def main(argv: list[str]) -> None:
 
         def start(self, controller: str, host: int, token: str) -> tuple[str, str, int, int]:
             ip = ray.util.get_node_ip_address()
-            env = {**os.environ, "MESHRUN_TOKEN": token}
+            env = {**os.environ, ENV["token"]: token}
             gpu_ids = ray.get_runtime_context().get_accelerator_ids().get("GPU", [])
             # The physical GPUs Ray gave this bundle, never 0..k-1.
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpu_ids)

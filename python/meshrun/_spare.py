@@ -19,8 +19,9 @@ import os
 import sys
 
 from meshrun import _bootstrap, _goodput
+from meshrun._native import ENV
 
-_IMPORTS_ENV = "MESHRUN_SPARE_IMPORTS"
+_IMPORTS_ENV = ENV["spare_imports"]
 
 
 def _warm(names: list[str]) -> None:

@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from meshrun import _connection, _goodput, _native, _values
+from meshrun._native import ENV
 from meshrun.context import get_context
 from meshrun.errors import CheckpointError, ConfigError, StorageError
 
@@ -133,7 +134,7 @@ class Checkpoint:
 
 def _scratch() -> str | None:
     """The host's scratch folder, where a fetched checkpoint goes."""
-    scratch = os.environ.get("MESHRUN_SCRATCH")
+    scratch = os.environ.get(ENV["scratch"])
     return scratch if scratch and os.path.isdir(scratch) else None
 
 
@@ -274,7 +275,7 @@ def save(step: int, state: Any, *, metrics: dict[str, Any] | None = None, extra:
         try:
             written = _native.write_shards(root, step, ctx.rank, shards)
         except StorageError as exc:
-            if client is not None and os.environ.get("MESHRUN_ON_SAVE_ERROR", "continue") == "continue":
+            if client is not None and os.environ.get(ENV["on_save_error"], "continue") == "continue":
                 # The step is not committed; the controller records why,
                 # and training goes on. The next save tries again.
                 client.save_failed(step, str(exc))
@@ -307,7 +308,7 @@ def save_memory(step: int, state: Any, *, metrics: dict[str, Any] | None = None,
     commits them and sends a replica to the buddy host. Returns once the
     shards are on the host, as :func:`save` does."""
     global _memory_writer
-    folder = os.environ.get("MESHRUN_MEMORY_DIR")
+    folder = os.environ.get(ENV["memory_dir"])
     client = _connection.client()
     if not folder or client is None:
         return
@@ -346,7 +347,7 @@ def save_directory(step: int, folder: str, *, metrics: dict[str, Any] | None = N
     try:
         written = _native.write_directory(root, step, ctx.rank, folder)
     except StorageError as exc:
-        if client is not None and os.environ.get("MESHRUN_ON_SAVE_ERROR", "continue") == "continue":
+        if client is not None and os.environ.get(ENV["on_save_error"], "continue") == "continue":
             client.save_failed(step, str(exc))
             return False
         raise
@@ -418,24 +419,10 @@ def get_checkpoint() -> Checkpoint | None:
 
 
 def _chosen_or_newer() -> Checkpoint | None:
-    """:func:`get_checkpoint` without waiting for this process's saves."""
-    root = _root()
-    chosen = os.environ.get("MESHRUN_RESUME_STEP")
-    memory = os.environ.get("MESHRUN_MEMORY_DIR")
-    if os.environ.get("MESHRUN_RESUME_FROM") == "memory" and chosen not in (None, "none") and memory:
-        # The controller chose the hosts' memory copy of this step; a newer
-        # durable step committed since by this attempt still wins.
-        newer = _native.resume_checkpoint(root, get_context().attempt, None)
-        if newer is not None and newer[1] is not None and newer[1] > int(chosen):
-            return Checkpoint(*newer)
-        found = _native.resume_checkpoint(memory, get_context().attempt, int(chosen))
-        assert found is not None  # given a chosen step, it always names one
-        return Checkpoint(*found)
-    if chosen is None:  # not started by a controller: the newest committed
-        found = _native.resume_checkpoint(root)
-    else:
-        step = None if chosen == "none" else int(chosen)
-        found = _native.resume_checkpoint(root, get_context().attempt, step)
+    """:func:`get_checkpoint` without waiting for this process's saves: the
+    engine decides (``meshrun_worker::resume``), from what the controller
+    put in this process's environment."""
+    found = _native.resume_choice(_root())
     return None if found is None else Checkpoint(*found)
 
 

@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass
 
 from meshrun._cluster import wait_for_coordinator
+from meshrun._native import ENV
 
 __all__ = ["Context", "get_context", "init"]
 
@@ -83,23 +84,23 @@ def _opt_int(name: str) -> int | None:
 def get_context() -> Context:
     """The current worker's context."""
     return Context(
-        rank=_int("MESHRUN_RANK", 0),
-        world_size=_int("MESHRUN_WORLD_SIZE", 1),
-        local_rank=_int("MESHRUN_LOCAL_RANK", 0),
-        local_world_size=_int("MESHRUN_LOCAL_WORLD_SIZE", 1),
-        host_rank=_int("MESHRUN_HOST_RANK", 0),
-        num_hosts=_int("MESHRUN_NUM_HOSTS", 1),
-        run_dir=os.environ.get("MESHRUN_RUN_DIR"),
-        run_id=os.environ.get("MESHRUN_RUN_ID"),
-        attempt=_int("MESHRUN_ATTEMPT", 1),
-        coordinator_address=os.environ.get("MESHRUN_COORDINATOR"),
-        checkpoint_every=int(os.environ["MESHRUN_CHECKPOINT_EVERY"]) if "MESHRUN_CHECKPOINT_EVERY" in os.environ else None,
-        storage_dir=os.environ.get("MESHRUN_STORAGE_DIR", os.environ.get("MESHRUN_RUN_DIR")),
-        memory_every=_opt_int("MESHRUN_MEMORY_EVERY"),
-        min_world_size=_opt_int("MESHRUN_MIN_WORLD_SIZE"),
-        max_world_size=_opt_int("MESHRUN_MAX_WORLD_SIZE"),
-        previous_world_size=_opt_int("MESHRUN_PREVIOUS_WORLD_SIZE"),
-        resize_reason=os.environ.get("MESHRUN_RESIZE_REASON"),
+        rank=_int(ENV["rank"], 0),
+        world_size=_int(ENV["world_size"], 1),
+        local_rank=_int(ENV["local_rank"], 0),
+        local_world_size=_int(ENV["local_world_size"], 1),
+        host_rank=_int(ENV["host_rank"], 0),
+        num_hosts=_int(ENV["num_hosts"], 1),
+        run_dir=os.environ.get(ENV["run_dir"]),
+        run_id=os.environ.get(ENV["run_id"]),
+        attempt=_int(ENV["attempt"], 1),
+        coordinator_address=os.environ.get(ENV["coordinator"]),
+        checkpoint_every=int(os.environ[ENV["checkpoint_every"]]) if ENV["checkpoint_every"] in os.environ else None,
+        storage_dir=os.environ.get(ENV["storage_dir"], os.environ.get(ENV["run_dir"])),
+        memory_every=_opt_int(ENV["memory_every"]),
+        min_world_size=_opt_int(ENV["min_world_size"]),
+        max_world_size=_opt_int(ENV["max_world_size"]),
+        previous_world_size=_opt_int(ENV["previous_world_size"]),
+        resize_reason=os.environ.get(ENV["resize_reason"]),
     )
 
 

@@ -20,14 +20,15 @@ import os
 import uuid
 from typing import Any
 
+from meshrun._native import ENV
 from meshrun.context import get_context
 from meshrun.errors import ConfigError
 
 __all__ = ["get_dataset_shard"]
 
 _NAMESPACE = "meshrun"
-_ADDRESS_ENV = "MESHRUN_RAY_DATA_ADDRESS"
-_ACTOR_ENV = "MESHRUN_RAY_DATA_ACTOR"
+_ADDRESS_ENV = ENV["ray_data_address"]
+_ACTOR_ENV = ENV["ray_data_actor"]
 
 _shards: dict[str, Any] = {}
 

@@ -186,8 +186,8 @@ impl Containment {
                     waiting |= !process::reap(child.pid);
                     continue;
                 }
-                let rank =
-                    process::start_env(child.pid, "MESHRUN_RANK").and_then(|r| r.parse().ok());
+                let rank = process::start_env(child.pid, meshrun_protocol::env::RANK)
+                    .and_then(|r| r.parse().ok());
                 let orphaned =
                     all || rank.map_or(live_ranks.is_empty(), |r| !live_ranks.contains(&r));
                 if orphaned {

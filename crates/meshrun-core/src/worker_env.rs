@@ -1,6 +1,7 @@
 //! The worker environment contract (architecture note): everything a worker
 //! needs to know about its place in the run, set before its Python starts.
 
+use meshrun_protocol::env;
 use meshrun_protocol::token::{worker_key, Token};
 
 use crate::launcher_env::contract_env;
@@ -34,7 +35,7 @@ impl Placement {
 
 /// Where a worker finds its credential: the key of its rank in its
 /// attempt, derived from the run token, which no worker holds.
-pub const WORKER_KEY_ENV: &str = "MESHRUN_WORKER_KEY";
+pub const WORKER_KEY_ENV: &str = env::WORKER_KEY;
 
 fn worker_key_hex(token_hex: &str, attempt: u32, rank: u32) -> String {
     let token = Token::from_hex(token_hex).expect("the run token is checked before any launch");
@@ -100,30 +101,30 @@ pub fn worker_env(
         // The run folder lives on the controller's machine only: workers
         // are told where it is, never write there. Checkpoints go to the
         // storage, the one folder every host reaches.
-        ("MESHRUN_RUN_DIR".into(), run_dir),
-        ("MESHRUN_STORAGE_DIR".into(), plan.storage_dir().to_string()),
-        ("MESHRUN_RUN_ID".into(), info.run_id.into()),
-        ("MESHRUN_ATTEMPT".into(), info.attempt.to_string()),
-        ("MESHRUN_CONTROL_ADDR".into(), info.control_addr.into()),
+        (env::RUN_DIR.into(), run_dir),
+        (env::STORAGE_DIR.into(), plan.storage_dir().to_string()),
+        (env::RUN_ID.into(), info.run_id.into()),
+        (env::ATTEMPT.into(), info.attempt.to_string()),
+        (env::CONTROL_ADDR.into(), info.control_addr.into()),
         // The worker's own credential, never the run token (see
         // `token::worker_key`).
         (
             WORKER_KEY_ENV.into(),
             worker_key_hex(info.token_hex, info.attempt, at.rank),
         ),
-        ("MESHRUN_RANK".into(), at.rank.to_string()),
-        ("MESHRUN_WORLD_SIZE".into(), at.world_size.to_string()),
-        ("MESHRUN_LOCAL_RANK".into(), at.local_rank.to_string()),
+        (env::RANK.into(), at.rank.to_string()),
+        (env::WORLD_SIZE.into(), at.world_size.to_string()),
+        (env::LOCAL_RANK.into(), at.local_rank.to_string()),
         (
-            "MESHRUN_LOCAL_WORLD_SIZE".into(),
+            env::LOCAL_WORLD_SIZE.into(),
             at.local_world_size.to_string(),
         ),
-        ("MESHRUN_HOST_RANK".into(), at.host.to_string()),
-        ("MESHRUN_NUM_HOSTS".into(), at.num_hosts.to_string()),
-        ("MESHRUN_HOST_IP".into(), info.host_ip.into()),
+        (env::HOST_RANK.into(), at.host.to_string()),
+        (env::NUM_HOSTS.into(), at.num_hosts.to_string()),
+        (env::HOST_IP.into(), info.host_ip.into()),
         // The JAX coordinator (`host:port`), where meshrun reads it: the
         // launchers' variables below may be changed by a program.
-        ("MESHRUN_COORDINATOR".into(), info.coordinator.into()),
+        (env::COORDINATOR.into(), info.coordinator.into()),
         // JAX's coordinator binds every interface unless told otherwise;
         // it should listen where the run said it would, and nowhere else.
         (
@@ -146,32 +147,32 @@ pub fn worker_env(
     // Always set, so that `meshrun.get_checkpoint()` gives out the step the
     // controller verified and never a newer one it skipped as damaged.
     let resume = info.resume_step.map_or("none".into(), |s| s.to_string());
-    env.push(("MESHRUN_RESUME_STEP".into(), resume));
+    env.push((env::RESUME_STEP.into(), resume));
     if info.resume_memory {
-        env.push(("MESHRUN_RESUME_FROM".into(), "memory".into()));
+        env.push((env::RESUME_FROM.into(), "memory".into()));
     }
     if let Some(e) = info.elastic {
-        env.push(("MESHRUN_MIN_WORLD_SIZE".into(), e.min_world.to_string()));
-        env.push(("MESHRUN_MAX_WORLD_SIZE".into(), e.max_world.to_string()));
+        env.push((env::MIN_WORLD_SIZE.into(), e.min_world.to_string()));
+        env.push((env::MAX_WORLD_SIZE.into(), e.max_world.to_string()));
         if let Some(p) = e.previous_world {
-            env.push(("MESHRUN_PREVIOUS_WORLD_SIZE".into(), p.to_string()));
+            env.push((env::PREVIOUS_WORLD_SIZE.into(), p.to_string()));
         }
         if let Some(reason) = e.reason {
-            env.push(("MESHRUN_RESIZE_REASON".into(), reason.into()));
+            env.push((env::RESIZE_REASON.into(), reason.into()));
         }
     }
     if let Some(n) = plan.recovery.memory_every {
-        env.push(("MESHRUN_MEMORY_EVERY".into(), n.to_string()));
+        env.push((env::MEMORY_EVERY.into(), n.to_string()));
     }
     env.push((
-        "MESHRUN_ON_SAVE_ERROR".into(),
+        env::ON_SAVE_ERROR.into(),
         plan.on_save_error.as_str().into(),
     ));
     if let Some(path) = &plan.metrics_file {
-        env.push(("MESHRUN_METRICS_FILE".into(), path.clone()));
+        env.push((env::METRICS_FILE.into(), path.clone()));
     }
     if let Some(n) = plan.checkpoint_every {
-        env.push(("MESHRUN_CHECKPOINT_EVERY".into(), n.to_string()));
+        env.push((env::CHECKPOINT_EVERY.into(), n.to_string()));
     }
     match plan.platform {
         Platform::Cpu => env.push((
@@ -184,7 +185,7 @@ pub fn worker_env(
             env.push(("CUDA_VISIBLE_DEVICES".into(), ids.clone()));
             // Within the worker CUDA renumbers the visible GPUs from 0;
             // the physical ids stay on record here.
-            env.push(("MESHRUN_GPUS".into(), ids));
+            env.push((env::GPUS.into(), ids));
         }
     }
     env.extend(plan.env.iter().cloned());

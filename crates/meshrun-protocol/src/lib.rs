@@ -14,6 +14,7 @@
 //! messages carry (exit statuses, goodput timings, checkpoint manifests).
 
 pub mod auth;
+pub mod env;
 pub mod channel;
 pub mod frame;
 pub mod message;

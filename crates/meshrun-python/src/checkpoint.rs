@@ -218,6 +218,22 @@ pub fn resume_checkpoint(
     Ok(found.map(|(step, path)| (path.to_string(), step)))
 }
 
+/// The checkpoint this worker resumes from (path, step), or `None`: the
+/// one the controller chose for the attempt (from storage or the hosts'
+/// memory, as the worker's environment says) or a newer one the attempt
+/// committed since; without a controller, the newest committed under
+/// `root`. The decision is `meshrun_worker::resume`'s.
+#[pyfunction]
+pub fn resume_choice(py: Python<'_>, root: &Bound<'_, PyAny>) -> PyResult<Option<(String, u64)>> {
+    let root = location(root)?;
+    let chosen = meshrun_worker::resume::Chosen::from_vars(|k| std::env::var(k).ok())
+        .map_err(pyo3::exceptions::PyValueError::new_err)?;
+    let found = py
+        .detach(|| meshrun_worker::resume::choice(&root, chosen.as_ref()))
+        .map_err(|e| to_py(&e))?;
+    Ok(found.map(|(step, path)| (path.to_string(), step)))
+}
+
 #[pyclass(frozen, module = "meshrun._native")]
 pub struct CheckpointReader(Mutex<Reader>);
 

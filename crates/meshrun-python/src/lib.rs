@@ -46,6 +46,13 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(checkpoint::fetch_directory, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint::committed_checkpoints, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint::resume_checkpoint, m)?)?;
+    m.add_function(wrap_pyfunction!(checkpoint::resume_choice, m)?)?;
+    // The worker environment's names, by key: Python spells none itself.
+    let env = pyo3::types::PyDict::new(m.py());
+    for (key, name) in meshrun_protocol::env::ALL {
+        env.set_item(key, name)?;
+    }
+    m.add("ENV", env)?;
     m.add_function(wrap_pyfunction!(checkpoint::storage_roundtrip, m)?)?;
     errors::register(m)?;
     Ok(())

@@ -6,7 +6,8 @@
 //!   credential, sends reports, heartbeats, failures and checkpoint news,
 //!   and takes the controller's requests;
 //! - `files` sends a profile trace over the same connection;
-//! - `commits` keeps what the controller said of each checkpoint step.
+//! - `commits` keeps what the controller said of each checkpoint step;
+//! - [`resume`] decides which checkpoint the worker resumes from.
 //!
 //! A crate of its own so that it builds without the controller and the
 //! agent (`meshrun-core`): it needs only `meshrun-protocol`, and the
@@ -16,6 +17,7 @@ mod client;
 mod commits;
 mod error;
 mod files;
+pub mod resume;
 
 pub use client::{
     OnControllerLoss, ProfileRequest, Report, WorkerClient, HEARTBEAT_INTERVAL, UNSENT_REPORT_BYTES,

@@ -24,7 +24,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 /// Where memory checkpoints live when `MESHRUN_MEMORY_DIR` does not say.
-pub const MEMORY_ENV: &str = "MESHRUN_MEMORY_DIR";
+pub const MEMORY_ENV: &str = meshrun_protocol::env::MEMORY_DIR;
 
 /// Raw frames carry this much of a file each (a frame holds 1 MiB).
 const PIECE_BYTES: usize = 512 * 1024;

@@ -147,7 +147,7 @@ impl Spares {
                 .args(["-m", SPARE_MODULE])
                 .env_remove(meshrun_protocol::token::TOKEN_ENV)
                 .envs(fixed.iter().map(|(k, v)| (k, v)))
-                .env("MESHRUN_SPARE_IMPORTS", imports.join(","))
+                .env(meshrun_protocol::env::SPARE_IMPORTS, imports.join(","))
                 .current_dir(&w.cwd)
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())

@@ -96,7 +96,7 @@ pub fn start(
             ])
             // The token travels in the environment, never on a command
             // line that any user of the machine can read.
-            .env("MESHRUN_TOKEN", token.to_hex())
+            .env(meshrun_protocol::env::TOKEN, token.to_hex())
             .stdin(Stdio::null())
             .process_group(0)
             .kill_on_drop(true)
@@ -146,7 +146,7 @@ fn start_on_ray(
         )
         .arg("--run-dir")
         .arg(&plan.run_dir)
-        .env("MESHRUN_TOKEN", token.to_hex())
+        .env(meshrun_protocol::env::TOKEN, token.to_hex())
         .current_dir(&plan.cwd)
         .stdin(Stdio::null())
         .stderr(Stdio::piped())

@@ -4,7 +4,7 @@
 //! manifest, rename `tmp-<step>` to `step-<step>`). Uncommitted folders
 //! left by a crash are removed when a run (re)starts.
 
-use meshrun_ckpt::commit::{clean_uncommitted, commit, committed, delete, set_aside, step_at};
+use meshrun_ckpt::commit::{clean_uncommitted, committed, delete, set_aside, step_at};
 use meshrun_ckpt::directory::FileRecord;
 use meshrun_ckpt::manifest::{Leaf, Manifest, FORMAT_VERSION};
 use meshrun_ckpt::resume::{
@@ -15,29 +15,41 @@ use meshrun_ckpt::store::Location;
 use meshrun_ckpt::CkptError;
 use meshrun_record::Event;
 
+use super::committer::CommitJob;
 pub use super::gather::Part;
 use super::gather::{Decided, Gather};
 use super::terminal::terminal;
 use crate::error::CoreError;
 use crate::rundir::RunDir;
 
-/// What became of a step the ranks' parts completed.
+/// What a rank's part or report settled: a step to commit (off the
+/// driver's loop, see [`super::committer`]), or one refused at once.
 #[derive(Debug)]
-pub enum Done {
-    Committed {
-        step: u64,
-        path: Location,
-    },
-    Failed {
-        step: u64,
-        error: CkptError,
-    },
+pub enum Settled {
+    Commit(CommitJob),
     /// It cannot be committed, for a reason the user must fix.
     Refused {
         step: u64,
         rank: u32,
         error: String,
     },
+}
+
+/// Retention's rules and what they apply to, for the committer's thread.
+#[derive(Debug)]
+pub struct RetainJob {
+    root: Location,
+    policy: Retention,
+    /// Damaged checkpoints (on a local disk) are not the run's to count or
+    /// delete.
+    skipped: Vec<u64>,
+}
+
+/// What became of a step the ranks' parts completed.
+#[derive(Debug)]
+pub enum Done {
+    Committed { step: u64, path: Location },
+    Failed { step: u64, error: CkptError },
 }
 
 pub struct Checkpoints {
@@ -184,21 +196,21 @@ impl Checkpoints {
         Ok(())
     }
 
-    /// Records one rank's part of `step`; commits what that completes.
+    /// Records one rank's part of `step`; gives what that completes.
     pub fn written(
         &mut self,
         rank: u32,
         step: u64,
         part: Part,
         extra: Option<serde_json::Value>,
-    ) -> Vec<Done> {
+    ) -> Vec<Settled> {
         let decided = self.gather.written(rank, step, part, extra);
         self.settle(decided)
     }
 
-    /// Records one rank's report of `step`; commits what that completes
-    /// (a folder from another rank waits for every rank's report).
-    pub fn reported(&mut self, rank: u32, step: u64, passed: bool, saving: bool) -> Vec<Done> {
+    /// Records one rank's report of `step`; gives what that completes (a
+    /// folder from another rank waits for every rank's report).
+    pub fn reported(&mut self, rank: u32, step: u64, passed: bool, saving: bool) -> Vec<Settled> {
         let decided = self.gather.reported(rank, step, passed, saving);
         self.settle(decided)
     }
@@ -208,7 +220,7 @@ impl Checkpoints {
         self.gather.abandon(step);
     }
 
-    fn settle(&mut self, decided: Vec<Decided>) -> Vec<Done> {
+    fn settle(&mut self, decided: Vec<Decided>) -> Vec<Settled> {
         decided
             .into_iter()
             .filter_map(|d| match d {
@@ -217,23 +229,22 @@ impl Checkpoints {
                     leaves,
                     files,
                     extra,
-                } => Some(match self.commit_step(step, leaves, files, extra) {
-                    Ok(path) => Done::Committed { step, path },
-                    Err(error) => Done::Failed { step, error },
-                }),
-                Decided::Refused { step, rank, error } => Some(Done::Refused { step, rank, error }),
+                } => Some(Settled::Commit(self.commit_job(step, leaves, files, extra))),
+                Decided::Refused { step, rank, error } => {
+                    Some(Settled::Refused { step, rank, error })
+                }
                 Decided::Dropped { .. } => None,
             })
             .collect()
     }
 
-    fn commit_step(
+    fn commit_job(
         &mut self,
         step: u64,
         leaves: Vec<Leaf>,
         files: Vec<FileRecord>,
         extra: Option<serde_json::Value>,
-    ) -> Result<Location, CkptError> {
+    ) -> CommitJob {
         let manifest = Manifest {
             format: FORMAT_VERSION,
             step,
@@ -243,55 +254,61 @@ impl Checkpoints {
             attempt: Some(self.attempt),
         };
         let local = !self.root.is_remote();
-        if let Some(i) = self.skipped.iter().position(|s| local && s.step == step) {
-            // The damaged copy is kept for the user: committing would
-            // replace it.
-            let to = set_aside(&self.root, step, DAMAGED)?;
+        let damaged = self.skipped.iter().position(|s| local && s.step == step);
+        // Set aside once: the committer does it before this commit.
+        if let Some(i) = damaged {
             self.skipped.remove(i);
-            terminal().note(&format!(
-                "meshrun: damaged checkpoint step-{step} set aside as '{to}', so that step {step} saved again does not replace it"
-            ));
         }
-        commit(&self.root, &manifest)
+        CommitJob {
+            root: self.root.clone(),
+            manifest,
+            set_aside_damaged: damaged.is_some(),
+        }
+    }
+
+    /// What retention needs, when the run has rules.
+    pub fn retain_job(&self) -> Option<RetainJob> {
+        Some(RetainJob {
+            root: self.root.clone(),
+            policy: self.retention.clone()?,
+            skipped: if self.root.is_remote() {
+                Vec::new()
+            } else {
+                self.skipped.iter().map(|s| s.step).collect()
+            },
+        })
     }
 }
 
-impl Checkpoints {
-    /// Applies the retention rules to the committed checkpoints; returns the
-    /// steps deleted.
-    pub fn retain(&self) -> Result<Vec<u64>, CkptError> {
-        let Some(policy) = &self.retention else {
-            return Ok(Vec::new());
-        };
-        // Damaged ones are not the run's to count or delete.
-        let all: Vec<(u64, Location)> = committed(&self.root)?
-            .into_iter()
-            .filter(|(step, _)| {
-                self.root.is_remote() || !self.skipped.iter().any(|s| s.step == *step)
-            })
-            .collect();
-        let candidates: Vec<Candidate> = all
-            .iter()
-            .map(|(step, path)| Candidate {
-                step: *step,
-                score: policy.score_attribute.as_ref().and_then(|attr| {
-                    Manifest::read(path)
-                        .ok()?
-                        .extra
-                        .get("metrics")?
-                        .get(attr)?
-                        .as_f64()
-                }),
-            })
-            .collect();
-        let doomed = to_delete(policy, &candidates);
-        for (step, path) in &all {
-            if doomed.contains(step) {
-                delete(path)?;
-            }
+/// Applies the retention rules to the committed checkpoints; gives the
+/// steps deleted.
+pub fn retain(job: &RetainJob) -> Result<Vec<u64>, CkptError> {
+    let policy = &job.policy;
+    let all: Vec<(u64, Location)> = committed(&job.root)?
+        .into_iter()
+        .filter(|(step, _)| !job.skipped.contains(step))
+        .collect();
+    let candidates: Vec<Candidate> = all
+        .iter()
+        .map(|(step, path)| Candidate {
+            step: *step,
+            score: policy.score_attribute.as_ref().and_then(|attr| {
+                Manifest::read(path)
+                    .ok()?
+                    .extra
+                    .get("metrics")?
+                    .get(attr)?
+                    .as_f64()
+            }),
+        })
+        .collect();
+    let doomed = to_delete(policy, &candidates);
+    for (step, path) in &all {
+        if doomed.contains(step) {
+            delete(path)?;
         }
-        Ok(doomed)
     }
+    Ok(doomed)
 }
 
 #[cfg(test)]
@@ -335,6 +352,17 @@ mod tests {
             .collect()
     }
 
+    /// Runs the commits `settled` asks for, here and now.
+    fn done(settled: Vec<Settled>) -> Vec<Done> {
+        settled
+            .into_iter()
+            .map(|s| match s {
+                Settled::Commit(job) => job.run(),
+                Settled::Refused { error, .. } => panic!("refused: {error}"),
+            })
+            .collect()
+    }
+
     fn shard_file(run_dir: &Path, folder: &str) -> PathBuf {
         run_dir
             .join(CHECKPOINTS)
@@ -350,7 +378,7 @@ mod tests {
         assert_eq!(first.resume_step(), None);
         for step in [10, 20, 30] {
             assert!(matches!(
-                first.written(0, step, Part::Shards(shards(run, step)), None)[..],
+                done(first.written(0, step, Part::Shards(shards(run, step)), None))[..],
                 [Done::Committed { .. }]
             ));
         }
@@ -370,11 +398,11 @@ mod tests {
         assert_eq!(second.skipped.len(), 1);
         // Counted, the damaged step 30 would be "the newest" and the good
         // ones would all go.
-        second.written(0, 25, Part::Shards(shards(run, 25)), None);
-        assert_eq!(second.retain().unwrap(), vec![10, 20]);
+        done(second.written(0, 25, Part::Shards(shards(run, 25)), None));
+        assert_eq!(retain(&second.retain_job().unwrap()).unwrap(), vec![10, 20]);
         assert_eq!(steps(run), vec![25, 30]);
         // Step 30 saved again: the damaged copy is set aside, as it was.
-        second.written(0, 30, Part::Shards(shards(run, 30)), None);
+        done(second.written(0, 30, Part::Shards(shards(run, 30)), None));
         assert_eq!(
             std::fs::read(shard_file(run, "damaged-step-30")).unwrap(),
             raw
@@ -386,7 +414,7 @@ mod tests {
                 .attempt,
             Some(2)
         );
-        assert_eq!(second.retain().unwrap(), vec![25]);
+        assert_eq!(retain(&second.retain_job().unwrap()).unwrap(), vec![25]);
         assert_eq!(steps(run), vec![30]);
     }
 
@@ -396,7 +424,7 @@ mod tests {
         let run = tmp.path();
         let (mut first, _) = Checkpoints::open(&loc(run), 1, None, 1, None).unwrap();
         for step in [1, 2, 3] {
-            first.written(0, step, Part::Shards(shards(run, step)), None);
+            done(first.written(0, step, Part::Shards(shards(run, step)), None));
         }
         let (second, _) = Checkpoints::open(&loc(run), 1, None, 2, Some(1)).unwrap();
         assert_eq!(second.resume_step(), Some(1));

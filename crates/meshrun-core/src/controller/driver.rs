@@ -13,7 +13,8 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 
 use super::agents::Agents;
-use super::checkpoints::{Checkpoints, Done};
+use super::checkpoints::{Checkpoints, Done, Settled};
+use super::committer::{Committer, Job, Outcome};
 use super::machine::{Action, Conn, Input, Machine};
 use super::output::Output;
 use super::profiles::Captures;
@@ -68,6 +69,10 @@ pub struct Driver<'a> {
     pub(super) captures: &'a mut Captures,
     /// Whether checkpoint saves are failing (told once on the terminal).
     saves: SaveHealth,
+    /// Commits and retention, run off the loop; their outcomes come back
+    /// on `outcomes` (taken by [`Driver::run`] while it runs).
+    committer: Committer,
+    outcomes: Option<mpsc::UnboundedReceiver<Outcome>>,
 }
 
 impl<'a> Driver<'a> {
@@ -81,9 +86,13 @@ impl<'a> Driver<'a> {
         checkpoints: Checkpoints,
         progress: Progress,
         captures: &'a mut Captures,
-    ) -> Self {
+    ) -> Result<Self, CoreError> {
         let o = &plan.observe;
-        Self {
+        let (committer, outcomes) = Committer::start().map_err(CoreError::io(
+            "cannot start the checkpoint committer's thread for",
+            &plan.run_dir,
+        ))?;
+        Ok(Self {
             machine,
             rundir,
             record,
@@ -97,13 +106,54 @@ impl<'a> Driver<'a> {
             stragglers: Stragglers::new(plan.nprocs, o.straggler_threshold, o.straggler_steps),
             captures,
             saves: SaveHealth::default(),
-        }
+            committer,
+            outcomes: Some(outcomes),
+        })
     }
 
-    /// Runs the attempt until every worker has ended (or an engine error).
+    /// Runs the attempt until every worker has ended and every commit
+    /// asked for has been answered (or an engine error).
     pub async fn run(
         &mut self,
         events: &mut mpsc::Receiver<Net>,
+        agent_procs: &mut Agents,
+        stop: Option<&StopHandle>,
+        signals: &mut Signals,
+    ) -> Result<(), CoreError> {
+        let mut outcomes = self.outcomes.take().expect("run once");
+        let result = self
+            .run_loop(events, &mut outcomes, agent_procs, stop, signals)
+            .await;
+        self.outcomes = Some(outcomes);
+        result
+    }
+
+    /// Waits for the commits still under way (after [`Driver::run`], also
+    /// when it ended in an error) and tells the machine what became of
+    /// them; then stops the committer's thread, so nothing of this attempt
+    /// writes into the checkpoints folder once the next attempt opens it.
+    pub async fn finish_commits(&mut self) -> Result<(), CoreError> {
+        let mut result = Ok(());
+        if let Some(mut outcomes) = self.outcomes.take() {
+            while !self.committer.idle() {
+                let Some(outcome) = outcomes.recv().await else {
+                    break;
+                };
+                self.committer.answered();
+                // An error here (the runs folder failing) is said once the
+                // rest have been waited for.
+                let told = self.outcome(outcome).and_then(|()| self.perform());
+                result = result.and(told);
+            }
+        }
+        self.committer.close();
+        result
+    }
+
+    async fn run_loop(
+        &mut self,
+        events: &mut mpsc::Receiver<Net>,
+        outcomes: &mut mpsc::UnboundedReceiver<Outcome>,
         agent_procs: &mut Agents,
         stop: Option<&StopHandle>,
         signals: &mut Signals,
@@ -114,7 +164,7 @@ impl<'a> Driver<'a> {
         let mut flush = tokio::time::interval(FLUSH_EVERY);
         loop {
             self.perform()?;
-            if self.machine.is_finished(Instant::now()) {
+            if self.machine.is_finished(Instant::now()) && self.committer.idle() {
                 return Ok(());
             }
             let wake = self.machine.poll_timeout();
@@ -128,6 +178,10 @@ impl<'a> Driver<'a> {
                     }
                     None => return Ok(()),
                 },
+                Some(outcome) = outcomes.recv() => {
+                    self.committer.answered();
+                    self.outcome(outcome)?;
+                }
                 what = agent_procs.waiting() => self.input(Input::ResourcesWaiting { what })?,
                 () = next_signal(sigint) => self.input(Input::Interrupt { signal: Signal::SIGINT as i32 })?,
                 () = next_signal(sigterm) => self.input(Input::Terminate)?,
@@ -357,8 +411,8 @@ impl<'a> Driver<'a> {
                     part,
                     extra,
                 } => {
-                    let done = self.checkpoints.written(rank, step, part, extra);
-                    self.settled(done)?;
+                    let settled = self.checkpoints.written(rank, step, part, extra);
+                    self.settle(settled)?;
                 }
                 Action::Reported {
                     rank,
@@ -366,8 +420,8 @@ impl<'a> Driver<'a> {
                     passed,
                     saving,
                 } => {
-                    let done = self.checkpoints.reported(rank, step, passed, saving);
-                    self.settled(done)?;
+                    let settled = self.checkpoints.reported(rank, step, passed, saving);
+                    self.settle(settled)?;
                 }
                 Action::Abandon { step } => self.checkpoints.abandon(step),
                 Action::WriteStacks { rank, text } => {
@@ -377,45 +431,65 @@ impl<'a> Driver<'a> {
                         .and_then(|()| std::fs::write(&path, text))
                         .map_err(CoreError::io("cannot write", &path))?;
                 }
-                Action::ApplyRetention => match self.checkpoints.retain() {
-                    Ok(deleted) if deleted.is_empty() => {}
-                    Ok(steps) => self.rundir.event(Event::CheckpointsDeleted {
-                        steps,
-                        reason: "retention".into(),
-                    })?,
-                    Err(e) => self.rundir.event(Event::RetentionFailed {
-                        error: e.to_string(),
-                    })?,
-                },
+                Action::ApplyRetention => {
+                    if let Some(job) = self.checkpoints.retain_job() {
+                        self.committer.submit(Job::Retain(job));
+                    }
+                }
             }
         }
         Ok(())
     }
 
-    /// Tells the machine what became of the steps a part completed.
-    fn settled(&mut self, done: Vec<Done>) -> Result<(), CoreError> {
-        for d in done {
-            let input = match d {
-                Done::Committed { step, path } => {
-                    if let Some(line) = self.saves.committed(step) {
-                        self.progress.note(&line);
-                    }
-                    self.progress.saves_work();
-                    Input::Committed {
-                        step,
-                        path: path.to_string(),
-                    }
+    /// Hands the steps a part or report completed to the committer; tells
+    /// the machine at once of those refused.
+    fn settle(&mut self, settled: Vec<Settled>) -> Result<(), CoreError> {
+        for s in settled {
+            match s {
+                Settled::Commit(job) => self.committer.submit(Job::Commit(job)),
+                Settled::Refused { step, rank, error } => {
+                    self.input(Input::CommitRefused { step, rank, error })?;
                 }
-                Done::Failed { step, error } => {
-                    let error = error.to_string();
-                    self.save_failed(step, &error);
-                    Input::CommitFailed { step, error }
-                }
-                Done::Refused { step, rank, error } => Input::CommitRefused { step, rank, error },
-            };
-            self.input(input)?;
+            }
         }
         Ok(())
+    }
+
+    /// What the committer's thread did.
+    fn outcome(&mut self, outcome: Outcome) -> Result<(), CoreError> {
+        match outcome {
+            Outcome::Commit(done) => self.settled(done),
+            Outcome::Retained(Ok(steps)) if steps.is_empty() => Ok(()),
+            Outcome::Retained(Ok(steps)) => self.rundir.event(Event::CheckpointsDeleted {
+                steps,
+                reason: "retention".into(),
+            }),
+            Outcome::Retained(Err(e)) => self.rundir.event(Event::RetentionFailed {
+                error: e.to_string(),
+            }),
+        }
+    }
+
+    /// Tells the machine what became of a step the committer committed.
+    fn settled(&mut self, done: Done) -> Result<(), CoreError> {
+        let input = match done {
+            Done::Committed { step, path } => {
+                if let Some(line) = self.saves.committed(step) {
+                    self.progress.note(&line);
+                }
+                self.progress.saves_work();
+                Input::Committed {
+                    step,
+                    path: path.to_string(),
+                }
+            }
+            Done::Failed { step, error } => {
+                let error = error.to_string();
+                self.save_failed(step, &error);
+                Input::CommitFailed { step, error }
+            }
+        };
+        self.input(input)
     }
 
     /// A save that failed without failing the attempt (a rank's, under

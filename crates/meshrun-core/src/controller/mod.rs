@@ -11,6 +11,7 @@
 
 mod agents;
 mod checkpoints;
+mod committer;
 mod driver;
 pub mod gather;
 mod joining;

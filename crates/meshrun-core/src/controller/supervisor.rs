@@ -57,13 +57,13 @@ pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, Core
     let mut rundir = RunDir::open(&plan.run_dir, &plan.name)?;
     // Hosts that join bring the token with them: the one they were given
     // in MESHRUN_TOKEN, when the run was started with it.
-    let token = match std::env::var("MESHRUN_TOKEN") {
+    let token = match std::env::var(meshrun_protocol::env::TOKEN) {
         Ok(hex) if plan.rendezvous => Token::from_hex(hex.trim())?,
         _ => Token::generate()?,
     };
     rundir.write_token(&token)?;
     if plan.rendezvous {
-        let token_in_env = std::env::var_os("MESHRUN_TOKEN").is_some();
+        let token_in_env = std::env::var_os(meshrun_protocol::env::TOKEN).is_some();
         terminal().note(&join_command(&plan, token_in_env));
     }
     let mut record = match previous(&plan, meshrun_record::read::run_record(&plan.run_dir)) {
@@ -367,7 +367,7 @@ async fn attempt(
         checkpoints,
         progress,
         captures,
-    );
+    )?;
     let result = driver
         .run(&mut events, &mut agent_procs, opts.stop.as_ref(), signals)
         .await;
@@ -375,6 +375,12 @@ async fn attempt(
     // message in it go back to reading their sockets (an agent held back
     // in its send would not read its Shutdown).
     drop(events);
+    // A commit still under way is waited for (and recorded) before the
+    // attempt ends; the engine error, if any, comes first.
+    let result = match (result, driver.finish_commits().await) {
+        (Err(e), _) | (Ok(()), Err(e)) => Err(e),
+        (Ok(()), Ok(())) => Ok(()),
+    };
     let result = result.and_then(|()| driver.end_captures());
     driver.progress.finish();
     if let Some(m) = driver.machine.memory_committed() {
