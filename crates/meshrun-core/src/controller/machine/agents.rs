@@ -142,19 +142,17 @@ impl Machine {
                     if rank / pph != host {
                         continue;
                     }
-                    if let Some(state) = self
+                    if self
                         .ranks
-                        .get_mut(rank as usize)
-                        .filter(|s| s.conn.is_some())
+                        .get(rank as usize)
+                        .is_some_and(|s| s.conn.is_some())
                     {
-                        state.heard = Some(now);
+                        self.ranks.update(rank, |state| state.heard = Some(now));
                     }
                 }
             }
             Message::StorageChecked { problem: None } => {
-                if let Some(link) = self.agents.get_mut(&host) {
-                    link.storage_ok = true;
-                }
+                self.agents.storage_checked(host);
                 self.launch(now);
             }
             Message::StorageChecked {

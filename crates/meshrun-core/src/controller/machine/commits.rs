@@ -22,9 +22,8 @@ impl Machine {
             step,
             path: path.to_string(),
         });
-        for r in &mut self.ranks {
-            r.forget_timings_before(newest);
-        }
+        self.ranks
+            .update_all(|_, r| r.forget_timings_before(newest));
         if self.preempt_deadline.is_some() && self.stop.is_none() {
             let reason = self.saved_for_stop(step);
             self.begin_stop(now, reason);

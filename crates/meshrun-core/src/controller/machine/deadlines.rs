@@ -35,7 +35,7 @@ const HOST_SILENCE: Duration = Duration::from_secs(8);
 /// A wait for cluster resources that begins after the start timeout is
 /// over gets this long to clear: a scheduler places work it can place in
 /// moments, so only a wait that lasts is the cluster holding back.
-const LATE_WAIT_GRACE: Duration = Duration::from_secs(30);
+pub(super) const LATE_WAIT_GRACE: Duration = Duration::from_secs(30);
 
 /// Waking this much later than asked means the controller was not running.
 pub const STALL_SLACK: Duration = Duration::from_secs(1);
@@ -43,6 +43,12 @@ pub const STALL_SLACK: Duration = Duration::from_secs(1);
 impl Machine {
     /// The earliest moment at which [`Machine::handle_timeout`] has
     /// something to decide; `None` while only an input can change anything.
+    ///
+    /// Asked after every message, so it visits no rank and no agent: each
+    /// kind of deadline is the earliest of its instants, read from the
+    /// orders that `Ranks` and `Agents` keep. As a silence counts from
+    /// `since(t)`, the later of `t` and `awake_since` (the same for every
+    /// rank), the earliest deadline is that of the earliest `t`.
     pub fn poll_timeout(&mut self) -> Option<Instant> {
         let mut next: Option<Instant> = None;
         let mut consider = |t: Option<Instant>| {
@@ -62,24 +68,17 @@ impl Machine {
         consider(self.stop_deadline);
         if self.launched && self.stop.is_none() {
             consider(self.preempt_deadline);
-            for a in self.agents.values() {
-                consider(Some(self.since(a.heard) + HEARTBEAT_TIMEOUT));
+            let silence = |t: Option<Instant>, limit| t.map(|t| self.since(t) + limit);
+            consider(silence(self.agents.earliest_heard(), HEARTBEAT_TIMEOUT));
+            consider(silence(self.ranks.earliest_heard(), HEARTBEAT_TIMEOUT));
+            consider(silence(self.ranks.earliest_lost(), CONNECTION_LOSS_GRACE));
+            if let Some(limit) = self.hang_timeout() {
+                consider(silence(self.ranks.earliest_progress(), limit));
             }
-            for r in self.ranks.iter().filter(|r| !r.done) {
-                match r.connection_lost {
-                    Some(t) => consider(Some(self.since(t) + CONNECTION_LOSS_GRACE)),
-                    None => consider(r.heard.map(|h| self.since(h) + HEARTBEAT_TIMEOUT)),
-                }
-                if let (Some(limit), Some(p)) = (self.hang_timeout(), r.progress) {
-                    consider(Some(self.since(p) + limit));
-                }
-            }
-            consider(self.finish_deadlines().map(|d| d.at).min());
+            consider(self.finish_deadline());
             consider(self.start_deadline());
         }
-        for r in &self.ranks {
-            consider(r.drain_deadline());
-        }
+        consider(self.ranks.drain_deadline());
         self.wake = next;
         next
     }
@@ -166,7 +165,7 @@ impl Machine {
             })
             .collect();
         for rank in drained {
-            if let Some(conn) = self.ranks[rank as usize].conn.take() {
+            if let Some(conn) = self.ranks.update(rank, |r| r.conn.take()) {
                 self.push(super::Action::Close { conn });
             }
         }
@@ -187,9 +186,7 @@ impl Machine {
     /// line, step times): its host is alive. Returns the host.
     pub fn agent_heard(&mut self, conn: super::Conn, now: Instant) -> Option<u32> {
         let host = self.host_of(conn)?;
-        if let Some(link) = self.agents.get_mut(&host) {
-            link.heard = now;
-        }
+        self.agents.heard(host, now);
         Some(host)
     }
 
@@ -315,7 +312,7 @@ impl Machine {
     /// never failed here (the hang timeout is for that).
     fn start_deadline(&self) -> Option<Instant> {
         let (since, _) = self.waiting.as_ref()?;
-        if self.ranks.iter().any(|r| r.reports > 0) {
+        if self.ranks.any_reported() {
             return None;
         }
         let at = self.started + self.plan.failure.start_timeout();
@@ -332,7 +329,8 @@ impl Machine {
     /// running must report within the finish timeout of that finish (or of
     /// its own last report, if later): SPMD ranks end together. A finished
     /// rank whose process is gone waits for nobody (independent programs end
-    /// when they will). Gives the deadline of every rank still running.
+    /// when they will). Gives the deadline of every rank still running
+    /// (for [`Machine::handle_timeout`], which names the rank).
     fn finish_deadlines(&self) -> impl Iterator<Item = FinishDeadline> + '_ {
         let limit = self.plan.failure.finish_timeout();
         let first = self
@@ -356,6 +354,13 @@ impl Machine {
                     first,
                 }
             })
+    }
+
+    /// The earliest of [`Machine::finish_deadlines`], without visiting the
+    /// ranks.
+    fn finish_deadline(&self) -> Option<Instant> {
+        let since = self.ranks.finish_since()?;
+        Some(self.since(since) + self.plan.failure.finish_timeout())
     }
 }
 

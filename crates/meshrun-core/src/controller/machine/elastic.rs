@@ -112,7 +112,7 @@ impl Machine {
         let mut agents = std::mem::take(&mut self.agents);
         for (new, old) in ready.iter().take(k as usize).enumerate() {
             let new = new as u32;
-            let link = agents.remove(old).expect("a ready host has an agent");
+            let link = agents.remove(*old).expect("a ready host has an agent");
             if new != *old {
                 self.send(
                     link.conn,
@@ -126,12 +126,12 @@ impl Machine {
         }
         self.elastic
             .waiting
-            .extend(agents.into_values().map(|a| Waiting {
+            .extend(agents.into_links().into_values().map(|a| Waiting {
                 ip: a.ip,
                 conn: a.conn,
             }));
         self.plan = self.plan.sized(k);
-        self.ranks = vec![super::RankState::default(); self.plan.nprocs as usize];
+        self.ranks = super::Ranks::new(self.plan.nprocs);
         self.stepped = 0;
         self.elastic.sized = Some(k);
         self.push(Action::Sized {

@@ -64,9 +64,7 @@ impl Machine {
         self.launched = true;
         self.elastic.launched_at = Some(now);
         if let Some((host, error)) = failed {
-            for r in &mut self.ranks {
-                r.done = true;
-            }
+            self.ranks.update_all(|_, r| r.done = true);
             let rank = host * self.plan.procs_per_host;
             // A GPU inventory is read afresh by every attempt's agents.
             let deterministic = false;

@@ -15,8 +15,10 @@ impl Machine {
         let attempt = self.attempt();
         match msg {
             Message::WorkerStarted { rank, pid, warm } if owns(rank) => {
-                self.ranks[rank as usize].pid = Some(pid);
-                self.ranks[rank as usize].progress = Some(now);
+                self.ranks.update(rank, |state| {
+                    state.pid = Some(pid);
+                    state.progress = Some(now);
+                });
                 self.record(Event::WorkerStarted {
                     attempt,
                     rank,
@@ -30,7 +32,7 @@ impl Machine {
                 error,
                 problem,
             } if owns(rank) => {
-                self.ranks[rank as usize].done = true;
+                self.ranks.update(rank, |state| state.done = true);
                 let deterministic = problem.lasting();
                 self.fail(
                     now,
@@ -53,20 +55,22 @@ impl Machine {
             }
             Message::WorkerExited { rank, exit } if owns(rank) => {
                 let failed = self.failure.is_some();
-                let state = &mut self.ranks[rank as usize];
-                state.exit = Some(exit);
-                state.done = true;
-                if exit.success() {
-                    state.finish(now, failed);
-                }
-                let stopped = state.stopped_by_meshrun;
-                // Said of what meshrun did only: it ends a worker with
-                // SIGTERM (which a program may turn into an exit code) and
-                // SIGKILL. A rank that aborted or crashed by itself in the
-                // meantime (gloo aborts once a peer is gone), or whose exit
-                // was not seen, ended on its own.
-                let by_meshrun = stopped && ended_as_meshrun_stops(exit);
-                state.stopped_by_meshrun = by_meshrun;
+                let (stopped, by_meshrun) = self.ranks.update(rank, |state| {
+                    state.exit = Some(exit);
+                    state.done = true;
+                    if exit.success() {
+                        state.finish(now, failed);
+                    }
+                    let stopped = state.stopped_by_meshrun;
+                    // Said of what meshrun did only: it ends a worker with
+                    // SIGTERM (which a program may turn into an exit code)
+                    // and SIGKILL. A rank that aborted or crashed by itself
+                    // in the meantime (gloo aborts once a peer is gone), or
+                    // whose exit was not seen, ended on its own.
+                    let by_meshrun = stopped && ended_as_meshrun_stops(exit);
+                    state.stopped_by_meshrun = by_meshrun;
+                    (stopped, by_meshrun)
+                });
                 self.push(Action::Note {
                     rank,
                     text: format!("rank {rank} ended with {exit}"),
@@ -98,37 +102,41 @@ impl Machine {
                 saving,
                 total_steps,
             } => {
-                let state = &mut self.ranks[rank as usize];
-                state.progress = Some(now);
-                if state.last_step.is_none() && step.is_some() {
-                    self.stepped += 1;
-                }
-                state.last_step = step.or(state.last_step);
                 let unsaved = step.filter(|_| !saving);
-                if unsaved.is_some() {
-                    state.unsaved_step = state.unsaved_step.max(unsaved);
-                }
-                state.reports += 1;
-                if let Some(t) = timing {
-                    // A save's figures: where a failure's lost time starts
-                    // once that step is committed.
-                    if let (true, Some(s)) = (saving, step) {
-                        state.saved_timings.insert(s, t.clone());
+                self.ranks.update(rank, |state| {
+                    state.progress = Some(now);
+                    if state.last_step.is_none() && step.is_some() {
+                        self.stepped += 1;
                     }
-                    state.timing = Some(t);
-                }
+                    state.last_step = step.or(state.last_step);
+                    if unsaved.is_some() {
+                        state.unsaved_step = state.unsaved_step.max(unsaved);
+                    }
+                    state.reports += 1;
+                    if let Some(t) = timing {
+                        // A save's figures: where a failure's lost time
+                        // starts once that step is committed.
+                        if let (true, Some(s)) = (saving, step) {
+                            state.saved_timings.insert(s, t.clone());
+                        }
+                        state.timing = Some(t);
+                    }
+                });
                 if rank == 0 && step.is_some() && self.plan.metrics_file.is_some() {
                     // Only rank 0 follows the program's metrics file: its
                     // steps are every rank's (the ranks of one SPMD program
                     // step together), for hang detection and for when
                     // training began.
-                    for r in self.ranks.iter_mut().skip(1) {
+                    self.ranks.update_all(|other, r| {
+                        if other == 0 {
+                            return;
+                        }
                         r.progress = Some(now);
                         if r.last_step.is_none() {
                             self.stepped += 1;
                         }
                         r.last_step = step.or(r.last_step);
-                    }
+                    });
                 }
                 let first_checkpointing = checkpoint && !self.checkpointing;
                 self.checkpointing |= checkpoint;
@@ -210,11 +218,14 @@ impl Machine {
                     format!("rank {rank} could not write its part: {error}"),
                 );
             }
-            Message::Timing { timing } => self.ranks[rank as usize].timing = Some(timing),
+            Message::Timing { timing } => {
+                self.ranks.update(rank, |state| state.timing = Some(timing));
+            }
             Message::ReportsShed { count } => {
-                let state = &mut self.ranks[rank as usize];
-                state.shed = state.shed.saturating_add(count);
-                let total = state.shed;
+                let total = self.ranks.update(rank, |state| {
+                    state.shed = state.shed.saturating_add(count);
+                    state.shed
+                });
                 self.push(Action::Note {
                     rank,
                     text: format!("{count} reports dropped before they were sent ({total} in this attempt): the controller was behind"),

@@ -15,9 +15,11 @@ mod commits;
 mod deadlines;
 mod elastic;
 mod launching;
+mod links;
 mod memory;
 mod messages;
 mod rank;
+mod ranks;
 #[cfg(test)]
 pub(crate) mod sim;
 mod stop;
@@ -37,8 +39,10 @@ mod tests_memory;
 mod tests_start;
 #[cfg(test)]
 mod tests_stop;
+#[cfg(test)]
+mod tests_timers;
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -50,7 +54,8 @@ use serde_json::Value;
 use super::gather::Part;
 use crate::error::CoreError;
 use crate::plan::RunPlan;
-use rank::RankState;
+use links::{AgentLink, Agents};
+use ranks::Ranks;
 
 pub use stop::StopReason;
 
@@ -244,31 +249,17 @@ pub enum Action {
     WriteStacks { rank: u32, text: String },
 }
 
-struct AgentLink {
-    ip: String,
-    gpus: Vec<String>,
-    free_port: u16,
-    replica_port: Option<u16>,
-    controller: Option<String>,
-    conn: Conn,
-    /// It read back the storage marker (or there was none to read).
-    storage_ok: bool,
-    /// Its last message: agents send a heartbeat every second, so a
-    /// silent agent means a host cut off.
-    heard: Instant,
-}
-
 /// The state of one attempt.
 pub struct Machine {
     plan: RunPlan,
     setup: Setup,
     started: Instant,
-    agents: BTreeMap<u32, AgentLink>,
+    agents: Agents,
     /// Which host each agent connection is, checked against `agents` at
     /// each use (so never stale): every agent message and output line
     /// asks, and a scan of 1,250 agents each time was the cost.
     conn_hosts: std::cell::RefCell<HashMap<Conn, u32>>,
-    ranks: Vec<RankState>,
+    ranks: Ranks,
     failure: Option<FailureRecord>,
     stop: Option<StopReason>,
     /// When `meshrun stop` asked for the stop (a save for it may be under
@@ -307,12 +298,12 @@ pub struct Machine {
 impl Machine {
     pub fn new(plan: RunPlan, setup: Setup, now: Instant) -> Self {
         Self {
-            ranks: vec![RankState::default(); plan.nprocs as usize],
+            ranks: Ranks::new(plan.nprocs),
             elastic: elastic::ElasticState::new(plan.hosts),
             plan,
             setup,
             started: now,
-            agents: BTreeMap::new(),
+            agents: Agents::default(),
             conn_hosts: std::cell::RefCell::default(),
             failure: None,
             stop: None,
@@ -365,7 +356,7 @@ impl Machine {
         if !self.launched {
             return self.stop.is_some();
         }
-        self.ranks.iter().all(|r| r.done && r.drained(now))
+        self.ranks.all_ended(now)
     }
 
     /// Tells every agent the attempt is over (after
@@ -443,7 +434,7 @@ impl Machine {
                     // network blinked, its `meshrun join` was restarted):
                     // its rank is free until then.
                     tracing::warn!(host, "a joined host left before the launch ({error})");
-                    self.agents.remove(&host);
+                    self.agents.remove(host);
                     self.memory_host_left(host);
                     self.record(Event::AgentLeft { host, error });
                     return Ok(());
@@ -472,9 +463,7 @@ impl Machine {
                 let Some(host) = self.host_of(conn) else {
                     return Ok(());
                 };
-                if let Some(link) = self.agents.get_mut(&host) {
-                    link.heard = now;
-                }
+                self.agents.heard(host, now);
                 self.on_agent_news(now, host, msg)?;
             }
             Input::WorkerJoined {
@@ -492,28 +481,32 @@ impl Machine {
                 if self.preempt_deadline.is_some() {
                     self.send(conn, Message::CheckpointNow);
                 }
-                let state = &mut self.ranks[rank as usize];
-                state.heard = Some(now);
-                state.conn = Some(conn);
+                self.ranks.update(rank, |state| {
+                    state.heard = Some(now);
+                    state.conn = Some(conn);
+                });
             }
             Input::FromWorker { rank, msg } => {
-                if let Some(state) = self.ranks.get_mut(rank as usize) {
-                    state.heard = Some(now);
+                if (rank as usize) < self.ranks.len() {
+                    self.ranks.update(rank, |state| state.heard = Some(now));
                 }
                 self.on_worker_message(now, rank, msg);
             }
             Input::WorkerLost { rank, clean } => {
                 tracing::debug!(rank, clean, "worker connection closed");
                 let failed = self.failure.is_some();
-                if let Some(state) = self.ranks.get_mut(rank as usize) {
-                    if let Some(conn) = state.conn.take() {
-                        self.actions.push_back(Action::Close { conn });
-                    }
-                    state.heard = None;
-                    if clean {
-                        state.finish(now, failed);
-                    } else {
-                        state.connection_lost = Some(now);
+                if (rank as usize) < self.ranks.len() {
+                    let conn = self.ranks.update(rank, |state| {
+                        state.heard = None;
+                        if clean {
+                            state.finish(now, failed);
+                        } else {
+                            state.connection_lost = Some(now);
+                        }
+                        state.conn.take()
+                    });
+                    if let Some(conn) = conn {
+                        self.push(Action::Close { conn });
                     }
                 }
             }
@@ -560,7 +553,7 @@ impl Machine {
     /// the wait is the same wait), and records each change. Only before
     /// the first step: Ray Data's streaming queues tasks all the time.
     fn resources_waiting(&mut self, now: Instant, what: Option<String>) {
-        if self.ranks.iter().any(|r| r.reports > 0) {
+        if self.ranks.any_reported() {
             if self.waiting.take().is_some() {
                 self.push(Action::Waiting { what: None });
             }
@@ -591,9 +584,11 @@ impl Machine {
     /// kills itself; and an orphan that keeps sending heartbeats cannot
     /// hold the attempt open.
     fn abandon(&mut self, rank: u32) {
-        let state = &mut self.ranks[rank as usize];
-        state.done = true;
-        if let Some(conn) = state.conn.take() {
+        let conn = self.ranks.update(rank, |state| {
+            state.done = true;
+            state.conn.take()
+        });
+        if let Some(conn) = conn {
             self.push(Action::Close { conn });
         }
     }

@@ -7,7 +7,7 @@ use meshrun_record::{ExitInfo, Timing};
 
 use super::Conn;
 
-/// See [`RankState::drained`].
+/// See [`RankState::drain_deadline`].
 pub(super) const DRAIN_QUIET: Duration = Duration::from_secs(2);
 
 #[derive(Default, Clone)]
@@ -45,16 +45,13 @@ pub(super) struct RankState {
 }
 
 impl RankState {
-    /// Everything the worker sent has been read: its exit (reported by the
-    /// agent over another connection) can overtake its last reports, so a
-    /// rank only counts as finished once its own connection has ended, or
-    /// has been quiet for [`DRAIN_QUIET`] (a process it left behind may
-    /// hold the socket open).
-    pub fn drained(&self, now: Instant) -> bool {
-        self.conn.is_none() || self.heard.is_none_or(|h| now >= h + DRAIN_QUIET)
-    }
-
-    /// When [`RankState::drained`] turns true by itself.
+    /// When everything the worker sent counts as read, for a done rank
+    /// whose connection is still open: its exit (reported by the agent
+    /// over another connection) can overtake its last reports, so a rank
+    /// only counts as finished once its own connection has ended, or has
+    /// been quiet for [`DRAIN_QUIET`] (a process it left behind may hold
+    /// the socket open). A done rank without a connection, or never heard
+    /// of, is drained already.
     pub fn drain_deadline(&self) -> Option<Instant> {
         if self.done && self.conn.is_some() {
             self.heard.map(|h| h + DRAIN_QUIET)

@@ -154,9 +154,11 @@ impl Machine {
 
     pub(super) fn begin_stop(&mut self, now: Instant, reason: StopReason) {
         self.stop = Some(reason);
-        for r in self.ranks.iter_mut().filter(|r| !r.done) {
-            r.stopped_by_meshrun = true;
-        }
+        self.ranks.update_all(|_, r| {
+            if !r.done {
+                r.stopped_by_meshrun = true;
+            }
+        });
         // Every surviving rank's stacks show where the group was when it
         // failed (the hung frame, or who waited on whom).
         let dump_stacks = reason == StopReason::Failure && self.ranks.iter().any(|r| !r.done);
