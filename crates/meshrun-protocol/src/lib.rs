@@ -14,8 +14,8 @@
 //! messages carry (exit statuses, goodput timings, checkpoint manifests).
 
 pub mod auth;
-pub mod env;
 pub mod channel;
+pub mod env;
 pub mod frame;
 pub mod message;
 pub mod token;

@@ -58,7 +58,10 @@ impl Chosen {
 /// (newer than the choice) wins; else the chosen step, in memory when the
 /// controller said so. Steps newer than the choice that the attempt did not
 /// commit are those the controller skipped as damaged: never given out.
-pub fn choice(root: &Location, chosen: Option<&Chosen>) -> Result<Option<(u64, Location)>, CkptError> {
+pub fn choice(
+    root: &Location,
+    chosen: Option<&Chosen>,
+) -> Result<Option<(u64, Location)>, CkptError> {
     let Some(chosen) = chosen else {
         return Ok(committed(root)?.pop());
     };

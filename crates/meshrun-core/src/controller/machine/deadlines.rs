@@ -78,6 +78,7 @@ impl Machine {
             consider(self.finish_deadline());
             consider(self.start_deadline());
         }
+        consider(self.held_deadline());
         consider(self.ranks.drain_deadline());
         self.wake = next;
         next
@@ -176,6 +177,7 @@ impl Machine {
                 self.abandon(rank);
             }
         }
+        self.release_held(now);
         if self.launched && self.stop.is_none() {
             self.watch(now);
         }

@@ -247,7 +247,7 @@ impl Machine {
                 kind,
                 message,
                 traceback,
-            } => self.fail(
+            } => self.exception(
                 now,
                 rank,
                 Cause::Exception {

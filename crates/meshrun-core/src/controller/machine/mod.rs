@@ -18,6 +18,7 @@ mod launching;
 mod links;
 mod memory;
 mod messages;
+mod peer_loss;
 mod rank;
 mod ranks;
 #[cfg(test)]
@@ -261,6 +262,8 @@ pub struct Machine {
     conn_hosts: std::cell::RefCell<HashMap<Conn, u32>>,
     ranks: Ranks,
     failure: Option<FailureRecord>,
+    /// An exception that reads as a lost peer, waiting for its cause.
+    held: Option<peer_loss::Held>,
     stop: Option<StopReason>,
     /// When `meshrun stop` asked for the stop (a save for it may be under
     /// way): the attempt ends as a stop, not as an interruption.
@@ -306,6 +309,7 @@ impl Machine {
             agents: Agents::default(),
             conn_hosts: std::cell::RefCell::default(),
             failure: None,
+            held: None,
             stop: None,
             stop_asked: None,
             stop_deadline: None,
@@ -356,7 +360,8 @@ impl Machine {
         if !self.launched {
             return self.stop.is_some();
         }
-        self.ranks.all_ended(now)
+        // A held exception is decided (at its grace's end) before the end.
+        self.held.is_none() && self.ranks.all_ended(now)
     }
 
     /// Tells every agent the attempt is over (after

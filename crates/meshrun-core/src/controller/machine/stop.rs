@@ -48,6 +48,15 @@ impl Machine {
     /// exception or `sys.exit` report from the same rank adds its traceback
     /// (its exit, which comes over the agent's connection, can overtake it).
     pub(super) fn fail(&mut self, now: Instant, rank: u32, cause: Cause) {
+        if let Some(held) = &self.held {
+            if held.rank == rank {
+                // The held rank ending (its exit after it raised) is a
+                // consequence too; its exception says more.
+                return;
+            }
+            // Another rank's failure while one waits: that is the cause.
+            self.held = None;
+        }
         match &mut self.failure {
             Some(first) => {
                 if first.rank == rank

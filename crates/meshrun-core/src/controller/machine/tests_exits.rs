@@ -59,3 +59,73 @@ fn a_rank_that_aborts_before_any_stop_is_the_failure() {
     assert_eq!(f.rank, 1);
     assert_eq!(said_stopped_by_meshrun(&sim), [(1, false)]);
 }
+
+fn raised(sim: &mut Sim, rank: u32, message: &str) {
+    sim.worker(
+        rank,
+        Message::Failure {
+            kind: "JaxRuntimeError".into(),
+            message: message.into(),
+            traceback: String::new(),
+        },
+    );
+}
+
+const RESET: &str = "UNKNOWN: Gloo all-reduce failed: [external/gloo/gloo/transport/tcp/pair.cc:538] Read error [127.0.0.1]:1177: Connection reset by peer";
+
+fn failures_recorded(sim: &Sim) -> Vec<u32> {
+    sim.events()
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::WorkerFailed(f) => Some(f.rank),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_killed_rank_is_the_cause_though_its_peers_collective_error_came_first() {
+    // Rank 1 is SIGKILLed: rank 0's all-reduce fails at once, and its
+    // report arrives before rank 1's agent reports the exit.
+    let mut sim = Sim::running(2);
+    raised(&mut sim, 0, RESET);
+    assert!(sim.failed().is_none(), "held while its cause may come");
+    assert!(sim.stops_sent().is_empty() && !sim.finished());
+    sim.until(sim.secs() + 0.05);
+    ended(&mut sim, 1, None, Some(9));
+    let f = sim.failed().unwrap();
+    assert_eq!(f.rank, 1);
+    assert!(matches!(f.cause, meshrun_record::Cause::Exit { exit } if exit.signal == Some(9)));
+    assert_eq!(said_stopped_by_meshrun(&sim), [(1, false)]);
+    assert_eq!(failures_recorded(&sim), [1], "one failure, the cause's");
+    assert!(
+        !sim.stops_sent().is_empty(),
+        "stopped as soon as the cause came"
+    );
+}
+
+#[test]
+fn a_peer_loss_with_no_cause_in_sight_fails_the_attempt_at_the_graces_end() {
+    let mut sim = Sim::running(2);
+    let t = sim.secs();
+    raised(&mut sim, 0, RESET);
+    // Its own exit (it raised, so it ends) is no cause either.
+    ended(&mut sim, 0, Some(1), None);
+    let grace = super::peer_loss::PEER_LOSS_GRACE.as_secs_f64();
+    sim.until(t + grace - 0.01);
+    assert!(sim.failed().is_none());
+    sim.until(t + grace + 0.01);
+    let f = sim.failed().unwrap();
+    assert_eq!(f.rank, 0);
+    assert!(
+        matches!(&f.cause, meshrun_record::Cause::Exception { message, .. } if message == RESET)
+    );
+    assert_eq!(failures_recorded(&sim), [0]);
+}
+
+#[test]
+fn an_exception_that_is_not_a_lost_peer_fails_the_attempt_at_once() {
+    let mut sim = Sim::running(2);
+    raised(&mut sim, 1, "ValueError: the loss is nan");
+    assert_eq!(sim.failed().unwrap().rank, 1);
+}
