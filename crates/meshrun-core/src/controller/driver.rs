@@ -178,10 +178,19 @@ impl<'a> Driver<'a> {
                     }
                     None => return Ok(()),
                 },
-                Some(outcome) = outcomes.recv() => {
-                    self.committer.answered();
-                    self.outcome(outcome)?;
-                }
+                outcome = outcomes.recv(), if !self.committer.idle() => match outcome {
+                    Some(outcome) => {
+                        self.committer.answered();
+                        self.outcome(outcome)?;
+                    }
+                    // Its thread is gone with commits unanswered (it
+                    // panicked): waiting on would never end.
+                    None => {
+                        return Err(CoreError::io("the checkpoint committer's thread ended with commits unanswered in", &self.plan.run_dir)(
+                            std::io::Error::other("the thread panicked"),
+                        ))
+                    }
+                },
                 what = agent_procs.waiting() => self.input(Input::ResourcesWaiting { what })?,
                 () = next_signal(sigint) => self.input(Input::Interrupt { signal: Signal::SIGINT as i32 })?,
                 () = next_signal(sigterm) => self.input(Input::Terminate)?,
