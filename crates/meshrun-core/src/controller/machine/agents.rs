@@ -225,8 +225,34 @@ impl Machine {
         limit: std::time::Duration,
     ) -> Option<(u32, f64)> {
         self.agents.iter().find_map(|(&host, a)| {
-            (now >= self.since(a.heard) + limit).then(|| (host, (now - a.heard).as_secs_f64()))
+            (self.host_has_live_rank(host) && now >= self.since(a.heard) + limit)
+                .then(|| (host, (now - a.heard).as_secs_f64()))
         })
+    }
+
+    /// Whether a rank of host `host` has not ended.
+    pub(super) fn host_has_live_rank(&self, host: u32) -> bool {
+        let pph = self.plan.procs_per_host;
+        (host * pph..(host + 1) * pph).any(|r| self.ranks.get(r as usize).is_some_and(|s| !s.done))
+    }
+
+    /// Hosts silent past the heartbeat timeout whose ranks have all ended
+    /// fail nobody: their agents stop being watched until heard again, so
+    /// that the machine's next deadline is not one in the past (on which
+    /// the driver would wake without end).
+    pub(super) fn excuse_idle_silent_hosts(&mut self, now: Instant) {
+        let idle: Vec<u32> = self
+            .agents
+            .iter()
+            .filter(|(&h, a)| {
+                now >= self.since(a.heard) + super::deadlines::HEARTBEAT_TIMEOUT
+                    && !self.host_has_live_rank(h)
+            })
+            .map(|(&h, _)| h)
+            .collect();
+        for host in idle {
+            self.agents.excuse(host);
+        }
     }
 
     pub(super) fn host_ip(&self, host: u32) -> String {

@@ -179,6 +179,7 @@ impl Machine {
         }
         self.release_held(now);
         if self.launched && self.stop.is_none() {
+            self.excuse_idle_silent_hosts(now);
             self.watch(now);
         }
         Ok(())

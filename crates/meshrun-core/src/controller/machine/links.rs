@@ -57,6 +57,23 @@ impl Agents {
         }
     }
 
+    /// Host `host`'s agent is no longer watched for silence, until it is
+    /// heard of again: its ranks have all ended, so its silence fails
+    /// nobody, and a deadline kept for it would stay in the past.
+    pub fn excuse(&mut self, host: u32) {
+        if let Some(link) = self.links.get(&host) {
+            self.heard.remove(&(link.heard, host));
+        }
+    }
+
+    /// Whether host `host`'s agent is watched for silence.
+    #[cfg(test)]
+    pub fn watched(&self, host: u32) -> bool {
+        self.links
+            .get(&host)
+            .is_some_and(|l| self.heard.contains(&(l.heard, host)))
+    }
+
     /// Host `host`'s agent read back the storage marker.
     pub fn storage_checked(&mut self, host: u32) {
         if let Some(link) = self.links.get_mut(&host) {

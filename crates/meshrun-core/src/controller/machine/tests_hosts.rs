@@ -369,3 +369,41 @@ fn a_worker_beating_through_its_agent_lives_and_its_agent_speaks_only_for_its_ow
         f.cause
     );
 }
+
+#[test]
+fn a_silent_host_whose_ranks_all_ended_is_no_deadline_in_the_past() {
+    // Host 1's rank finished; then its agent fell silent while rank 0
+    // trains on. Its silence fails nobody, and the machine's next deadline
+    // must not stay in the past (the driver would wake on it without end).
+    let mut sim = running_on_two_hosts();
+    sim.alive_until(2.0);
+    sim.worker(1, Message::Bye);
+    sim.input(Input::FromAgent {
+        conn: H1,
+        msg: Message::WorkerExited {
+            rank: 1,
+            exit: meshrun_record::ExitInfo {
+                code: Some(0),
+                signal: None,
+            },
+        },
+    });
+    for _ in 0..30 {
+        // The clock moved by hand, one wake a second: `Sim::until` would
+        // loop without end on a deadline that stays in the past.
+        sim.now += std::time::Duration::from_secs(1);
+        if sim.m.poll_timeout().is_some_and(|wake| wake <= sim.now) {
+            sim.m.handle_timeout(sim.now).expect("no engine error");
+        }
+        sim.worker(0, Message::Heartbeat);
+        sim.input(Input::FromAgent {
+            conn: H0,
+            msg: Message::Heartbeat,
+        });
+        let now = sim.now;
+        if let Some(wake) = sim.m.poll_timeout() {
+            assert!(wake > now, "a deadline in the past at {:.1} s", sim.secs());
+        }
+    }
+    assert!(sim.failed().is_none(), "{:?}", sim.failed());
+}

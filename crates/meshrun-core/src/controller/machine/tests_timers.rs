@@ -33,8 +33,12 @@ fn scanned_timeout(m: &Machine) -> Option<Instant> {
     consider(m.stop_deadline);
     if m.launched && m.stop.is_none() {
         consider(m.preempt_deadline);
-        for a in m.agents.values() {
-            consider(Some(m.since(a.heard) + HEARTBEAT_TIMEOUT));
+        // An agent excused (its host's ranks all ended, then it fell
+        // silent) is watched again once heard of.
+        for (&host, a) in &m.agents {
+            if m.agents.watched(host) {
+                consider(Some(m.since(a.heard) + HEARTBEAT_TIMEOUT));
+            }
         }
         let hang = m.plan.failure.hang_timeout_s.map(Duration::from_secs_f64);
         for r in m.ranks.iter().filter(|r| !r.done) {
