@@ -103,20 +103,29 @@ impl Sim {
         sim.join_agent();
         assert!(sim.m.launched());
         for rank in 0..n {
-            sim.agent(Message::WorkerStarted {
-                rank,
-                pid: 100 + rank,
-                warm: false,
-            });
-            sim.input(Input::WorkerJoined {
-                rank,
-                attempt: 1,
-                pid: 100 + rank,
-                conn: Conn::from(rank),
-            });
+            sim.start_worker(AGENT, rank, Conn::from(rank));
         }
         sim.take();
         sim
+    }
+
+    /// Rank `rank`'s worker started (its agent on `agent` said so, pid
+    /// 100 + rank) and joined on connection `conn`.
+    pub fn start_worker(&mut self, agent: Conn, rank: u32, conn: Conn) {
+        self.input(Input::FromAgent {
+            conn: agent,
+            msg: Message::WorkerStarted {
+                rank,
+                pid: 100 + rank,
+                warm: false,
+            },
+        });
+        self.input(Input::WorkerJoined {
+            rank,
+            attempt: 1,
+            pid: 100 + rank,
+            conn,
+        });
     }
 
     /// The one agent (host 0) connects.

@@ -228,20 +228,7 @@ fn running_on_two_hosts() -> Sim {
     sim.join_host(H0, Some(0), "10.0.0.10");
     sim.join_host(H1, None, "10.0.0.11");
     for (rank, conn) in [(0, H0), (1, H1)] {
-        sim.input(Input::FromAgent {
-            conn,
-            msg: Message::WorkerStarted {
-                rank,
-                pid: 100 + rank,
-                warm: false,
-            },
-        });
-        sim.input(Input::WorkerJoined {
-            rank,
-            attempt: 1,
-            pid: 100 + rank,
-            conn: 10 + Conn::from(rank),
-        });
+        sim.start_worker(conn, rank, 10 + Conn::from(rank));
     }
     sim.take();
     sim

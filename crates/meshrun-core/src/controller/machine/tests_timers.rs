@@ -113,20 +113,7 @@ fn two_hosts(per_host: u32, hang: bool, short: bool) -> Sim {
     sim.join_host(agent(1), Some(1), "10.0.0.2");
     assert!(sim.m.launched());
     for rank in 0..2 * per_host {
-        sim.input(Input::FromAgent {
-            conn: agent(rank / per_host),
-            msg: Message::WorkerStarted {
-                rank,
-                pid: 100 + rank,
-                warm: false,
-            },
-        });
-        sim.input(Input::WorkerJoined {
-            rank,
-            attempt: 1,
-            pid: 100 + rank,
-            conn: Conn::from(rank),
-        });
+        sim.start_worker(agent(rank / per_host), rank, Conn::from(rank));
     }
     sim.take();
     sim
