@@ -14,22 +14,13 @@ use std::io::{BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
-use serde::{Deserialize, Serialize};
 
 use crate::commit::tmp_dir;
 use crate::error::CkptError;
+pub use crate::manifest::FileRecord;
 use crate::manifest::{Manifest, MANIFEST};
 use crate::store::Location;
 use meshrun_store::{remote_bytes, upload_file};
-
-/// One file of a directory checkpoint: its path inside the step's folder
-/// (`rank-1/...` for rank 1's), size and checksum.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FileRecord {
-    pub path: String,
-    pub size: u64,
-    pub crc32c: u32,
-}
 
 /// Where rank `rank`'s files go inside the step's folder.
 pub fn rank_prefix(rank: u32) -> String {
@@ -226,7 +217,7 @@ pub fn verify_files(dir: &Location, manifest: &Manifest) -> Result<usize, CkptEr
 /// folder `dest` (made if missing), each checked on the way; returns how
 /// many files.
 pub fn fetch_directory(dir: &Location, dest: &Path) -> Result<usize, CkptError> {
-    let manifest = Manifest::read(dir)?;
+    let manifest = crate::manifest::read(dir)?;
     if manifest.files.is_empty() {
         return Err(CkptError::NotADirectoryCheckpoint(dir.as_path()));
     }
@@ -275,7 +266,7 @@ mod tests {
         assert_eq!(names, ["_METADATA", "d/shard", "rank-1/manifest.json"]);
         let dir = commit(&root, &manifest(5, files)).unwrap();
         assert_eq!(dir, step_at(&root, 5));
-        let m = Manifest::read(&dir).unwrap();
+        let m = crate::manifest::read(&dir).unwrap();
         assert_eq!(verify_files(&dir, &m).unwrap(), 3);
 
         let out = tmp.path().join("out");

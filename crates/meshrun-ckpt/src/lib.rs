@@ -18,7 +18,6 @@ pub mod error;
 pub mod manifest;
 pub mod read;
 pub mod resume;
-pub mod retention;
 pub mod shard;
 
 pub use error::CkptError;

@@ -16,7 +16,6 @@
 
 use crate::commit::{committed, set_aside, step_at};
 use crate::error::CkptError;
-use crate::manifest::Manifest;
 use crate::read::Reader;
 use crate::store::Location;
 
@@ -183,7 +182,7 @@ pub fn for_attempt(
         if chosen.is_some_and(|c| step <= c) {
             break;
         }
-        if Manifest::read(&path).is_ok_and(|m| m.attempt == Some(attempt)) {
+        if crate::manifest::read(&path).is_ok_and(|m| m.attempt == Some(attempt)) {
             return Ok(Some((step, path)));
         }
     }
@@ -194,7 +193,7 @@ pub fn for_attempt(
 mod tests {
     use super::*;
     use crate::commit::{commit, tmp_dir};
-    use crate::manifest::{Leaf, FORMAT_VERSION};
+    use crate::manifest::{Leaf, Manifest, FORMAT_VERSION};
     use crate::shard::{write_rank_file, ShardIn};
     use bytes::Bytes;
     use std::path::{Path, PathBuf};
@@ -309,7 +308,7 @@ mod tests {
     fn a_manifest_that_disagrees_with_its_files_does_not_verify() {
         let dir = tempfile::tempdir().unwrap();
         let path = save(dir.path(), 5, None);
-        let mut m = Manifest::read(&loc(&path)).unwrap();
+        let mut m = crate::manifest::read(&loc(&path)).unwrap();
         m.leaves[0].shape = vec![8];
         m.leaves[0].shards[0].region = vec![(0, 8)];
         std::fs::write(

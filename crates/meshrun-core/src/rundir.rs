@@ -6,7 +6,6 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, UNIX_EPOCH};
 
 pub use meshrun_record::read::lock_is_held;
 pub use meshrun_record::{unix_time, utc_rfc3339};
@@ -16,14 +15,9 @@ use meshrun_record::{names, EventLine, Goodput, MetricsRecord, RunRecord};
 use nix::fcntl::{Flock, FlockArg};
 use serde::Serialize;
 
-use crate::error::{CoreError, UsageError};
-
-/// `20261202-134630`, for default run names.
-pub fn utc_compact(unix_secs: u64) -> String {
-    let text = utc_rfc3339(UNIX_EPOCH + Duration::from_secs(unix_secs));
-    let digits: String = text.chars().filter(char::is_ascii_digit).collect();
-    format!("{}-{}", &digits[..8], &digits[8..14])
-}
+use crate::error::CoreError;
+use meshrun_plan::UsageError;
+pub use meshrun_record::utc_compact;
 
 /// Takes the run's lock. A probe of [`lock_is_held`] holds a shared lock
 /// for an instant: a few tries apart tell it from a live controller.

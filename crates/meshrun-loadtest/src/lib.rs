@@ -19,8 +19,8 @@ pub mod scale;
 
 use std::path::{Path, PathBuf};
 
-use meshrun_core::plan::FailurePolicy;
-use meshrun_core::{Entry, PlatformChoice, RunSpec, Tee};
+use meshrun_plan::FailurePolicy;
+use meshrun_plan::{Entry, PlatformChoice, RunSpec, Tee};
 
 /// A run of `nprocs` fake workers (the binary at `fake_worker`, standing
 /// in for Python) with `env`, on one host, its folder under `runs_dir`.
@@ -51,8 +51,8 @@ pub fn spec(
         env,
         retention: None,
         checkpoint_every: None,
-        recovery: meshrun_core::plan::Recovery::default(),
-        on_save_error: meshrun_core::plan::SaveErrorPolicy::Continue,
+        recovery: meshrun_plan::Recovery::default(),
+        on_save_error: meshrun_plan::SaveErrorPolicy::Continue,
         tensorboard: false,
         loss_metric: None,
         metrics_file: None,
@@ -65,13 +65,13 @@ pub fn spec(
         listen: None,
         join_timeout_s: None,
         elastic: None,
-        observe: meshrun_core::plan::Observe::default(),
+        observe: meshrun_plan::Observe::default(),
     }
 }
 
 /// Runs `plan` to its end with no progress line, as the load tests do
 /// (their output is the figures they print).
-pub fn execute_quietly(plan: meshrun_core::RunPlan) -> meshrun_core::Outcome {
+pub fn execute_quietly(plan: meshrun_plan::RunPlan) -> meshrun_core::Outcome {
     meshrun_core::execute(
         plan,
         meshrun_core::ExecOptions {

@@ -19,9 +19,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use meshrun_channel::{auth, Connection};
 use meshrun_ckpt::manifest::{Leaf, ShardRecord};
 use meshrun_protocol::token::{worker_key, Peer, Token};
-use meshrun_protocol::{auth, Connection, ExitInfo, Message, WorkerLaunch};
+use meshrun_protocol::{ExitInfo, Message, WorkerLaunch};
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};

@@ -11,8 +11,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use meshrun_core::controller::progress::ProgressMode;
-use meshrun_core::{execute, ExecOptions, Outcome, RunPlan, RunSpec};
+use meshrun_core::{execute, ExecOptions, Outcome};
 use meshrun_loadtest::{spec, CONNECT_ENV, METRICS_ENV, RATE_ENV, SECONDS_ENV};
+use meshrun_plan::{RunPlan, RunSpec};
 
 /// The handshake's first message on the wire: a 2-byte length, the
 /// client's 9-byte claim and 48 bytes.

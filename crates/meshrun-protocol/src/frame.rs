@@ -1,7 +1,7 @@
 //! Frame bodies: one version byte, then the JSON of a [`Message`]. The same
 //! encoding is used by the async side (controller, agent: tokio) and the
 //! blocking side (the worker's thread inside the user's Python process);
-//! on the wire each body travels sealed by [`super::channel`].
+//! on the wire each body travels sealed by `meshrun-channel`.
 
 use std::io;
 use std::time::Duration;

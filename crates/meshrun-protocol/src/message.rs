@@ -31,7 +31,7 @@ pub struct WorkerLaunch {
 impl WorkerLaunch {
     /// The script a worker started through meshrun's bootstrap runs
     /// (`PYTHON -m meshrun._bootstrap script PATH ...`, as
-    /// `meshrun_core::controller::launch::worker_argv` builds it), as
+    /// `meshrun_plan::launch::worker_argv` builds it), as
     /// given: relative to `cwd` unless absolute.
     pub fn script(&self) -> Option<&str> {
         match self.argv.as_slice() {
@@ -70,22 +70,6 @@ impl SpawnProblem {
     /// files, which nothing in meshrun changes between attempts.
     pub fn lasting(self) -> bool {
         !matches!(self, SpawnProblem::Other)
-    }
-
-    /// What the error of starting a process says of the program. Only the
-    /// errors that name the file itself: ENOENT (no such file, or no
-    /// interpreter for its `#!` line), EACCES (no permission, a folder, a
-    /// `noexec` mount) and ENOEXEC (not an executable format). ETXTBSY (the
-    /// file is being written), EAGAIN, ENOMEM and EMFILE pass.
-    pub fn of_spawn_error(e: &std::io::Error) -> Self {
-        match e.kind() {
-            std::io::ErrorKind::NotFound => SpawnProblem::NoProgram,
-            std::io::ErrorKind::PermissionDenied => SpawnProblem::NotExecutable,
-            _ if e.raw_os_error() == Some(nix::errno::Errno::ENOEXEC as i32) => {
-                SpawnProblem::NotExecutable
-            }
-            _ => SpawnProblem::Other,
-        }
     }
 }
 
@@ -167,7 +151,7 @@ pub enum Message {
     /// answer [`Message::MemoryHeld`].
     MemoryCommit {
         step: u64,
-        manifest: meshrun_ckpt::manifest::Manifest,
+        manifest: meshrun_record::manifest::Manifest,
     },
     /// Agent to controller: this host holds memory checkpoint `step` (and
     /// its buddy the replica), or why not.
@@ -204,7 +188,7 @@ pub enum Message {
     /// [`Message::CheckpointWritten`] (rank 0's).
     MemoryWritten {
         step: u64,
-        leaves: Vec<meshrun_ckpt::manifest::Leaf>,
+        leaves: Vec<meshrun_record::manifest::Leaf>,
         extra: Option<serde_json::Value>,
     },
     /// Agent to agent: a replica of `host`'s memory checkpoint `step`
@@ -450,9 +434,9 @@ pub enum Message {
     /// and info (rank 0's for a sharded state).
     CheckpointWritten {
         step: u64,
-        leaves: Vec<meshrun_ckpt::manifest::Leaf>,
+        leaves: Vec<meshrun_record::manifest::Leaf>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        files: Option<Vec<meshrun_ckpt::directory::FileRecord>>,
+        files: Option<Vec<meshrun_record::manifest::FileRecord>>,
         extra: Option<serde_json::Value>,
     },
     /// This rank could not write its shards of checkpoint `step` (the

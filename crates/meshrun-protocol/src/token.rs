@@ -1,5 +1,5 @@
 //! The run's secret. It is the pre-shared key of every control connection
-//! (see [`crate::auth`]): only a peer that holds it completes the
+//! (see `meshrun_channel::auth`): only a peer that holds it completes the
 //! handshake, and the token itself never crosses the network.
 
 use std::fmt;
@@ -63,7 +63,7 @@ pub enum Peer {
 
 impl Peer {
     /// The claim's bytes on the wire: a role byte, the attempt and the rank.
-    pub(crate) fn to_bytes(self) -> [u8; 9] {
+    pub fn to_bytes(self) -> [u8; 9] {
         let mut out = [0u8; 9];
         if let Peer::Worker { attempt, rank } = self {
             out[0] = 1;
@@ -73,7 +73,7 @@ impl Peer {
         out
     }
 
-    pub(crate) fn from_bytes(bytes: [u8; 9]) -> Option<Self> {
+    pub fn from_bytes(bytes: [u8; 9]) -> Option<Self> {
         let word = |at: usize| u32::from_be_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
         match bytes[0] {
             0 if bytes[1..].iter().all(|b| *b == 0) => Some(Peer::Run),
@@ -87,7 +87,7 @@ impl Peer {
 
     /// The key that proves this claim: the run token, or the worker's
     /// credential derived from it.
-    pub(crate) fn key(self, token: &Token) -> Token {
+    pub fn key(self, token: &Token) -> Token {
         match self {
             Peer::Run => token.clone(),
             Peer::Worker { attempt, rank } => worker_key(token, attempt, rank),

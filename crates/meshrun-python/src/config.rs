@@ -9,8 +9,8 @@
 use std::net::IpAddr;
 use std::path::PathBuf;
 
-use meshrun_core::plan::{Elastic, Observe, Retention, SaveErrorPolicy, ScoreOrder};
-use meshrun_core::{Entry, FailurePolicy, PlatformChoice, RayTarget, RunSpec, Tee};
+use meshrun_plan::{Elastic, Observe, Retention, SaveErrorPolicy, ScoreOrder};
+use meshrun_plan::{Entry, FailurePolicy, PlatformChoice, RayTarget, RunSpec, Tee};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyFloat, PyInt};
 
@@ -329,7 +329,7 @@ pub fn run_spec(
         env,
         retention,
         checkpoint_every: ckpt.uint("every_n_steps")?,
-        recovery: meshrun_core::plan::Recovery {
+        recovery: meshrun_plan::Recovery {
             memory_every: ckpt.uint("memory_every_n_steps")?,
             warm_spares: failure.flag("warm_spares")?,
             spare_imports: failure.strings("spare_imports")?,
@@ -432,7 +432,7 @@ fn workers(s: &Config<'_>) -> PyResult<(u32, u32, Option<Elastic>)> {
         }
         if rejoin_timeout_s.is_some() || any_count {
             return Err(ConfigError::new_err(crate::usage::python_words(
-                &meshrun_core::UsageError::ElasticOptionsWithoutRange,
+                &meshrun_plan::UsageError::ElasticOptionsWithoutRange,
             )));
         }
         return Ok((

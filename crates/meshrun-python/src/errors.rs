@@ -3,8 +3,10 @@
 //! variant, so a new variant has to be placed here.
 
 use meshrun_ckpt::CkptError;
-use meshrun_core::{CoreError, UsageError};
+use meshrun_core::CoreError;
 use meshrun_data::DataError as LoaderError;
+use meshrun_machine::AttemptError;
+use meshrun_plan::UsageError;
 use meshrun_worker::WorkerError;
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
@@ -80,15 +82,15 @@ pub fn to_py(err: &CoreError) -> PyErr {
     let text = err.to_string();
     match err {
         CoreError::Usage(usage) => usage_to_py(usage),
-        CoreError::Io { .. } | CoreError::StorageNotShared { .. } => StorageError::new_err(text),
+        CoreError::Io { .. } | CoreError::Attempt(AttemptError::StorageNotShared { .. }) => {
+            StorageError::new_err(text)
+        }
         CoreError::Checkpoint(e) => ckpt_to_py(e),
         CoreError::Net { .. }
         | CoreError::Protocol(_)
         | CoreError::Token(_)
-        | CoreError::AgentTimeout { .. }
-        | CoreError::TooFewHosts { .. }
+        | CoreError::Attempt(_)
         | CoreError::AgentSpawn { .. }
-        | CoreError::AgentGone { .. }
         | CoreError::RayPlacement(_)
         | CoreError::NotRunning { .. }
         | CoreError::Declined(_)

@@ -8,7 +8,8 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use meshrun_core::controller::progress::ProgressMode;
-use meshrun_core::{execute, ExecOptions, OutcomeStatus, RunPlan, StopHandle};
+use meshrun_core::{execute, ExecOptions, OutcomeStatus, StopHandle};
+use meshrun_plan::RunPlan;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;

@@ -6,9 +6,9 @@
 //! flag is reworded here with the Python argument. The match has no catch-all:
 //! a new variant has to be placed.
 
-use meshrun_core::gpu::GpuError;
-use meshrun_core::plan::RAY_STRATEGIES;
-use meshrun_core::UsageError;
+use meshrun_plan::gpu::GpuError;
+use meshrun_plan::UsageError;
+use meshrun_plan::RAY_STRATEGIES;
 
 /// `err`'s message, naming the Python arguments that set the values.
 #[allow(clippy::too_many_lines)] // one arm per variant, nothing else

@@ -11,16 +11,20 @@
 //! - [`event`]: the lines of `events.jsonl`;
 //! - [`metrics`]: the lines of `metrics.jsonl`;
 //! - [`goodput`]: `goodput.json`, where the wall time went;
+//! - [`manifest`]: a checkpoint's `manifest.json`;
 //! - [`lag`]: `lag.jsonl`, when each rank reached each step (stragglers);
 //! - [`saves`]: the checkpoint saves that failed, counted from the events;
-//! - [`read`]: tolerant readers for files that may be half-written.
+//! - [`read`]: tolerant readers for files that may be half-written (the
+//!   feature `read`, on by default: the crate is otherwise free of I/O).
 
 pub mod event;
 pub mod failure;
 pub mod goodput;
 pub mod lag;
+pub mod manifest;
 pub mod metrics;
 pub mod names;
+#[cfg(feature = "read")]
 pub mod read;
 pub mod run;
 pub mod saves;
@@ -52,4 +56,11 @@ pub fn parse_time(text: &str) -> Option<f64> {
     t.duration_since(std::time::UNIX_EPOCH)
         .ok()
         .map(|d| d.as_secs_f64())
+}
+
+/// `20261202-134630`, for default run names.
+pub fn utc_compact(unix_secs: u64) -> String {
+    let text = utc_rfc3339(std::time::UNIX_EPOCH + std::time::Duration::from_secs(unix_secs));
+    let digits: String = text.chars().filter(char::is_ascii_digit).collect();
+    format!("{}-{}", &digits[..8], &digits[8..14])
 }

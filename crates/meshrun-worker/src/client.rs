@@ -14,9 +14,10 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use meshrun_channel::{auth, BlockingWriter};
 use meshrun_protocol::frame::{encode, MAX_FRAME_BYTES};
 use meshrun_protocol::token::{Peer, Token};
-use meshrun_protocol::{auth, BlockingWriter, Message, ProtocolError};
+use meshrun_protocol::{Message, ProtocolError};
 
 use crate::commits::{Commits, NotCommitted};
 use crate::error::WorkerError;

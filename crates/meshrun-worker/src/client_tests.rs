@@ -1,7 +1,7 @@
 //! The worker's bound on unsent reports, against a real controller end
 //! over TCP that stops reading.
 
-use meshrun_protocol::auth;
+use meshrun_channel::auth;
 use tokio::net::TcpListener;
 
 use super::*;

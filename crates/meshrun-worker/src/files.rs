@@ -6,7 +6,8 @@
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
-use meshrun_protocol::{BlockingWriter, Message};
+use meshrun_channel::BlockingWriter;
+use meshrun_protocol::Message;
 
 /// Raw frames of a file in transfer carry this much each.
 const FILE_CHUNK_BYTES: usize = 512 * 1024;
@@ -109,13 +110,13 @@ fn files_under(dir: &Path) -> Result<Vec<PathBuf>, FileSendError> {
 
 #[cfg(test)]
 mod tests {
-    use meshrun_protocol::auth;
+    use meshrun_channel::auth;
     use meshrun_protocol::token::Token;
 
     use super::*;
 
     /// What the controller reads: (name, size, bytes) per file.
-    fn received(wire: &[u8], keys: meshrun_protocol::Keys) -> Vec<(String, u64, Vec<u8>)> {
+    fn received(wire: &[u8], keys: meshrun_channel::Keys) -> Vec<(String, u64, Vec<u8>)> {
         let (mut r, _) = keys.into_blocking(wire, std::io::sink());
         let mut files: Vec<(String, u64, Vec<u8>)> = Vec::new();
         while let Ok(msg) = r.recv() {

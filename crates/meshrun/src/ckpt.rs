@@ -11,7 +11,7 @@ use meshrun_ckpt::store::{is_url, Location};
 use meshrun_ckpt::CkptError;
 use safetensors::tensor::TensorView;
 
-use meshrun_core::plan::check_run_name;
+use meshrun_plan::check_run_name;
 
 use crate::cli::CkptCommand;
 use crate::table::table;
@@ -24,7 +24,7 @@ pub enum CkptCliError {
     NoRun { run: String, path: PathBuf },
     /// Boxed: `UsageError` is large, and this is the rare path.
     #[error(transparent)]
-    BadName(Box<meshrun_core::UsageError>),
+    BadName(Box<meshrun_plan::UsageError>),
     #[error(transparent)]
     Ckpt(#[from] CkptError),
     #[error("cannot write '{path}': {message}")]
@@ -37,8 +37,8 @@ impl From<meshrun_ckpt::store::StoreError> for CkptCliError {
     }
 }
 
-impl From<meshrun_core::UsageError> for CkptCliError {
-    fn from(e: meshrun_core::UsageError) -> Self {
+impl From<meshrun_plan::UsageError> for CkptCliError {
+    fn from(e: meshrun_plan::UsageError) -> Self {
         CkptCliError::BadName(Box::new(e))
     }
 }

@@ -90,7 +90,7 @@ pub enum Command {
     Profile {
         name: String,
         /// How many steps to trace, from each rank's next report.
-        #[arg(long, default_value_t = meshrun_core::plan::DEFAULT_PROFILE_STEPS, value_name = "K")]
+        #[arg(long, default_value_t = meshrun_plan::DEFAULT_PROFILE_STEPS, value_name = "K")]
         steps: u32,
         /// Only these ranks, comma-separated (default: every rank).
         #[arg(long, value_name = "R,...", value_delimiter = ',')]
@@ -314,11 +314,11 @@ pub struct RunArgs {
     /// A rank that reaches its steps more than this share of a step later
     /// than the median rank (0.2: 20%), for --straggler-steps steps in a
     /// row, is named a straggler: an event, `status` and the report say so.
-    #[arg(long, default_value_t = meshrun_core::plan::Observe::default().straggler_threshold, value_name = "SHARE")]
+    #[arg(long, default_value_t = meshrun_plan::Observe::default().straggler_threshold, value_name = "SHARE")]
     pub straggler_threshold: f64,
 
     /// See --straggler-threshold.
-    #[arg(long, default_value_t = meshrun_core::plan::Observe::default().straggler_steps, value_name = "N")]
+    #[arg(long, default_value_t = meshrun_plan::Observe::default().straggler_steps, value_name = "N")]
     pub straggler_steps: u32,
 
     /// Take one profile capture of the ranks (jax.profiler, 3 steps) when a
@@ -496,5 +496,5 @@ fn parse_hosts(text: &str) -> Result<HostsArg, String> {
 }
 
 fn parse_profile_steps(text: &str) -> Result<(u64, u64), String> {
-    meshrun_core::plan::parse_profile_steps(text).map_err(|e| e.to_string())
+    meshrun_plan::parse_profile_steps(text).map_err(|e| e.to_string())
 }

@@ -4,11 +4,10 @@ use std::io::Write;
 
 use meshrun_core::agent::{self, AgentConfig};
 use meshrun_core::controller::progress::ProgressMode;
-use meshrun_core::error::UsageError;
-use meshrun_core::plan::{
-    Elastic, FailurePolicy, RayTarget, Retention, SaveErrorPolicy, ScoreOrder,
-};
-use meshrun_core::{execute, Entry, ExecOptions, PlatformChoice, RunSpec, Tee};
+use meshrun_core::{execute, ExecOptions};
+use meshrun_plan::UsageError;
+use meshrun_plan::{Elastic, FailurePolicy, RayTarget, Retention, SaveErrorPolicy, ScoreOrder};
+use meshrun_plan::{Entry, PlatformChoice, RunSpec, Tee};
 use meshrun_protocol::token::Token;
 
 use crate::cli::{
@@ -148,7 +147,7 @@ pub fn spec(args: RunArgs, launcher: &Launcher) -> Result<RunSpec, UsageError> {
         env: vec![],
         retention,
         checkpoint_every: args.checkpoint_every,
-        recovery: meshrun_core::plan::Recovery {
+        recovery: meshrun_plan::Recovery {
             memory_every: args.memory_checkpoint_every,
             warm_spares: args.warm_spares.map(|s| s == OnOffArg::On),
             spare_imports: args.spare_imports,
@@ -177,7 +176,7 @@ pub fn spec(args: RunArgs, launcher: &Launcher) -> Result<RunSpec, UsageError> {
         listen: args.listen,
         join_timeout_s: args.join_timeout,
         elastic,
-        observe: meshrun_core::plan::Observe {
+        observe: meshrun_plan::Observe {
             straggler_threshold: args.straggler_threshold,
             straggler_steps: args.straggler_steps,
             profile_stragglers: args.profile_stragglers,

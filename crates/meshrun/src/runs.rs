@@ -8,7 +8,7 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use meshrun_core::plan::check_run_name;
+use meshrun_plan::check_run_name;
 use meshrun_record::read::{self, lock_is_held, ReadError};
 use meshrun_record::{names, Event, EventLine, Goodput, MetricsRecord, Part, RunRecord, RunState};
 use serde::de::DeserializeOwned;
@@ -23,7 +23,7 @@ pub enum RunsError {
     NoRun { name: String, dir: PathBuf },
     /// Boxed: `UsageError` is large, and this is the rare path.
     #[error(transparent)]
-    BadName(Box<meshrun_core::UsageError>),
+    BadName(Box<meshrun_plan::UsageError>),
     #[error(
         "runs directory '{}' does not exist (looked from {}); give the --runs-dir the runs \
          were started with (`meshrun run` keeps them in ./runs by default)",
@@ -60,8 +60,8 @@ pub enum RunsError {
     Report(#[from] meshrun_report::ReportError),
 }
 
-impl From<meshrun_core::UsageError> for RunsError {
-    fn from(e: meshrun_core::UsageError) -> Self {
+impl From<meshrun_plan::UsageError> for RunsError {
+    fn from(e: meshrun_plan::UsageError) -> Self {
         RunsError::BadName(Box::new(e))
     }
 }

@@ -58,7 +58,7 @@ pub struct Reader {
 impl Reader {
     pub fn open(dir: &Location) -> Result<Self, CkptError> {
         Ok(Self {
-            manifest: Manifest::read(dir)?,
+            manifest: crate::manifest::read(dir)?,
             dir: dir.clone(),
             files: HashMap::new(),
             checked: HashSet::new(),
@@ -118,7 +118,7 @@ impl Reader {
         let mut plans = Vec::with_capacity(requests.len());
         let mut wanted: Wanted = BTreeMap::new();
         for req in requests.iter() {
-            let leaf = self.manifest.leaf(req.leaf)?;
+            let leaf = crate::manifest::leaf(&self.manifest, req.leaf)?;
             let size = itemsize(&leaf.dtype)?;
             let expected = elements(req.region) * size;
             if req.out.len() != expected {

@@ -11,7 +11,8 @@
 
 use std::time::Duration;
 
-use meshrun_protocol::{FrameStream, Message};
+use meshrun_channel::FrameStream;
+use meshrun_protocol::Message;
 
 /// What has arrived is read at once; this bounds the wait for a peer that
 /// neither sends nor resets (a send failing without a reset).
@@ -34,7 +35,7 @@ pub(super) async fn shutdown_before_break(
 
 #[cfg(test)]
 mod tests {
-    use meshrun_protocol::auth;
+    use meshrun_channel::auth;
     use meshrun_protocol::token::Token;
     use tokio::net::{TcpListener, TcpStream};
 

@@ -15,11 +15,12 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bytes::Bytes;
+use meshrun_channel::{auth, Connection};
 use meshrun_ckpt::commit::{commit, step_dir, tmp_dir};
 use meshrun_ckpt::manifest::{Manifest, MANIFEST};
 use meshrun_ckpt::store::Location;
 use meshrun_protocol::token::Token;
-use meshrun_protocol::{auth, Connection, Message};
+use meshrun_protocol::Message;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -113,7 +114,7 @@ impl HostMemory {
     /// every file the manifest names. Gives its bytes.
     pub fn ready(&self, step: u64) -> Result<u64, String> {
         let dir = step_dir(&self.own(), step);
-        let manifest = Manifest::read(&Location::Local(dir.clone()))
+        let manifest = meshrun_ckpt::manifest::read(&Location::Local(dir.clone()))
             .map_err(|_| format!("this host holds no memory checkpoint of step {step}"))?;
         if let Some(missing) = missing_file(&dir, &manifest) {
             return Err(format!("this host's copy of step {step} lacks {missing}"));

@@ -18,6 +18,7 @@ mod news;
 mod scratch;
 mod spares;
 mod spawn;
+mod spawn_problem;
 mod steps;
 
 use std::collections::HashMap;
@@ -27,17 +28,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use meshrun_channel::{auth, Connection};
 use meshrun_protocol::token::Token;
-use meshrun_protocol::{auth, Connection, Message, STACK_DUMP_WAIT};
+use meshrun_protocol::{Message, STACK_DUMP_WAIT};
 use nix::sys::signal::Signal;
 use tokio::net::TcpSocket;
 use tokio::sync::mpsc;
 
 use crate::error::CoreError;
-use crate::gpu::Inventory;
 use crate::leftovers::{Contained, Containment};
 use crate::process::{catches, signal_group, signal_process};
 pub use memory::{memory_root, MEMORY_ENV};
+use meshrun_plan::gpu::Inventory;
 pub use news::News;
 use scratch::RunScratch;
 pub use scratch::{append_base64 as decode_function_part, scratch_root};

@@ -57,7 +57,7 @@ struct Spare {
 fn late(key: &str) -> bool {
     key.starts_with("MESHRUN_")
         || key.starts_with("JAX_COORDINATOR_")
-        || crate::launcher_env::is_contract_var(key)
+        || meshrun_plan::launcher_env::is_contract_var(key)
 }
 
 /// The variables of a launch a spare must have started with, sorted.

@@ -81,7 +81,7 @@ pub(super) fn spawn_worker(
             let _ = events.send(Message::SpawnFailed {
                 rank: w.rank,
                 error: format!("cannot start '{program}': {e}"),
-                problem: SpawnProblem::of_spawn_error(&e),
+                problem: super::spawn_problem::spawn_problem(&e),
             });
             return None;
         }

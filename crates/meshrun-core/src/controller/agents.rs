@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 
 use crate::agent::{self, AgentConfig};
 use crate::error::CoreError;
-use crate::plan::{RayTarget, RunPlan};
+use meshrun_plan::{RayTarget, RunPlan};
 
 /// Agents started for a run; processes are stopped when the run ends.
 pub struct Agents {

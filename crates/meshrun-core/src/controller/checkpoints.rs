@@ -10,17 +10,17 @@ use meshrun_ckpt::manifest::{Leaf, Manifest, FORMAT_VERSION};
 use meshrun_ckpt::resume::{
     newest_verified, supersede_newer, verify, Skipped, CHECKPOINTS, DAMAGED,
 };
-use meshrun_ckpt::retention::{to_delete, Candidate, Retention};
 use meshrun_ckpt::store::Location;
 use meshrun_ckpt::CkptError;
+use meshrun_plan::retention::{to_delete, Candidate, Retention};
 use meshrun_record::Event;
 
 use super::committer::CommitJob;
-pub use super::gather::Part;
-use super::gather::{Decided, Gather};
 use super::terminal::terminal;
 use crate::error::CoreError;
 use crate::rundir::RunDir;
+pub use meshrun_machine::gather::Part;
+use meshrun_machine::gather::{Decided, Gather};
 
 /// What a rank's part or report settled: a step to commit (off the
 /// driver's loop, see [`super::committer`]), or one refused at once.
@@ -293,7 +293,7 @@ pub fn retain(job: &RetainJob) -> Result<Vec<u64>, CkptError> {
         .map(|(step, path)| Candidate {
             step: *step,
             score: policy.score_attribute.as_ref().and_then(|attr| {
-                Manifest::read(path)
+                meshrun_ckpt::manifest::read(path)
                     .ok()?
                     .extra
                     .get("metrics")?
@@ -315,8 +315,8 @@ pub fn retain(job: &RetainJob) -> Result<Vec<u64>, CkptError> {
 mod tests {
     use super::*;
     use meshrun_ckpt::commit::tmp_dir;
-    use meshrun_ckpt::retention::ScoreOrder;
     use meshrun_ckpt::shard::{write_rank_file, ShardIn};
+    use meshrun_plan::retention::ScoreOrder;
     use std::path::{Path, PathBuf};
 
     fn loc(p: &Path) -> Location {
@@ -409,7 +409,7 @@ mod tests {
         );
         verify(&loc(&run.join(CHECKPOINTS).join("step-30"))).unwrap();
         assert_eq!(
-            Manifest::read(&loc(&run.join(CHECKPOINTS).join("step-30")))
+            meshrun_ckpt::manifest::read(&loc(&run.join(CHECKPOINTS).join("step-30")))
                 .unwrap()
                 .attempt,
             Some(2)

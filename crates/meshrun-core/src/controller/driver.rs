@@ -15,7 +15,6 @@ use tokio::sync::mpsc;
 use super::agents::Agents;
 use super::checkpoints::{Checkpoints, Done, Settled};
 use super::committer::{Committer, Job, Outcome};
-use super::machine::{Action, Conn, Input, Machine};
 use super::output::Output;
 use super::profiles::Captures;
 use super::progress::Progress;
@@ -24,8 +23,9 @@ use super::server::Event as Net;
 use super::stragglers::Stragglers;
 use super::StopHandle;
 use crate::error::CoreError;
-use crate::plan::RunPlan;
 use crate::rundir::{unix_time, utc_rfc3339, RunDir};
+use meshrun_machine::{Action, Conn, Input, Machine};
+use meshrun_plan::RunPlan;
 
 /// SIGINT and SIGTERM, when this run handles them. Installed before
 /// anything is started, so no signal can arrive while nobody listens.
@@ -203,7 +203,7 @@ impl<'a> Driver<'a> {
                         return Err(CoreError::RayPlacement(why));
                     }
                     if let Some((host, how)) = agent_procs.exited() {
-                        return Err(CoreError::AgentGone { host, what: how });
+                        return Err(meshrun_machine::AttemptError::AgentGone { host, what: how }.into());
                     }
                 }
                 _ = flush.tick() => {
@@ -225,7 +225,7 @@ impl<'a> Driver<'a> {
     }
 
     fn input(&mut self, input: Input) -> Result<(), CoreError> {
-        self.machine.handle(Instant::now(), input)
+        Ok(self.machine.handle(Instant::now(), input)?)
     }
 
     /// What is already queued, without waiting: at most a queue's worth,

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use meshrun_record::names;
 
-use crate::plan::RunPlan;
+use meshrun_plan::RunPlan;
 
 /// The lines printed when the run starts to wait; `token_in_env`: the run
 /// was given its token in `MESHRUN_TOKEN`, which the hosts must share.
@@ -64,8 +64,8 @@ fn secs(d: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::machine::sim::plan;
-    use crate::plan::Elastic;
+    use meshrun_machine::sim::plan;
+    use meshrun_plan::Elastic;
 
     fn listening(hosts: u32, elastic: Option<(u32, f64)>, join_s: Option<f64>) -> RunPlan {
         let mut p = plan(hosts);

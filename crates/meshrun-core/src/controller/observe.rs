@@ -10,11 +10,11 @@ use meshrun_record::{unix_time, Event};
 use tokio::sync::mpsc;
 
 use super::driver::Driver;
-use super::machine::Conn;
 use super::profiles::Saved;
 use super::stragglers::Found;
 use crate::error::CoreError;
-use crate::plan::DEFAULT_PROFILE_STEPS;
+use meshrun_machine::Conn;
+use meshrun_plan::DEFAULT_PROFILE_STEPS;
 
 /// A straggler's automatic capture takes every rank up to this many, else
 /// the straggler's host and one rank of another for comparison.

@@ -14,7 +14,7 @@ use meshrun_protocol::Stream;
 use super::rank_logs::RankLogs;
 use super::terminal::{terminal, Target, Terminal};
 use crate::error::CoreError;
-use crate::plan::Tee;
+use meshrun_plan::Tee;
 
 const TAIL_KEEP: usize = 40;
 

@@ -15,7 +15,7 @@ use std::path::{Component, Path, PathBuf};
 
 use meshrun_record::names;
 
-use super::machine::Conn;
+use meshrun_machine::Conn;
 
 /// One capture under way.
 struct Capture {

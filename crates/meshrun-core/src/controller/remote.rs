@@ -8,8 +8,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::Path;
 use std::time::Duration;
 
+use meshrun_channel::{auth, Connection};
 use meshrun_protocol::token::Token;
-use meshrun_protocol::{auth, Connection, Message};
+use meshrun_protocol::Message;
 use serde_json::Value;
 use tokio::net::TcpStream;
 

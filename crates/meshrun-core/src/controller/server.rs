@@ -8,14 +8,15 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use meshrun_protocol::auth::{self, HANDSHAKE_TIMEOUT};
+use meshrun_channel::auth::{self, HANDSHAKE_TIMEOUT};
+use meshrun_channel::{Connection, FrameSink};
 use meshrun_protocol::token::{Peer, Token};
-use meshrun_protocol::{Connection, FrameSink, Message, ProtocolError};
+use meshrun_protocol::{Message, ProtocolError};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::machine::Conn;
+use meshrun_machine::Conn;
 
 /// What the connections tell the supervisor. Every connection is
 /// numbered here, once, as it is accepted: the machine names it by that

@@ -4,8 +4,9 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use meshrun_channel::auth;
 use meshrun_protocol::token::{worker_key, Peer, Token};
-use meshrun_protocol::{auth, Message};
+use meshrun_protocol::Message;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 

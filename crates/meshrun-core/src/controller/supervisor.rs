@@ -19,7 +19,6 @@ use super::agents;
 use super::checkpoints::Checkpoints;
 use super::driver::{Driver, Signals};
 use super::joining::join_command;
-use super::machine::{Machine, Setup};
 use super::profiles::Captures;
 use super::progress::Progress;
 use super::restarts::{self, Next};
@@ -29,8 +28,9 @@ use super::summary::{render, Cause};
 use super::terminal::terminal;
 use super::{ExecOptions, FailureRecord, Outcome, OutcomeStatus};
 use crate::error::CoreError;
-use crate::plan::RunPlan;
 use crate::rundir::{unix_time, utc_rfc3339, RunDir};
+use meshrun_machine::{Machine, Setup};
+use meshrun_plan::RunPlan;
 
 /// How long the end of a run waits for the terminal to take what is queued.
 const TERMINAL_FLUSH_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
@@ -493,8 +493,8 @@ impl StorageMarker {
         }))
     }
 
-    fn probe(&self) -> super::machine::StorageProbe {
-        super::machine::StorageProbe {
+    fn probe(&self) -> meshrun_machine::StorageProbe {
+        meshrun_machine::StorageProbe {
             storage: self.storage.clone(),
             path: self.path.clone(),
             expect: self.expect.clone(),

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::process::{Child, Command};
 
 use crate::error::CoreError;
-use crate::plan::RunPlan;
+use meshrun_plan::RunPlan;
 
 pub struct TensorBoard(Child);
 
