@@ -2,9 +2,9 @@
 control protocol, data loading, checkpoint I/O) carry no web server, no
 renderer and no Python binding; those sit in crates of their own. The
 arrows between the engine's crates run one way: protocol below channel,
-worker and planning; planning below the controller's state machine; the
-machine below the engine that drives it; and the machine builds with no
-I/O at all. Read from ``cargo tree`` over the lock file, so a dependency
+worker and planning; planning below the controller's state machine and
+the agent; the machine and the agent below the engine that drives them;
+and the machine builds with no I/O at all. Read from ``cargo tree`` over the lock file, so a dependency
 added to the wrong crate fails here."""
 
 from __future__ import annotations
@@ -44,6 +44,11 @@ PLAN_MESHRUN = PROTOCOL_MESHRUN | {"meshrun-plan", "meshrun-ckpt", "meshrun-stor
 # messages, the run directory's types. Nothing else of meshrun.
 MACHINE_MESHRUN = PROTOCOL_MESHRUN | {"meshrun-machine", "meshrun-plan"}
 
+# The agent, one per host: it speaks the protocol over its connections,
+# reports the host's GPUs (planning's inventory) and holds checkpoint copies
+# for the memory tier; never the controller's machine or its drivers.
+AGENT_MESHRUN = CHANNEL_MESHRUN | {"meshrun-agent", "meshrun-plan", "meshrun-ckpt", "meshrun-store"}
+
 # What does I/O: an async runtime, sockets, an HTTP or object-store client.
 IO_PACKAGES = {"tokio", "mio", "socket2", "hyper", "reqwest", "object_store", "snow", "futures-io"}
 
@@ -79,7 +84,7 @@ def _meshrun(packages: set[str]) -> set[str]:
     return {p for p in packages if p == "meshrun" or p.startswith("meshrun-")}
 
 
-ENGINE = ["meshrun-core", "meshrun-machine", "meshrun-plan", "meshrun-protocol", "meshrun-channel", "meshrun-worker", "meshrun-data", "meshrun-ckpt", "meshrun-store", "meshrun-record"]
+ENGINE = ["meshrun-core", "meshrun-agent", "meshrun-machine", "meshrun-plan", "meshrun-protocol", "meshrun-channel", "meshrun-worker", "meshrun-data", "meshrun-ckpt", "meshrun-store", "meshrun-record"]
 
 
 @pytest.mark.parametrize("crate", ENGINE)
@@ -189,9 +194,15 @@ def test_the_forbidden_names_are_caught():
     assert not MACHINE_FORBIDDEN.search("let at = now + Duration::from_secs(1);")
 
 
-def test_the_engine_drives_the_machine_and_plans():
+def test_the_agent_builds_without_the_controller():
+    packages = _meshrun(_packages("meshrun-agent"))
+    assert "meshrun-agent" in packages, sorted(packages)
+    assert packages <= AGENT_MESHRUN, f"meshrun-agent depends on {sorted(packages - AGENT_MESHRUN)}"
+
+
+def test_the_engine_drives_the_machine_and_the_agent():
     packages = _meshrun(_packages("meshrun-core"))
-    assert {"meshrun-core", "meshrun-machine", "meshrun-plan", "meshrun-channel"} <= packages, sorted(packages)
+    assert {"meshrun-core", "meshrun-machine", "meshrun-agent", "meshrun-plan", "meshrun-channel"} <= packages, sorted(packages)
 
 
 def test_the_engine_is_seen_where_it_is():

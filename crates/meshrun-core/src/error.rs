@@ -38,6 +38,8 @@ pub enum CoreError {
     Protocol(#[from] meshrun_protocol::ProtocolError),
     #[error(transparent)]
     Attempt(#[from] meshrun_machine::AttemptError),
+    #[error(transparent)]
+    Agent(#[from] meshrun_agent::AgentError),
     #[error("cannot start the agent of host {host} ({program}): {source}")]
     AgentSpawn {
         host: u32,
@@ -46,19 +48,6 @@ pub enum CoreError {
     },
     #[error(transparent)]
     Token(#[from] meshrun_protocol::token::TokenError),
-    #[error("the controller at {controller} did not accept this host's run token ({why}): give the token of that run (MESHRUN_TOKEN, or --token-file with the file it printed)")]
-    HandshakeFailed {
-        controller: std::net::SocketAddr,
-        why: String,
-    },
-    #[error("the run refused this host: {0}")]
-    JoinRefused(String),
-    #[error("could not join the run at {controller} within {secs} s (last: {last}); is `meshrun run --listen {controller}` running, and is that address reachable from here?")]
-    JoinTimeout {
-        controller: std::net::SocketAddr,
-        secs: u64,
-        last: String,
-    },
     #[error(transparent)]
     Checkpoint(#[from] meshrun_ckpt::CkptError),
     #[error("could not place the run on Ray: {0}")]

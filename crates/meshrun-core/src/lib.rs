@@ -15,13 +15,9 @@
 //! side, inside the user's Python process, is `meshrun-worker`, which
 //! builds without this crate.
 
-pub mod agent;
-pub mod cgroup;
 pub mod controller;
 pub mod error;
-pub mod leftovers;
 pub mod limits;
-pub mod process;
 pub mod rundir;
 
 pub use controller::{execute, ExecOptions, Outcome, OutcomeStatus, StopHandle};

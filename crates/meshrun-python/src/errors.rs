@@ -95,9 +95,7 @@ pub fn to_py(err: &CoreError) -> PyErr {
         | CoreError::NotRunning { .. }
         | CoreError::Declined(_)
         | CoreError::TokenRefused { .. }
-        | CoreError::HandshakeFailed { .. }
-        | CoreError::JoinRefused(_)
-        | CoreError::JoinTimeout { .. } => ControlError::new_err(text),
+        | CoreError::Agent(_) => ControlError::new_err(text),
     }
 }
 

@@ -2,7 +2,7 @@
 
 use std::io::Write;
 
-use meshrun_core::agent::{self, AgentConfig};
+use meshrun_agent::{self as agent, AgentConfig};
 use meshrun_core::controller::progress::ProgressMode;
 use meshrun_core::{execute, ExecOptions};
 use meshrun_plan::UsageError;

@@ -5,7 +5,7 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use meshrun_core::agent::{self, join::join as join_run, AgentConfig, News};
+use meshrun_agent::{self as agent, join::join as join_run, AgentConfig, News};
 use meshrun_protocol::token::Token;
 
 use crate::cli::JoinArgs;

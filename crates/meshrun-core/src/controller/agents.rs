@@ -11,8 +11,8 @@ use meshrun_protocol::token::Token;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::mpsc;
 
-use crate::agent::{self, AgentConfig};
 use crate::error::CoreError;
+use meshrun_agent::{self as agent, AgentConfig};
 use meshrun_plan::{RayTarget, RunPlan};
 
 /// Agents started for a run; processes are stopped when the run ends.
@@ -227,7 +227,7 @@ impl Agents {
                 .try_wait()
                 .ok()
                 .flatten()
-                .map(|status| (*host, crate::process::exit_info(status).to_string()))
+                .map(|status| (*host, meshrun_agent::process::exit_info(status).to_string()))
         })?;
         Some((host, format!("exited ({how})")))
     }

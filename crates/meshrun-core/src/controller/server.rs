@@ -214,7 +214,7 @@ async fn serve(
                     Ok(Message::ClockProbe { sent_ns }) => {
                         let _ = echo.send(Message::ClockEcho {
                             sent_ns,
-                            controller_ns: crate::agent::unix_ns(),
+                            controller_ns: meshrun_agent::unix_ns(),
                         });
                     }
                     Ok(msg) => {

@@ -98,7 +98,7 @@ pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, Core
     let mut failed: Vec<FailureRecord> = Vec::new();
     let mut made = 0;
     // Host 0's warm spares wait here between attempts.
-    let spares = crate::agent::Spares::new();
+    let spares = meshrun_agent::Spares::new();
     // The newest memory checkpoint committed on every host.
     let mut memory_step: Option<u64> = None;
     // Elastic runs: the host count of the last attempt launched, and the
@@ -245,7 +245,7 @@ const EVENT_QUEUE: usize = 4096;
 async fn attempt(
     plan: &RunPlan,
     opts: &ExecOptions,
-    spares: &crate::agent::Spares,
+    spares: &meshrun_agent::Spares,
     memory_step: &mut Option<u64>,
     sizes: &mut Sizes,
     captures: &mut Captures,

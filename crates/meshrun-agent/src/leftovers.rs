@@ -21,9 +21,9 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
-use crate::agent::Spares;
 use crate::cgroup::{Hierarchy, WorkerCgroup};
 use crate::process::{self, signal_group, signal_process};
+use crate::Spares;
 
 /// How long killed leftovers get to disappear before their cgroup is left
 /// for a later run to remove: SIGKILL takes effect at once, unless a

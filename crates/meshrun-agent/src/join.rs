@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use super::{run, AgentConfig, Ended};
-use crate::error::CoreError;
+use crate::error::AgentError;
 
 /// The first retry comes this soon; each next one waits twice as long, up
 /// to [`MAX_BACKOFF`].
@@ -24,13 +24,13 @@ const HANDSHAKE_TRIES: u32 = 3;
 /// Joins attempt after attempt until the run is over. `timeout` bounds
 /// each wait for a controller to join. Gives how the run ended (a
 /// `RunState` name), when the controller said.
-pub async fn join(mut cfg: AgentConfig, timeout: Duration) -> Result<Option<String>, CoreError> {
+pub async fn join(mut cfg: AgentConfig, timeout: Duration) -> Result<Option<String>, AgentError> {
     let mut waiting_since = Instant::now();
     let mut backoff = FIRST_BACKOFF;
     let mut cut_short = 0;
     loop {
         let result = run(&cfg).await;
-        if matches!(result, Err(CoreError::HandshakeFailed { .. })) {
+        if matches!(result, Err(AgentError::HandshakeFailed { .. })) {
             cut_short += 1;
         } else {
             cut_short = 0;
@@ -51,12 +51,12 @@ pub async fn join(mut cfg: AgentConfig, timeout: Duration) -> Result<Option<Stri
                 }
             }
             // Refusals are final: trying again cannot change them.
-            Err(e @ CoreError::JoinRefused(_)) => return Err(e),
-            Err(e @ CoreError::HandshakeFailed { .. }) if cut_short >= HANDSHAKE_TRIES => {
+            Err(e @ AgentError::JoinRefused(_)) => return Err(e),
+            Err(e @ AgentError::HandshakeFailed { .. }) if cut_short >= HANDSHAKE_TRIES => {
                 return Err(e);
             }
             Err(e) if waiting_since.elapsed() >= timeout => {
-                return Err(CoreError::JoinTimeout {
+                return Err(AgentError::JoinTimeout {
                     controller: cfg.controller,
                     secs: timeout.as_secs(),
                     last: e.to_string(),

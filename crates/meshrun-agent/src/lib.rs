@@ -11,10 +11,14 @@
 //! itself (`meshrun join`, see `join`) takes part in every attempt.
 
 mod beats;
+pub mod cgroup;
+mod error;
 pub mod join;
 mod last_words;
+pub mod leftovers;
 mod memory;
 mod news;
+pub mod process;
 mod scratch;
 mod spares;
 mod spawn;
@@ -35,9 +39,9 @@ use nix::sys::signal::Signal;
 use tokio::net::TcpSocket;
 use tokio::sync::mpsc;
 
-use crate::error::CoreError;
 use crate::leftovers::{Contained, Containment};
 use crate::process::{catches, signal_group, signal_process};
+pub use error::AgentError;
 pub use memory::{memory_root, MEMORY_ENV};
 use meshrun_plan::gpu::Inventory;
 pub use news::News;
@@ -130,8 +134,8 @@ fn containment(spares: Option<Spares>) -> Arc<Containment> {
 
 /// Connects to the controller and proves the token; gives the address
 /// the connection left from.
-async fn connect(cfg: &AgentConfig) -> Result<(Connection, IpAddr), CoreError> {
-    let net = |what| move |source| CoreError::Net { what, source };
+async fn connect(cfg: &AgentConfig) -> Result<(Connection, IpAddr), AgentError> {
+    let net = |what| move |source| AgentError::Net { what, source };
     let socket = match cfg.controller.ip() {
         IpAddr::V4(_) => TcpSocket::new_v4(),
         IpAddr::V6(_) => TcpSocket::new_v6(),
@@ -150,18 +154,19 @@ async fn connect(cfg: &AgentConfig) -> Result<(Connection, IpAddr), CoreError> {
         .local_addr()
         .map_err(net("cannot read the agent's address"))?
         .ip();
-    let conn = auth::connect(stream, &cfg.token)
-        .await
-        .map_err(|e| CoreError::HandshakeFailed {
-            controller: cfg.controller,
-            why: e.to_string(),
-        })?;
+    let conn =
+        auth::connect(stream, &cfg.token)
+            .await
+            .map_err(|e| AgentError::HandshakeFailed {
+                controller: cfg.controller,
+                why: e.to_string(),
+            })?;
     Ok((conn, local))
 }
 
 /// Runs one session: from the hello to the end of the attempt (or of the
 /// connection). Returns the host rank it had, when it got one.
-pub async fn run(cfg: &AgentConfig) -> Result<(Ended, Option<u32>), CoreError> {
+pub async fn run(cfg: &AgentConfig) -> Result<(Ended, Option<u32>), AgentError> {
     let (conn, local) = connect(cfg).await?;
     session(cfg, conn, local).await
 }
@@ -172,8 +177,8 @@ async fn session(
     cfg: &AgentConfig,
     mut conn: Connection,
     host_ip: IpAddr,
-) -> Result<(Ended, Option<u32>), CoreError> {
-    let net = |what| move |source| CoreError::Net { what, source };
+) -> Result<(Ended, Option<u32>), AgentError> {
+    let net = |what| move |source| AgentError::Net { what, source };
     let gpus = Inventory::discover().map(|inv| inv.ids).unwrap_or_default();
     let free_port = std::net::TcpListener::bind(SocketAddr::new(host_ip, 0))
         .and_then(|l| l.local_addr())
@@ -252,7 +257,7 @@ async fn session(
                         tell(News::Joined { run: run_name.clone(), controller: cfg.controller, host: given });
                     }
                 }
-                Ok(Message::Refused { reason }) => return Err(CoreError::JoinRefused(reason)),
+                Ok(Message::Refused { reason }) => return Err(AgentError::JoinRefused(reason)),
                 Ok(Message::CheckStorage { path, expect }) => {
                     let problem = scratch::check_marker(&path, &expect);
                     let _ = events_tx.send(Message::StorageChecked { problem });
