@@ -387,3 +387,26 @@ def test_python_reads_the_environments_names_from_the_engine():
 def test_an_environment_name_spelt_in_python_is_found():
     source = 'import os\n\ndef rank():\n    """MESHRUN_RANK, as a docstring may say."""\n    return os.environ["MESHRUN_RANK"], f"set MESHRUN_X=1 {0}"\n'
     assert env_names_spelt(source) == [(5, "MESHRUN_RANK")]
+
+
+def test_the_python_apis_defaults_are_the_engines(monkeypatch):
+    """The dataclasses' defaults of the settings the engine also defaults
+    are read from ``_native.DEFAULTS``, not written again in Python; the
+    save-error policy a worker follows is read by the engine."""
+    import dataclasses
+
+    from meshrun._native import DEFAULTS, ENV
+
+    classes = (meshrun.ScalingConfig, meshrun.CheckpointConfig, meshrun.FailureConfig, meshrun.RunConfig)
+    defaults = {f.name: f.default for cls in classes for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+    assert set(DEFAULTS) <= set(defaults), sorted(set(DEFAULTS) - set(defaults))
+    assert {key: defaults[key] for key in DEFAULTS} == DEFAULTS
+    tree = ast.parse((PACKAGE / "trainer.py").read_text())
+    spelt = [f"{node.target.id} = {node.value.value!r}" for node in ast.walk(tree) if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id in DEFAULTS and isinstance(node.value, ast.Constant)]
+    assert spelt == [], spelt
+    monkeypatch.setenv(ENV["on_save_error"], "fail")
+    assert _native.save_errors_continue() is False
+    monkeypatch.setenv(ENV["on_save_error"], "continue")
+    assert _native.save_errors_continue() is True
+    monkeypatch.delenv(ENV["on_save_error"])
+    assert _native.save_errors_continue() is (DEFAULTS["on_save_error"] == "continue")

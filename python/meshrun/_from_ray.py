@@ -11,6 +11,7 @@ import os
 import sys
 from typing import Any
 
+from meshrun._native import DEFAULTS
 from meshrun.errors import ConfigError
 
 __all__: list[str] = []
@@ -64,7 +65,7 @@ def scaling_args(s: Any) -> dict[str, Any]:
         "platform": "tpu" if getattr(s, "use_tpu", False) else None,
         "backend": "ray" if ray.is_initialized() else "local",
         "ray_address": "auto" if ray.is_initialized() else None,
-        "ray_strategy": str(s.placement_strategy or "PACK"),
+        "ray_strategy": str(s.placement_strategy or DEFAULTS["ray_strategy"]),
     }
 
 
@@ -81,7 +82,8 @@ def checkpoint_args(c: Any) -> dict[str, Any]:
         "checkpoint_frequency": "checkpoints are what report(checkpoint=...) is given; CheckpointConfig(every_n_steps=N) thins them",
         "checkpoint_at_end": "report a checkpoint at the last step",
     })  # fmt: skip
-    return {"num_to_keep": c.num_to_keep, "score_attribute": c.checkpoint_score_attribute, "score_order": str(c.checkpoint_score_order or "max").lower()}
+    order = str(c.checkpoint_score_order or DEFAULTS["score_order"]).lower()
+    return {"num_to_keep": c.num_to_keep, "score_attribute": c.checkpoint_score_attribute, "score_order": order}
 
 
 def run_args(r: Any) -> dict[str, Any]:
@@ -96,7 +98,7 @@ def run_args(r: Any) -> dict[str, Any]:
     })  # fmt: skip
     return {
         "name": r.name,
-        "storage_path": os.fspath(r.storage_path) if r.storage_path else "runs",
+        "storage_path": os.fspath(r.storage_path) if r.storage_path else str(DEFAULTS["storage_path"]),
         "failure_config": r.failure_config,
         "checkpoint_config": r.checkpoint_config,
         "worker_runtime_env": dict(r.worker_runtime_env) if getattr(r, "worker_runtime_env", None) else None,

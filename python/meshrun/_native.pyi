@@ -37,6 +37,8 @@ __all__ = [
     "resume_checkpoint",
     "resume_choice",
     "ENV",
+    "DEFAULTS",
+    "save_errors_continue",
     "storage_roundtrip",
     "MeshrunError",
     "ConfigError",
@@ -90,6 +92,8 @@ class Outcome:
     def status(self) -> str: ...
     @property
     def succeeded(self) -> bool: ...
+    @property
+    def failed(self) -> bool: ...
     @property
     def attempts(self) -> int: ...
     @property
@@ -196,9 +200,11 @@ def committed_checkpoints(root: str | PathLike[str]) -> list[tuple[str, int]]: .
 def fetch_directory(dir: str | PathLike[str], dest: str | PathLike[str]) -> int: ...
 def resume_checkpoint(root: str | PathLike[str], attempt: int | None = None, chosen: int | None = None) -> tuple[str, int] | None: ...
 def resume_choice(root: str | PathLike[str]) -> tuple[str, int] | None: ...
+def save_errors_continue() -> bool: ...
 
 # The worker environment's names by key ("rank": "MESHRUN_RANK", ...).
 ENV: dict[str, str]
+DEFAULTS: dict[str, str | int]
 
 def storage_roundtrip(url: str, size: int) -> tuple[float, float]: ...
 

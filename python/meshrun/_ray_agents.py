@@ -32,7 +32,7 @@ import sys
 import time
 from typing import Any
 
-from meshrun._native import ENV
+from meshrun._native import DEFAULTS, ENV
 from meshrun._ray_waiting import POLL_S, Watch
 
 PR_SET_PDEATHSIG = 1
@@ -65,7 +65,7 @@ def _with_parent() -> None:
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(prog="meshrun._ray_agents")
     ap.add_argument("--address", required=True)
-    ap.add_argument("--strategy", default="PACK")
+    ap.add_argument("--strategy", default=DEFAULTS["ray_strategy"])
     ap.add_argument("--hosts", type=int, required=True)
     ap.add_argument("--cpus", type=float, required=True)
     ap.add_argument("--gpus", type=float, default=0)

@@ -275,7 +275,7 @@ def save(step: int, state: Any, *, metrics: dict[str, Any] | None = None, extra:
         try:
             written = _native.write_shards(root, step, ctx.rank, shards)
         except StorageError as exc:
-            if client is not None and os.environ.get(ENV["on_save_error"], "continue") == "continue":
+            if client is not None and _native.save_errors_continue():
                 # The step is not committed; the controller records why,
                 # and training goes on. The next save tries again.
                 client.save_failed(step, str(exc))
@@ -347,7 +347,7 @@ def save_directory(step: int, folder: str, *, metrics: dict[str, Any] | None = N
     try:
         written = _native.write_directory(root, step, ctx.rank, folder)
     except StorageError as exc:
-        if client is not None and os.environ.get(ENV["on_save_error"], "continue") == "continue":
+        if client is not None and _native.save_errors_continue():
             client.save_failed(step, str(exc))
             return False
         raise

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from meshrun import _from_ray, _native, ray_data
+from meshrun._native import DEFAULTS
 from meshrun.checkpoint import Checkpoint
 from meshrun.errors import ConfigError, MeshrunError, RunFailedError, TrainingFailedError
 
@@ -46,7 +47,7 @@ class ScalingConfig:
     platform: str | None = None
     backend: str = "local"
     ray_address: str | None = None
-    ray_strategy: str = "PACK"
+    ray_strategy: str = str(DEFAULTS["ray_strategy"])
     control_host: str | None = None
     control_port: int | None = None
     listen: str | None = None
@@ -93,9 +94,9 @@ class CheckpointConfig:
     num_to_keep: int | None = None
     keep_every_n_steps: int | None = None
     score_attribute: str | None = None
-    score_order: str = "max"
+    score_order: str = str(DEFAULTS["score_order"])
     every_n_steps: int | None = None
-    on_save_error: str = "continue"
+    on_save_error: str = str(DEFAULTS["on_save_error"])
     memory_every_n_steps: int | None = None
 
 
@@ -120,7 +121,7 @@ class FailureConfig:
     when ``max_failures`` allows restarts).
     """
 
-    max_failures: int = 0
+    max_failures: int = int(DEFAULTS["max_failures"])
     hang_timeout_s: float | None = None
     start_timeout_s: float | None = None
     warm_spares: bool | None = None
@@ -133,8 +134,8 @@ class RunConfig:
     how it recovers."""
 
     name: str | None = None
-    storage_path: str = "runs"
-    tee: str = "rank0"
+    storage_path: str = str(DEFAULTS["storage_path"])
+    tee: str = str(DEFAULTS["tee"])
     env: dict[str, str] = field(default_factory=dict)
     checkpoint_config: CheckpointConfig | None = None
     failure_config: FailureConfig | None = None
@@ -360,7 +361,7 @@ class Trainer:
             checkpoint=kept[-1][0] if kept else None,
             best_checkpoints=kept,
         )
-        if out.status == "failed":
+        if out.failed:
             error = TrainingFailedError(f"run {out.name} failed after {out.attempts} attempt(s): {out.summary or 'see ' + result.path}")
             error.result = result
             raise error

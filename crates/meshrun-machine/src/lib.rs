@@ -8,7 +8,9 @@
 //! connection: it names them by [`Conn`], which the driver maps onto its
 //! channels. So every decision is tested with a simulated clock
 //! (`tests.rs`), and the driver (meshrun-core's `controller::driver`) only
-//! carries out what it is told.
+//! carries out what it is told. Across attempts, [`Run`] decides what
+//! each attempt starts with and what follows its end (a restart, a resize,
+//! the end of the run).
 //!
 //! A crate of its own so that the rule is the build's: it depends on no
 //! async runtime and on no crate that does I/O (`tests/test_crates.py`
@@ -30,6 +32,8 @@ mod outcome;
 mod peer_loss;
 mod rank;
 mod ranks;
+mod run;
+mod setup;
 #[cfg(any(test, feature = "sim"))]
 pub mod sim;
 mod stop;
@@ -53,9 +57,7 @@ mod tests_stop;
 mod tests_timers;
 
 use std::collections::{HashMap, VecDeque};
-use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use meshrun_protocol::Message;
 use meshrun_record::{Cause, Event, FailureRecord};
@@ -70,57 +72,12 @@ pub use ends::{EarlyFinish, RankEnd};
 pub use error::AttemptError;
 pub use meshrun_plan::{AGENT_JOIN_TIMEOUT, DEFAULT_JOIN_TIMEOUT};
 pub use outcome::{Outcome, OutcomeStatus, EXIT_PREEMPTED, EXIT_STOPPED, STOP_GRACE_MS};
+pub use run::{after, After, Ended, Next, Run, Start};
+pub use setup::{Setup, StorageProbe};
 pub use stop::StopReason;
 
 /// A connection, as the driver numbers them.
 pub type Conn = u64;
-
-/// What the attempt was started with, besides the plan.
-#[derive(Debug, Clone)]
-pub struct Setup {
-    pub attempt: u32,
-    pub run_id: String,
-    pub token_hex: String,
-    pub control_addr: String,
-    /// The `XLA_FLAGS` of the controller's environment, merged into the
-    /// workers' (read by the driver: the machine reads no environment).
-    pub user_xla_flags: Option<String>,
-    /// The checkpoint step this attempt resumes from.
-    pub resume_step: Option<u64>,
-    /// How long the agents may take to join.
-    pub join_timeout: Duration,
-    /// The pickled function of `Trainer.fit`, sent to every agent.
-    pub payload: Option<Arc<[u8]>>,
-    /// A marker the controller wrote into the run's storage, which every
-    /// agent must read back before anything is launched.
-    pub storage_probe: Option<StorageProbe>,
-    /// Joined agents get ranks from 1: host 0 is the controller's own.
-    pub first_joined_host: u32,
-    /// A memory checkpoint an earlier attempt committed, newer than (or
-    /// as new as) `resume_step`: restored instead when every host can
-    /// make it whole.
-    pub memory_step: Option<u64>,
-    /// Elastic runs: the host count the attempt before ran on.
-    pub previous_hosts: Option<u32>,
-    /// Elastic runs: the hosts that make the attempt start without waiting
-    /// for the rest (`None`: all of them). A restart expects as many as
-    /// the attempt before, or as many as it stopped to grow to.
-    pub expected_hosts: Option<u32>,
-    /// Why the attempt runs on another host count than the one before
-    /// (set by the machine when it sizes the attempt).
-    pub resize_reason: Option<String>,
-}
-
-/// See [`Setup::storage_probe`].
-#[derive(Debug, Clone)]
-pub struct StorageProbe {
-    /// The storage folder, as the user named it (for messages).
-    pub storage: PathBuf,
-    /// The marker file in it.
-    pub path: PathBuf,
-    /// What the marker holds.
-    pub expect: String,
-}
 
 /// What happened, as the driver saw it.
 #[derive(Debug)]

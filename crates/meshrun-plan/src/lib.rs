@@ -22,6 +22,7 @@ use std::path::PathBuf;
 use meshrun_ckpt::store::{is_url, Location};
 use serde::{Deserialize, Serialize};
 
+pub mod choices;
 pub mod error;
 pub mod gpu;
 pub mod launch;
@@ -113,12 +114,9 @@ pub enum SaveErrorPolicy {
 }
 
 impl SaveErrorPolicy {
-    /// As the worker reads it from `MESHRUN_ON_SAVE_ERROR`.
+    /// As the worker reads it from its environment.
     pub fn as_str(self) -> &'static str {
-        match self {
-            SaveErrorPolicy::Continue => "continue",
-            SaveErrorPolicy::Fail => "fail",
-        }
+        choices::name_of(&choices::SAVE_ERROR_POLICIES, self)
     }
 }
 

@@ -316,3 +316,12 @@ pub fn storage_roundtrip(py: Python<'_>, url: &str, size: usize) -> PyResult<(f6
     py.detach(|| meshrun_ckpt::store::roundtrip(&dir, size, step))
         .map_err(|e| to_py(&e.into()))
 }
+
+/// Whether a rank that cannot write its shards trains on (the run's
+/// `on_save_error`, from the worker's environment; the default when unset).
+#[pyfunction]
+pub fn save_errors_continue() -> bool {
+    let value = std::env::var(meshrun_protocol::env::ON_SAVE_ERROR).ok();
+    meshrun_plan::SaveErrorPolicy::from_env(value.as_deref())
+        == meshrun_plan::SaveErrorPolicy::Continue
+}

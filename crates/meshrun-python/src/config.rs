@@ -9,8 +9,8 @@
 use std::net::IpAddr;
 use std::path::PathBuf;
 
-use meshrun_plan::{Elastic, Observe, Retention, SaveErrorPolicy, ScoreOrder};
-use meshrun_plan::{Entry, FailurePolicy, PlatformChoice, RayTarget, RunSpec, Tee};
+use meshrun_plan::{choices, Elastic, Observe, Retention};
+use meshrun_plan::{Entry, FailurePolicy, PlatformChoice, RayTarget, RunSpec};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyFloat, PyInt};
 
@@ -18,7 +18,7 @@ use crate::errors::ConfigError;
 use crate::usage::{at_least, no_ray_address};
 
 /// Where the run folder goes when `RunConfig.storage_path` is a URL.
-const LOCAL_RUNS: &str = "runs";
+const LOCAL_RUNS: &str = choices::DEFAULT_RUNS_DIR;
 
 /// The four configuration objects of a `Trainer`.
 pub struct Configs<'py> {
@@ -262,11 +262,7 @@ pub fn run_spec(
         .transpose()?;
     // Checked even when nothing is pruned: a typo should not wait for the
     // day retention is switched on.
-    let score_order = ckpt.choice(
-        "score_order",
-        &[("max", ScoreOrder::Max), ("min", ScoreOrder::Min)],
-        &[],
-    )?;
+    let score_order = ckpt.choice("score_order", &choices::SCORE_ORDERS, &[])?;
     let score_attribute = ckpt.text("score_attribute")?;
     let num_to_keep = ckpt.uint::<usize>("num_to_keep")?;
     let keep_every_n_steps = ckpt.uint::<u64>("keep_every_n_steps")?;
@@ -314,15 +310,7 @@ pub fn run_spec(
         } else {
             PathBuf::from(&storage_path)
         },
-        tee: r.choice(
-            "tee",
-            &[
-                ("rank0", Tee::Rank0),
-                ("all", Tee::All),
-                ("none", Tee::None),
-            ],
-            &[],
-        )?,
+        tee: r.choice("tee", &choices::TEES, &[])?,
         entry: Some(Entry::Function),
         python,
         agent_command,
@@ -334,14 +322,7 @@ pub fn run_spec(
             warm_spares: failure.flag("warm_spares")?,
             spare_imports: failure.strings("spare_imports")?,
         },
-        on_save_error: ckpt.choice(
-            "on_save_error",
-            &[
-                ("continue", SaveErrorPolicy::Continue),
-                ("fail", SaveErrorPolicy::Fail),
-            ],
-            &[],
-        )?,
+        on_save_error: ckpt.choice("on_save_error", &choices::SAVE_ERROR_POLICIES, &[])?,
         tensorboard: r.truthy("tensorboard")?,
         loss_metric: r.text("loss_metric")?,
         metrics_file: r.text("metrics_file")?,

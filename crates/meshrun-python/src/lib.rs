@@ -53,6 +53,16 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         env.set_item(key, name)?;
     }
     m.add("ENV", env)?;
+    // The defaults of the Python API's settings: the engine's own.
+    let defaults = pyo3::types::PyDict::new(m.py());
+    for (key, value) in meshrun_plan::choices::defaults() {
+        match value {
+            meshrun_plan::choices::Default::Text(t) => defaults.set_item(key, t)?,
+            meshrun_plan::choices::Default::Count(n) => defaults.set_item(key, n)?,
+        }
+    }
+    m.add("DEFAULTS", defaults)?;
+    m.add_function(wrap_pyfunction!(checkpoint::save_errors_continue, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint::storage_roundtrip, m)?)?;
     errors::register(m)?;
     Ok(())

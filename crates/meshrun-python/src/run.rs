@@ -85,6 +85,8 @@ pub struct Outcome {
     /// (by `meshrun stop` without a checkpoint to end at).
     status: &'static str,
     succeeded: bool,
+    /// It failed (and restarts, if any, did not save it).
+    failed: bool,
     /// Attempts made (1 + restarts).
     attempts: u32,
     /// What the `meshrun` command would exit with.
@@ -169,6 +171,7 @@ pub fn run(
         // The names run.json and `meshrun ls` use.
         status: outcome.status.state().as_str(),
         succeeded: matches!(outcome.status, OutcomeStatus::Succeeded),
+        failed: matches!(outcome.status, OutcomeStatus::Failed),
         attempts: outcome.attempts,
         exit_code: outcome.exit_code(),
         failure: outcome

@@ -1,47 +1,11 @@
-//! What follows an attempt that failed: another one while `--max-failures`
-//! allows and a restart could end otherwise, else the end of the run; and
-//! how each is worded. Pure functions of what the attempts left, so the
-//! policy is tested without processes.
+//! How what follows an attempt is worded: the summary of an attempt that is
+//! restarted, the line before a restart, the summary of the run's end.
+//! The decision itself is `meshrun_machine::Run`'s.
+
+use meshrun_machine::Next;
 
 use super::summary::render_attempts;
-use super::{FailureRecord, OutcomeStatus};
-
-/// What the run does after an attempt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Next {
-    /// Another attempt.
-    Restart,
-    /// The run ends: the attempt did not fail, or the restarts are used up.
-    End,
-    /// The run ends with `unused` restarts left: the failure is one that a
-    /// restart meets again (a folder or program missing on a host), and
-    /// each would only cost a start-up and say the same.
-    EndNow { unused: u32 },
-}
-
-/// The decision after an attempt that ended as `status` with `failure`,
-/// when `failed_before` attempts failed before it.
-pub(super) fn after(
-    status: OutcomeStatus,
-    failure: Option<&FailureRecord>,
-    failed_before: u32,
-    max_failures: u32,
-) -> Next {
-    // A failed attempt without a failure lost its workers without a word:
-    // nothing says what a restart would meet, and none is made.
-    let Some(f) = failure.filter(|_| status == OutcomeStatus::Failed) else {
-        return Next::End;
-    };
-    if failed_before >= max_failures {
-        return Next::End;
-    }
-    if f.cause.restart_cannot_change() {
-        return Next::EndNow {
-            unused: max_failures - failed_before,
-        };
-    }
-    Next::Restart
-}
+use super::FailureRecord;
 
 /// The summary of an attempt that is restarted: the attempt failed, not
 /// the run (its final summary says `run 'NAME' failed (attempt N)`).
@@ -53,12 +17,13 @@ pub(super) fn attempt_summary(summary: &str, name: &str, attempt: u32) -> String
     )
 }
 
-/// The line said before a restart.
+/// The line said before a restart: `newest` is the newest committed
+/// checkpoint, `memory` the memory checkpoint the restart tries first.
 pub(super) fn restarting_line(
     f: &FailureRecord,
     newest: Option<u64>,
-    memory_step: Option<u64>,
-    failures: usize,
+    memory: Option<u64>,
+    failures: u32,
     max_failures: u32,
 ) -> String {
     let mut from = newest.map_or_else(
@@ -67,7 +32,7 @@ pub(super) fn restarting_line(
         || "from the start (no checkpoint of meshrun's yet; a program with checkpoints of its own resumes from those)".to_string(),
         |s| format!("from the newest checkpoint that verifies (newest committed: step-{s})"),
     );
-    if let Some(m) = memory_step.filter(|m| newest.is_none_or(|d| *m >= d)) {
+    if let Some(m) = memory {
         from =
             format!("from memory checkpoint step {m} where every host still holds it, else {from}");
     }
@@ -135,38 +100,6 @@ mod tests {
             error: "the run's working folder '/tmp/work' is not on this host".into(),
             deterministic,
         }
-    }
-
-    #[test]
-    fn a_failure_a_restart_cannot_change_ends_the_run_at_once_with_its_restarts_unused() {
-        let failed = OutcomeStatus::Failed;
-        let missing = failure(1, spawn_failed(true));
-        assert_eq!(
-            after(failed, Some(&missing), 0, 3),
-            Next::EndNow { unused: 3 }
-        );
-        assert_eq!(
-            after(failed, Some(&missing), 2, 3),
-            Next::EndNow { unused: 1 }
-        );
-        // With none left, it is the usual end.
-        assert_eq!(after(failed, Some(&missing), 3, 3), Next::End);
-        assert_eq!(after(failed, Some(&missing), 0, 0), Next::End);
-        // A start that failed for a reason that may pass is retried.
-        let passing = failure(1, spawn_failed(false));
-        assert_eq!(after(failed, Some(&passing), 0, 3), Next::Restart);
-        let exit = failure(
-            1,
-            Cause::Exit {
-                exit: meshrun_record::ExitInfo {
-                    code: Some(1),
-                    signal: None,
-                },
-            },
-        );
-        assert_eq!(after(failed, Some(&exit), 2, 3), Next::Restart);
-        assert_eq!(after(failed, None, 0, 3), Next::End);
-        assert_eq!(after(OutcomeStatus::Succeeded, None, 0, 3), Next::End);
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The run across its attempts: a failed attempt is followed by a new one
 //! (fresh control port, agents and workers, restoring the newest committed
-//! checkpoint) while `max_failures` allows. Each attempt's decisions are
-//! the [`Machine`]'s; the [`Driver`] carries them out; this module sets an
+//! checkpoint) while `max_failures` allows. What each attempt starts with
+//! and what follows it are [`Run`]'s decisions, each attempt's own the
+//! [`Machine`]'s; the [`Driver`] carries them out; this module sets an
 //! attempt up, records how it ended in `run.json` and `goodput.json`, and
 //! words the outcome.
 
@@ -21,7 +22,7 @@ use super::driver::{Driver, Signals};
 use super::joining::join_command;
 use super::profiles::Captures;
 use super::progress::Progress;
-use super::restarts::{self, Next};
+use super::restarts;
 use super::server::{bind, spawn_accept_loop};
 use super::stacks;
 use super::summary::{render, Cause};
@@ -29,20 +30,11 @@ use super::terminal::terminal;
 use super::{ExecOptions, FailureRecord, Outcome, OutcomeStatus};
 use crate::error::CoreError;
 use crate::rundir::{unix_time, utc_rfc3339, RunDir};
-use meshrun_machine::{Machine, Setup};
+use meshrun_machine::{After, Ended, Machine, Run, Setup, Start};
 use meshrun_plan::RunPlan;
 
 /// How long the end of a run waits for the terminal to take what is queued.
 const TERMINAL_FLUSH_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// Elastic runs: host counts carried from one attempt to the next.
-#[derive(Debug, Default)]
-struct Sizes {
-    /// The host count of the last attempt that launched.
-    previous: Option<u32>,
-    /// The count the next attempt starts with without waiting for more.
-    expected: Option<u32>,
-}
 
 /// What one attempt left for the run to decide on.
 struct AttemptEnd {
@@ -50,6 +42,8 @@ struct AttemptEnd {
     failure: Option<FailureRecord>,
     summary: Option<String>,
     last_metrics: Option<serde_json::Value>,
+    memory_committed: Option<u64>,
+    hosts_launched: Option<u32>,
 }
 
 pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, CoreError> {
@@ -95,33 +89,25 @@ pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, Core
     } else {
         None
     };
-    let mut failed: Vec<FailureRecord> = Vec::new();
-    let mut made = 0;
     // Host 0's warm spares wait here between attempts.
     let spares = meshrun_agent::Spares::new();
-    // The newest memory checkpoint committed on every host.
-    let mut memory_step: Option<u64> = None;
-    // Elastic runs: the host count of the last attempt launched, and the
-    // count the next attempt starts with without waiting.
-    let mut sizes = Sizes::default();
+    let mut run = Run::new(&plan);
     // Profile captures: those taken once per run are remembered here.
     let mut captures = Captures::default();
     loop {
+        let start = run.start();
         let end = attempt(
             &plan,
             &opts,
             &spares,
-            &mut memory_step,
-            &mut sizes,
+            &run,
+            &start,
             &mut captures,
             &mut signals,
             &mut rundir,
             &token,
             &mut record,
             &mut goodput,
-            // Restarts resume from the newest checkpoint that verifies.
-            plan.resume_from.filter(|_| made == 0),
-            failed.len() as u32,
         )
         .await;
         let end = match end {
@@ -131,55 +117,50 @@ pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, Core
                 return Err(e);
             }
         };
-        made += 1;
-        if let OutcomeStatus::Resized { hosts } = end.status {
-            // A planned stop, not a failure: it counts against nothing.
-            let from = sizes.previous.unwrap_or(plan.hosts);
-            sizes.expected = Some(hosts);
-            terminal().note(&format!(
-                "meshrun: stopped at a checkpoint to grow from {from} to {hosts} hosts; \
-                 restarting from it"
-            ));
-            continue;
-        }
-        sizes.expected = sizes.previous;
-        let next = restarts::after(
-            end.status,
-            end.failure.as_ref(),
-            failed.len() as u32,
-            plan.failure.max_failures,
-        );
-        if let Some(f) = &end.failure {
-            failed.push(f.clone());
-        }
-        if next == Next::Restart {
-            let newest =
-                meshrun_ckpt::commit::committed(&plan.storage_dir().join(names::CHECKPOINTS))
-                    .unwrap_or_default()
-                    .last()
-                    .map(|(step, _)| *step);
-            let f = end
-                .failure
-                .as_ref()
-                .expect("a failed attempt has a failure");
-            rundir.event(Event::Restarting {
-                after_attempt: f.attempt,
-                failures: failed.len() as u32,
-                max_failures: plan.failure.max_failures,
-                from_step: newest,
-            })?;
-            if let Some(text) = &end.summary {
-                terminal().note(&restarts::attempt_summary(text, &plan.name, f.attempt));
+        let after = run.ended(Ended {
+            status: end.status,
+            failure: end.failure.clone(),
+            memory_committed: end.memory_committed,
+            hosts_launched: end.hosts_launched,
+        });
+        let next = match after {
+            After::Resize { from, to } => {
+                terminal().note(&format!(
+                    "meshrun: stopped at a checkpoint to grow from {from} to {to} hosts; \
+                     restarting from it"
+                ));
+                continue;
             }
-            terminal().note(&restarts::restarting_line(
-                f,
-                newest,
-                memory_step,
-                failed.len(),
-                plan.failure.max_failures,
-            ));
-            continue;
-        }
+            After::Restart { failure, failures } => {
+                let newest =
+                    meshrun_ckpt::commit::committed(&plan.storage_dir().join(names::CHECKPOINTS))
+                        .unwrap_or_default()
+                        .last()
+                        .map(|(step, _)| *step);
+                rundir.event(Event::Restarting {
+                    after_attempt: failure.attempt,
+                    failures,
+                    max_failures: run.max_failures(),
+                    from_step: newest,
+                })?;
+                if let Some(text) = &end.summary {
+                    terminal().note(&restarts::attempt_summary(
+                        text,
+                        &plan.name,
+                        failure.attempt,
+                    ));
+                }
+                terminal().note(&restarts::restarting_line(
+                    &failure,
+                    newest,
+                    run.memory_step(newest),
+                    failures,
+                    run.max_failures(),
+                ));
+                continue;
+            }
+            After::End { next, .. } => next,
+        };
         if let Some(tb) = tensorboard {
             rundir.flush()?;
             tb.stop().await;
@@ -196,8 +177,8 @@ pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, Core
             &plan.name,
             next,
             end.summary,
-            &failed,
-            plan.failure.max_failures,
+            run.failures(),
+            run.max_failures(),
         );
         // Whatever the workers printed comes before the caller's summary;
         // a terminal paused for good does not hold the run's end.
@@ -210,7 +191,7 @@ pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, Core
             failure: end.failure,
             summary,
             last_metrics: end.last_metrics,
-            attempts: made,
+            attempts: run.attempts(),
         });
     }
 }
@@ -246,16 +227,14 @@ async fn attempt(
     plan: &RunPlan,
     opts: &ExecOptions,
     spares: &meshrun_agent::Spares,
-    memory_step: &mut Option<u64>,
-    sizes: &mut Sizes,
+    run: &Run,
+    start: &Start,
     captures: &mut Captures,
     signals: &mut Signals,
     rundir: &mut RunDir,
     token: &Token,
     record: &mut RunRecord,
     goodput: &mut Goodput,
-    resume_from: Option<u64>,
-    failed_before: u32,
 ) -> Result<AttemptEnd, CoreError> {
     let attempt = record.attempts.len() as u32 + 1;
     let started_unix = unix_time();
@@ -302,7 +281,7 @@ async fn attempt(
         plan.nprocs,
         plan.retention.clone(),
         attempt,
-        resume_from,
+        start.resume_from,
     );
     let (checkpoints, removed) = match opened {
         Ok(found) => found,
@@ -339,21 +318,13 @@ async fn attempt(
         control_addr: addr.to_string(),
         user_xla_flags: std::env::var("XLA_FLAGS").ok(),
         resume_step: checkpoints.resume_step(),
-        // A restart of an elastic run whose hosts join by themselves waits
-        // the rejoin timeout for them, then runs on those there (or ends,
-        // with fewer than MIN). Agents meshrun or Ray starts take the
-        // usual time to come (Ray's placement has its own timeout).
-        join_timeout: match &plan.elastic {
-            Some(e) if sizes.previous.is_some() && plan.rendezvous => e.rejoin_timeout(),
-            _ => plan.join_timeout(),
-        },
+        join_timeout: start.join_timeout,
         payload: opts.payload.clone(),
         storage_probe: storage_probe.as_ref().map(StorageMarker::probe),
         first_joined_host: u32::from(plan.rendezvous),
-        // Memory wins a tie: it is the faster read.
-        memory_step: memory_step.filter(|m| checkpoints.resume_step().is_none_or(|d| *m >= d)),
-        previous_hosts: sizes.previous,
-        expected_hosts: sizes.expected,
+        memory_step: run.memory_step(checkpoints.resume_step()),
+        previous_hosts: start.previous_hosts,
+        expected_hosts: start.expected_hosts,
         resize_reason: None,
     };
     let machine = Machine::new(plan.clone(), setup, Instant::now());
@@ -383,22 +354,9 @@ async fn attempt(
     };
     let result = result.and_then(|()| driver.end_captures());
     driver.progress.finish();
-    if let Some(m) = driver.machine.memory_committed() {
-        *memory_step = Some(m);
-    }
-    if let Some(h) = driver.machine.hosts_launched() {
-        sizes.previous = Some(h);
-    }
     drop(storage_probe);
     // Joined hosts wait for the next attempt only when there is one.
-    let status = driver.machine.status();
-    let next = restarts::after(
-        status,
-        driver.machine.failure().as_ref(),
-        failed_before,
-        plan.failure.max_failures,
-    );
-    let again = matches!(status, OutcomeStatus::Resized { .. }) || next == Next::Restart;
+    let again = run.goes_on(driver.machine.status(), driver.machine.failure().as_ref());
     driver.machine.shutdown(again);
     let shut = driver.perform();
     agent_procs.finish().await;
@@ -435,6 +393,8 @@ async fn attempt(
         failure,
         summary,
         last_metrics: machine.take_last_metrics(),
+        memory_committed: machine.memory_committed(),
+        hosts_launched: machine.hosts_launched(),
     })
 }
 
