@@ -12,7 +12,7 @@
 use std::time::Duration;
 
 use meshrun_channel::FrameStream;
-use meshrun_protocol::Message;
+use meshrun_protocol::ToAgent;
 
 /// What has arrived is read at once; this bounds the wait for a peer that
 /// neither sends nor resets (a send failing without a reset).
@@ -25,8 +25,8 @@ pub(super) async fn shutdown_before_break(
 ) -> Option<(bool, Option<String>)> {
     let until = tokio::time::Instant::now() + WITHIN;
     loop {
-        match tokio::time::timeout_at(until, stream.recv()).await {
-            Ok(Ok(Message::Shutdown { again, state })) => return Some((again, state)),
+        match tokio::time::timeout_at(until, stream.recv::<ToAgent>()).await {
+            Ok(Ok(ToAgent::Shutdown { again, state })) => return Some((again, state)),
             Ok(Ok(_)) => {}
             Ok(Err(_)) | Err(_) => return None,
         }
@@ -37,6 +37,7 @@ pub(super) async fn shutdown_before_break(
 mod tests {
     use meshrun_channel::auth;
     use meshrun_protocol::token::Token;
+    use meshrun_protocol::FromAgent;
     use tokio::net::{TcpListener, TcpStream};
 
     use super::*;
@@ -55,7 +56,7 @@ mod tests {
             #[allow(deprecated)]
             s.set_linger(Some(Duration::ZERO)).unwrap();
             let mut conn = auth::accept(s, &server_token).await.unwrap();
-            conn.send(&Message::Shutdown {
+            conn.send(&ToAgent::Shutdown {
                 again: false,
                 state: Some("failed".into()),
             })
@@ -70,7 +71,7 @@ mod tests {
         // The reset arrives under a send, as under the agent's heartbeat.
         let mut failed = false;
         for _ in 0..200 {
-            if sink.send(&Message::Heartbeat).await.is_err() {
+            if sink.send(&FromAgent::Heartbeat).await.is_err() {
                 failed = true;
                 break;
             }

@@ -34,7 +34,7 @@ use std::time::Duration;
 
 use meshrun_channel::{auth, Connection};
 use meshrun_protocol::token::Token;
-use meshrun_protocol::{Message, STACK_DUMP_WAIT};
+use meshrun_protocol::{FromAgent, ToAgent, STACK_DUMP_WAIT};
 use nix::sys::signal::Signal;
 use tokio::net::TcpSocket;
 use tokio::sync::mpsc;
@@ -199,7 +199,7 @@ async fn session(
         memory_root.clone(),
     ));
     let _serving = AbortOnDrop(serving);
-    conn.send(&Message::AgentHello {
+    conn.send(&FromAgent::AgentHello {
         host: cfg.host,
         host_ip: host_ip.to_string(),
         pid: std::process::id(),
@@ -211,10 +211,10 @@ async fn session(
     .await?;
 
     let (mut sink, mut from_controller) = conn.split();
-    let (events_tx, mut events) = mpsc::unbounded_channel::<Message>();
+    let (events_tx, mut events) = mpsc::unbounded_channel::<FromAgent>();
     // The workers' output has its own queue, bounded (see
     // `spawn::forward_lines`); what else goes to the controller is rare.
-    let (lines_tx, mut lines) = mpsc::channel::<Message>(OUTPUT_QUEUE);
+    let (lines_tx, mut lines) = mpsc::channel::<FromAgent>(OUTPUT_QUEUE);
     let containment = containment(cfg.spares.clone());
     // rank -> every worker that has not been reported as exited.
     let mut live: HashMap<u32, Contained> = HashMap::new();
@@ -250,26 +250,26 @@ async fn session(
     let ended = loop {
         tokio::select! {
             msg = from_controller.recv() => match msg {
-                Ok(Message::HostAssigned { host: given, run: name }) => {
+                Ok(ToAgent::HostAssigned { host: given, run: name }) => {
                     host = Some(given);
                     run_name = name;
                     if !cfg.rejoining {
                         tell(News::Joined { run: run_name.clone(), controller: cfg.controller, host: given });
                     }
                 }
-                Ok(Message::Refused { reason }) => return Err(AgentError::JoinRefused(reason)),
-                Ok(Message::CheckStorage { path, expect }) => {
+                Ok(ToAgent::Refused { reason }) => return Err(AgentError::JoinRefused(reason)),
+                Ok(ToAgent::CheckStorage { path, expect }) => {
                     let problem = scratch::check_marker(&path, &expect);
-                    let _ = events_tx.send(Message::StorageChecked { problem });
+                    let _ = events_tx.send(FromAgent::StorageChecked { problem });
                 }
-                Ok(Message::FunctionPart { data, last: _ }) => {
+                Ok(ToAgent::FunctionPart { data, last: _ }) => {
                     if let Ok(bytes) = &mut function {
                         if let Err(e) = scratch::append_base64(bytes, &data) {
                             function = Err(format!("the function sent by the controller did not decode: {e}"));
                         }
                     }
                 }
-                Ok(Message::Launch { run_id, workers, attempt, spares: imports }) => {
+                Ok(ToAgent::Launch { run_id, workers, attempt, spares: imports }) => {
                     let scratch = RunScratch::new(&cfg.scratch, &run_id, attempt);
                     let m = memory::HostMemory::new(&memory_root, &run_id, host.unwrap_or(0));
                     let memory_env = (memory::MEMORY_ENV.to_string(), m.own().display().to_string());
@@ -286,7 +286,7 @@ async fn session(
                                 extra
                             }
                             Err(e) => {
-                                let _ = events_tx.send(Message::SpawnFailed { rank: w.rank, error: e.clone(), problem: meshrun_protocol::message::SpawnProblem::Other });
+                                let _ = events_tx.send(FromAgent::SpawnFailed { rank: w.rank, error: e.clone(), problem: meshrun_protocol::message::SpawnProblem::Other });
                                 continue;
                             }
                         };
@@ -319,37 +319,37 @@ async fn session(
                     worker_beats = Some(beats::BeatReader::new(scratch.beats_dir()));
                     run = Some(scratch);
                 }
-                Ok(Message::ClockEcho { sent_ns, controller_ns }) => {
+                Ok(ToAgent::ClockEcho { sent_ns, controller_ns }) => {
                     clock.sample(sent_ns, controller_ns, steps::unix_ns());
                 }
-                Ok(Message::Buddy { host: _, addr }) => buddy = Some(addr),
-                Ok(Message::MemoryPrepare { run_id, step }) => {
+                Ok(ToAgent::Buddy { host: _, addr }) => buddy = Some(addr),
+                Ok(ToAgent::MemoryPrepare { run_id, step }) => {
                     let m = memory::HostMemory::new(&memory_root, &run_id, host.unwrap_or(0));
                     tokio::spawn(prepare_memory(m, step, buddy.clone(), cfg.token.clone(), run_id, events_tx.clone()));
                 }
-                Ok(Message::MemoryCommit { step, manifest }) => {
+                Ok(ToAgent::MemoryCommit { step, manifest }) => {
                     if let Some((m, run_id)) = mem.clone() {
                         tokio::spawn(commit_memory(m, manifest, buddy.clone(), cfg.token.clone(), run_id, events_tx.clone()));
                     } else {
-                        let _ = events_tx.send(Message::MemoryHeld { step, bytes: 0, replicated: false, error: Some("no attempt was launched here".into()) });
+                        let _ = events_tx.send(FromAgent::MemoryHeld { step, bytes: 0, replicated: false, error: Some("no attempt was launched here".into()) });
                     }
                 }
-                Ok(Message::MemoryRelease { step }) => {
+                Ok(ToAgent::MemoryRelease { step }) => {
                     if let Some((m, _)) = mem.clone() {
                         tokio::task::spawn_blocking(move || m.release(step));
                     }
                 }
-                Ok(Message::Training) => {
+                Ok(ToAgent::Training) => {
                     if let Some((pool, launched, imports)) = refill.take() {
                         pool.refill(&launched, &imports);
                     }
                 }
-                Ok(Message::Stop { grace_ms, dump_stacks }) => {
+                Ok(ToAgent::Stop { grace_ms, dump_stacks }) => {
                     let pids = live.iter().map(|(&rank, w)| (rank, w.pid)).collect();
                     let stacks = run.as_ref().filter(|_| dump_stacks).map(RunScratch::stacks_reader);
                     stopping.push(AbortOnDrop(stop(pids, Duration::from_millis(grace_ms), stacks, events_tx.clone())));
                 }
-                Ok(Message::Shutdown { again, state }) => {
+                Ok(ToAgent::Shutdown { again, state }) => {
                     if again {
                         if let Some(attempt) = launched_attempt {
                             tell(News::AttemptOver { attempt });
@@ -358,7 +358,6 @@ async fn session(
                     }
                     break Ended::Over(state);
                 }
-                Ok(_) => {}
                 Err(e) => {
                     tracing::debug!("controller connection lost ({e})");
                     lost_why = e.to_string();
@@ -367,7 +366,7 @@ async fn session(
                 }
             },
             Some(event) = events.recv() => {
-                if let Message::WorkerExited { rank, .. } = &event {
+                if let FromAgent::WorkerExited { rank, .. } = &event {
                     live.remove(rank);
                     // Its output was all queued before its exit was: it
                     // goes first, so the exit never overtakes its last lines.
@@ -390,7 +389,7 @@ async fn session(
                     // controller has stopped listening for them.
                     if let Some(reader) = &mut step_times {
                         let times = reader.read_new(clock.offset_ns());
-                        if !times.is_empty() && sink.send(&Message::StepTimes { times }).await.is_err() {
+                        if !times.is_empty() && sink.send(&FromAgent::StepTimes { times }).await.is_err() {
                             break Ended::Lost;
                         }
                     }
@@ -408,16 +407,16 @@ async fn session(
                 ticks += 1;
                 // Its workers' heartbeats are the host's too.
                 let mut out = match worker_beats.as_mut().map(beats::BeatReader::moved) {
-                    Some(ranks) if !ranks.is_empty() => vec![Message::WorkerBeats { ranks }],
-                    _ => vec![Message::Heartbeat],
+                    Some(ranks) if !ranks.is_empty() => vec![FromAgent::WorkerBeats { ranks }],
+                    _ => vec![FromAgent::Heartbeat],
                 };
                 if clock.due(ticks) {
-                    out.push(Message::ClockProbe { sent_ns: steps::unix_ns() });
+                    out.push(FromAgent::ClockProbe { sent_ns: steps::unix_ns() });
                 }
                 if let Some(reader) = &mut step_times {
                     let times = reader.read_new(clock.offset_ns());
                     if !times.is_empty() {
-                        out.push(Message::StepTimes { times });
+                        out.push(FromAgent::StepTimes { times });
                     }
                 }
                 let mut sent = true;
@@ -495,7 +494,7 @@ async fn commit_memory(
     buddy: Option<String>,
     token: Token,
     run_id: String,
-    events: mpsc::UnboundedSender<Message>,
+    events: mpsc::UnboundedSender<FromAgent>,
 ) {
     let step = manifest.step;
     let local = m.clone();
@@ -512,7 +511,7 @@ async fn commit_memory(
             },
         },
     };
-    let _ = events.send(Message::MemoryHeld {
+    let _ = events.send(FromAgent::MemoryHeld {
         step,
         bytes,
         replicated,
@@ -528,7 +527,7 @@ async fn prepare_memory(
     buddy: Option<String>,
     token: Token,
     run_id: String,
-    events: mpsc::UnboundedSender<Message>,
+    events: mpsc::UnboundedSender<FromAgent>,
 ) {
     let own = {
         let m = m.clone();
@@ -553,7 +552,7 @@ async fn prepare_memory(
             },
         },
     };
-    let _ = events.send(Message::MemoryPrepared {
+    let _ = events.send(FromAgent::MemoryPrepared {
         step,
         source,
         why,
@@ -570,7 +569,7 @@ fn stop(
     pids: Vec<(u32, u32)>,
     grace: Duration,
     stacks: Option<scratch::StacksReader>,
-    events: mpsc::UnboundedSender<Message>,
+    events: mpsc::UnboundedSender<FromAgent>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         if let Some(stacks) = &stacks {
@@ -584,7 +583,7 @@ fn stop(
             tokio::time::sleep(STACK_DUMP_WAIT).await;
             for &(rank, _) in &pids {
                 if let Some(text) = stacks.read(rank) {
-                    let _ = events.send(Message::Stacks { rank, text });
+                    let _ = events.send(FromAgent::Stacks { rank, text });
                 }
             }
         }

@@ -20,7 +20,7 @@ use meshrun_ckpt::commit::{commit, step_dir, tmp_dir};
 use meshrun_ckpt::manifest::{Manifest, MANIFEST};
 use meshrun_ckpt::store::Location;
 use meshrun_protocol::token::Token;
-use meshrun_protocol::Message;
+use meshrun_protocol::{Frame, ReplicaReply, ReplicaRequest};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -209,10 +209,11 @@ async fn dial(addr: &str, token: &Token) -> Result<Connection, String> {
 }
 
 /// Sends the files of `dir`, in order, as raw frames.
-async fn send_files(
+async fn send_files<M: Frame>(
     conn: &mut Connection,
     dir: &Path,
     names: &[(String, u64)],
+    raw: fn(Bytes) -> M,
 ) -> Result<(), String> {
     let mut buf = vec![0u8; PIECE_BYTES];
     for (name, size) in names {
@@ -226,7 +227,7 @@ async fn send_files(
             f.read_exact(&mut buf[..want])
                 .await
                 .map_err(|e| format!("cannot read '{}': {e}", path.display()))?;
-            conn.send(&Message::Raw(Bytes::copy_from_slice(&buf[..want])))
+            conn.send(&raw(Bytes::copy_from_slice(&buf[..want])))
                 .await
                 .map_err(|e| format!("sending '{name}': {e}"))?;
             left -= want as u64;
@@ -236,7 +237,7 @@ async fn send_files(
 }
 
 /// Receives `names` as raw frames into `dir` (created afresh).
-async fn receive_files(
+async fn receive_files<M: Frame>(
     conn: &mut Connection,
     dir: &Path,
     names: &[(String, u64)],
@@ -256,8 +257,10 @@ async fn receive_files(
             .map_err(|e| format!("cannot create '{}': {e}", path.display()))?;
         let mut left = *size;
         while left > 0 {
-            let piece = match conn.recv_timeout(PEER_TIMEOUT).await {
-                Ok(Message::Raw(data)) if data.len() as u64 <= left => data,
+            let piece = match conn.recv_timeout::<M>(PEER_TIMEOUT).await {
+                Ok(msg) if msg.raw().is_some_and(|d| d.len() as u64 <= left) => {
+                    msg.raw().cloned().unwrap_or_default()
+                }
                 Ok(_) => return Err(format!("'{name}' did not arrive as announced")),
                 Err(e) => return Err(format!("receiving '{name}': {e}")),
             };
@@ -285,7 +288,7 @@ pub async fn send_replica(
     let dir = step_dir(&mem.own(), step);
     let names = files(&dir)?;
     let mut conn = dial(buddy, token).await?;
-    conn.send(&Message::ReplicaPut {
+    conn.send(&ReplicaRequest::ReplicaPut {
         run_id: run_id.to_string(),
         host: mem.host,
         step,
@@ -293,10 +296,10 @@ pub async fn send_replica(
     })
     .await
     .map_err(|e| format!("the buddy at {buddy}: {e}"))?;
-    send_files(&mut conn, &dir, &names).await?;
-    match conn.recv_timeout(PEER_TIMEOUT).await {
-        Ok(Message::ReplicaAck { error: None, .. }) => Ok(()),
-        Ok(Message::ReplicaAck { error: Some(e), .. }) => {
+    send_files(&mut conn, &dir, &names, ReplicaRequest::Raw).await?;
+    match conn.recv_timeout::<ReplicaReply>(PEER_TIMEOUT).await {
+        Ok(ReplicaReply::ReplicaAck { error: None, .. }) => Ok(()),
+        Ok(ReplicaReply::ReplicaAck { error: Some(e), .. }) => {
             Err(format!("the buddy at {buddy} refused the replica: {e}"))
         }
         Ok(_) => Err(format!("the buddy at {buddy} answered out of turn")),
@@ -314,22 +317,22 @@ pub async fn fetch_replica(
     step: u64,
 ) -> Result<u64, String> {
     let mut conn = dial(buddy, token).await?;
-    conn.send(&Message::ReplicaGet {
+    conn.send(&ReplicaRequest::ReplicaGet {
         run_id: run_id.to_string(),
         host: mem.host,
         step,
     })
     .await
     .map_err(|e| format!("the buddy at {buddy}: {e}"))?;
-    let names = match conn.recv_timeout(PEER_TIMEOUT).await {
-        Ok(Message::ReplicaPut { files, step: s, .. }) if s == step => files,
-        Ok(Message::ReplicaAck { error: Some(e), .. }) => return Err(e),
+    let names = match conn.recv_timeout::<ReplicaReply>(PEER_TIMEOUT).await {
+        Ok(ReplicaReply::ReplicaFiles { files, step: s }) if s == step => files,
+        Ok(ReplicaReply::ReplicaAck { error: Some(e), .. }) => return Err(e),
         Ok(_) => return Err(format!("the buddy at {buddy} answered out of turn")),
         Err(e) => return Err(format!("no word from the buddy at {buddy}: {e}")),
     };
     let own = mem.own();
     let tmp = tmp_dir(&own, step);
-    let bytes = receive_files(&mut conn, &tmp, &names).await?;
+    let bytes = receive_files::<ReplicaReply>(&mut conn, &tmp, &names).await?;
     let done = step_dir(&own, step);
     let _ = tokio::fs::remove_dir_all(&done).await;
     tokio::fs::rename(&tmp, &done)
@@ -364,11 +367,11 @@ pub async fn serve(listener: TcpListener, token: Token, root: PathBuf) {
 
 async fn answer(conn: &mut Connection, root: &Path) -> Result<(), String> {
     match conn
-        .recv_timeout(PEER_TIMEOUT)
+        .recv_timeout::<ReplicaRequest>(PEER_TIMEOUT)
         .await
         .map_err(|e| e.to_string())?
     {
-        Message::ReplicaPut {
+        ReplicaRequest::ReplicaPut {
             run_id,
             host,
             step,
@@ -381,7 +384,7 @@ async fn answer(conn: &mut Connection, root: &Path) -> Result<(), String> {
             // and the commit restarts from the older step, which its
             // buddy must then still hold.
             let tmp = tmp_dir(&replica, step);
-            let result = match receive_files(conn, &tmp, &files).await {
+            let result = match receive_files::<ReplicaRequest>(conn, &tmp, &files).await {
                 Ok(_) => {
                     let done = step_dir(&replica, step);
                     let _ = tokio::fs::remove_dir_all(&done).await;
@@ -395,10 +398,10 @@ async fn answer(conn: &mut Connection, root: &Path) -> Result<(), String> {
                 }
             };
             let error = result.clone().err();
-            let _ = conn.send(&Message::ReplicaAck { step, error }).await;
+            let _ = conn.send(&ReplicaReply::ReplicaAck { step, error }).await;
             result
         }
-        Message::ReplicaGet { run_id, host, step } if plain(&run_id) => {
+        ReplicaRequest::ReplicaGet { run_id, host, step } if plain(&run_id) => {
             let run = root.join(&run_id);
             // The replica, or host `host`'s own copy when that host ran on
             // this machine in the last attempt (Ray may place hosts anew).
@@ -412,20 +415,18 @@ async fn answer(conn: &mut Connection, root: &Path) -> Result<(), String> {
             .unwrap_or_else(|| step_dir(&HostMemory::replica(&run, host), step));
             match files(&dir) {
                 Ok(names) if names.iter().any(|(n, _)| n == MANIFEST) => {
-                    conn.send(&Message::ReplicaPut {
-                        run_id,
-                        host,
+                    conn.send(&ReplicaReply::ReplicaFiles {
                         step,
                         files: names.clone(),
                     })
                     .await
                     .map_err(|e| e.to_string())?;
-                    send_files(conn, &dir, &names).await
+                    send_files(conn, &dir, &names, ReplicaReply::Raw).await
                 }
                 _ => {
                     let error = format!("host {host}'s buddy holds no replica of step {step}");
                     let _ = conn
-                        .send(&Message::ReplicaAck {
+                        .send(&ReplicaReply::ReplicaAck {
                             step,
                             error: Some(error.clone()),
                         })
@@ -434,7 +435,10 @@ async fn answer(conn: &mut Connection, root: &Path) -> Result<(), String> {
                 }
             }
         }
-        _ => Err("an unexpected first message".into()),
+        ReplicaRequest::ReplicaPut { run_id, .. } | ReplicaRequest::ReplicaGet { run_id, .. } => {
+            Err(format!("refused the run id {run_id:?}"))
+        }
+        ReplicaRequest::Raw(_) => Err("file bytes before a request".into()),
     }
 }
 

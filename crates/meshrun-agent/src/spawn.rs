@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use meshrun_protocol::message::SpawnProblem;
-use meshrun_protocol::{Message, Stream, WorkerLaunch};
+use meshrun_protocol::{FromAgent, Stream, WorkerLaunch};
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::sync::mpsc;
 
@@ -26,12 +26,12 @@ const DRAIN_LIMIT: Duration = Duration::from_secs(30);
 pub(super) fn spawn_worker(
     w: &WorkerLaunch,
     extra_env: &[(String, String)],
-    events: &mpsc::UnboundedSender<Message>,
-    lines: &mpsc::Sender<Message>,
+    events: &mpsc::UnboundedSender<FromAgent>,
+    lines: &mpsc::Sender<FromAgent>,
     containment: &Arc<Containment>,
 ) -> Option<Contained> {
     let Some((program, args)) = w.argv.split_first() else {
-        let _ = events.send(Message::SpawnFailed {
+        let _ = events.send(FromAgent::SpawnFailed {
             rank: w.rank,
             error: "empty command".into(),
             problem: SpawnProblem::Other,
@@ -39,7 +39,7 @@ pub(super) fn spawn_worker(
         return None;
     };
     if let Some((error, problem)) = missing_here(w) {
-        let _ = events.send(Message::SpawnFailed {
+        let _ = events.send(FromAgent::SpawnFailed {
             rank: w.rank,
             error,
             problem,
@@ -78,7 +78,7 @@ pub(super) fn spawn_worker(
     let child = match spawned {
         Ok(child) => child,
         Err(e) => {
-            let _ = events.send(Message::SpawnFailed {
+            let _ = events.send(FromAgent::SpawnFailed {
                 rank: w.rank,
                 error: format!("cannot start '{program}': {e}"),
                 problem: super::spawn_problem::spawn_problem(&e),
@@ -130,13 +130,13 @@ pub(super) fn watch(
     rank: u32,
     cgroup: Option<WorkerCgroup>,
     warm: bool,
-    events: &mpsc::UnboundedSender<Message>,
-    lines: &mpsc::Sender<Message>,
+    events: &mpsc::UnboundedSender<FromAgent>,
+    lines: &mpsc::Sender<FromAgent>,
     containment: &Arc<Containment>,
 ) -> Contained {
     let pid = child.id().unwrap_or_default();
     containment.started(pid, rank);
-    let _ = events.send(Message::WorkerStarted { rank, pid, warm });
+    let _ = events.send(FromAgent::WorkerStarted { rank, pid, warm });
     let worker = Contained {
         pid,
         cgroup: cgroup.map(Arc::new),
@@ -166,7 +166,7 @@ pub(super) fn watch(
         // otherwise keep it open for the whole grace.
         let ended = containment.end(&contained).await;
         if !ended.pids.is_empty() {
-            let _ = events.send(Message::LeftoversEnded {
+            let _ = events.send(FromAgent::LeftoversEnded {
                 rank,
                 pids: ended.pids,
                 how: ended.how.to_string(),
@@ -176,7 +176,7 @@ pub(super) fn watch(
         for task in [out, err].into_iter().flatten() {
             drain(task, &moved, limit).await;
         }
-        let _ = events.send(Message::WorkerExited { rank, exit });
+        let _ = events.send(FromAgent::WorkerExited { rank, exit });
     });
     worker
 }
@@ -229,7 +229,7 @@ fn forward_lines(
     reader: impl AsyncRead + Unpin + Send + 'static,
     rank: u32,
     stream: Stream,
-    lines: mpsc::Sender<Message>,
+    lines: mpsc::Sender<FromAgent>,
     moved: Arc<AtomicU64>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
@@ -260,7 +260,7 @@ fn forward_lines(
             let line = String::from_utf8_lossy(&buf).into_owned();
             let more = !ended;
             if lines
-                .send(Message::Log {
+                .send(FromAgent::Log {
                     rank,
                     stream,
                     line,
@@ -389,7 +389,7 @@ mod tests {
         assert_eq!(rx.len(), 8, "the queue grew past its bound");
         for i in 0..LINES {
             match rx.recv().await {
-                Some(Message::Log {
+                Some(FromAgent::Log {
                     rank: 3,
                     line,
                     more: false,

@@ -25,8 +25,8 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio_util::codec::{Decoder, Encoder, FramedRead, FramedWrite};
 
-use meshrun_protocol::frame::{decode, encode, ProtocolError, MAX_FRAME_BYTES};
-use meshrun_protocol::Message;
+use meshrun_protocol::frame::{decode, decode_bytes, encode, ProtocolError, MAX_FRAME_BYTES};
+use meshrun_protocol::Frame;
 
 /// Noise's limit on one message, tag included.
 pub const MAX_PIECE_BYTES: usize = 65_535;
@@ -228,7 +228,7 @@ pub struct BlockingWriter<W: Write> {
 
 impl<W: Write> BlockingWriter<W> {
     /// Queues one frame without flushing.
-    pub fn put(&mut self, msg: &Message) -> Result<(), ProtocolError> {
+    pub fn put<M: Frame>(&mut self, msg: &M) -> Result<(), ProtocolError> {
         self.put_body(&encode(msg))
     }
 
@@ -250,7 +250,7 @@ impl<W: Write> BlockingWriter<W> {
     }
 
     /// Writes one frame and flushes it.
-    pub fn send(&mut self, msg: &Message) -> Result<(), ProtocolError> {
+    pub fn send<M: Frame>(&mut self, msg: &M) -> Result<(), ProtocolError> {
         self.put(msg)?;
         self.flush()
     }
@@ -280,8 +280,9 @@ pub struct BlockingReader<R: Read> {
 }
 
 impl<R: Read> BlockingReader<R> {
-    /// The next message; [`ProtocolError::Closed`] at a clean end of stream.
-    pub fn recv(&mut self) -> Result<Message, ProtocolError> {
+    /// The next message, of `M`'s conversation; [`ProtocolError::Closed`]
+    /// at a clean end of stream.
+    pub fn recv<M: Frame>(&mut self) -> Result<M, ProtocolError> {
         loop {
             let mut head = [0u8; 2];
             if let Err(e) = self.input.read_exact(&mut head) {
@@ -308,11 +309,12 @@ impl Encoder<Bytes> for Sealer {
     }
 }
 
+/// Yields frame bodies; the reader decodes them as its conversation's.
 impl Decoder for Opener {
-    type Item = Message;
+    type Item = Bytes;
     type Error = ProtocolError;
 
-    fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Message>, ProtocolError> {
+    fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Bytes>, ProtocolError> {
         loop {
             let Some(head) = src.get(..2) else {
                 return Ok(None);
@@ -322,10 +324,10 @@ impl Decoder for Opener {
                 src.reserve(end - src.len());
                 return Ok(None);
             }
-            let frame = self.open(&src[2..end])?.map(decode);
+            let frame = self.open(&src[2..end])?.map(Bytes::copy_from_slice);
             src.advance(end);
-            if let Some(msg) = frame {
-                return msg.map(Some);
+            if let Some(body) = frame {
+                return Ok(Some(body));
             }
         }
     }
@@ -348,16 +350,28 @@ impl Connection {
         }
     }
 
-    pub async fn send(&mut self, msg: &Message) -> Result<(), ProtocolError> {
+    pub async fn send<M: Frame>(&mut self, msg: &M) -> Result<(), ProtocolError> {
         self.sink.send(msg).await
     }
 
-    /// The next message; [`ProtocolError::Closed`] at a clean end of stream.
-    pub async fn recv(&mut self) -> Result<Message, ProtocolError> {
+    /// Sends a body already [`encode`]d.
+    pub async fn send_body(&mut self, body: Bytes) -> Result<(), ProtocolError> {
+        self.sink.send_body(body).await
+    }
+
+    /// The next message, of `M`'s conversation; [`ProtocolError::Closed`]
+    /// at a clean end of stream.
+    pub async fn recv<M: Frame>(&mut self) -> Result<M, ProtocolError> {
         self.stream.recv().await
     }
 
-    pub async fn recv_timeout(&mut self, limit: Duration) -> Result<Message, ProtocolError> {
+    /// The next frame's body, undecoded: for a first message that says
+    /// which conversation the connection is.
+    pub async fn recv_body(&mut self) -> Result<Bytes, ProtocolError> {
+        self.stream.recv_body().await
+    }
+
+    pub async fn recv_timeout<M: Frame>(&mut self, limit: Duration) -> Result<M, ProtocolError> {
         tokio::time::timeout(limit, self.recv())
             .await
             .map_err(|_| ProtocolError::Timeout(limit))?
@@ -374,14 +388,25 @@ pub struct FrameSink(FramedWrite<OwnedWriteHalf, Sealer>);
 pub struct FrameStream(FramedRead<OwnedReadHalf, Opener>);
 
 impl FrameSink {
-    pub async fn send(&mut self, msg: &Message) -> Result<(), ProtocolError> {
+    pub async fn send<M: Frame>(&mut self, msg: &M) -> Result<(), ProtocolError> {
         self.0.send(encode(msg)).await
+    }
+
+    /// Sends a body already [`encode`]d (by whoever knew its conversation).
+    pub async fn send_body(&mut self, body: Bytes) -> Result<(), ProtocolError> {
+        self.0.send(body).await
     }
 }
 
 impl FrameStream {
-    /// The next message; [`ProtocolError::Closed`] at a clean end of stream.
-    pub async fn recv(&mut self) -> Result<Message, ProtocolError> {
+    /// The next message, of `M`'s conversation; [`ProtocolError::Closed`]
+    /// at a clean end of stream.
+    pub async fn recv<M: Frame>(&mut self) -> Result<M, ProtocolError> {
+        decode_bytes(&self.recv_body().await?)
+    }
+
+    /// The next frame's body, undecoded.
+    pub async fn recv_body(&mut self) -> Result<Bytes, ProtocolError> {
         self.0.next().await.unwrap_or(Err(ProtocolError::Closed))
     }
 }

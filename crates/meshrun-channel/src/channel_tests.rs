@@ -9,22 +9,34 @@ use tokio::net::TcpListener;
 use super::*;
 use crate::auth::{self, HANDSHAKE_TIMEOUT};
 use meshrun_protocol::token::Token;
-use meshrun_protocol::Stream;
+use meshrun_protocol::{FromWorker, ToWorker};
 
-/// A log frame of about `bytes` bytes, which does not repeat itself.
-fn log_of(bytes: usize) -> Message {
-    Message::Log {
-        rank: 3,
-        stream: Stream::Stdout,
-        line: (0..bytes)
-            .map(|i| char::from(b'a' + (i * 7 % 26) as u8))
-            .collect(),
-        more: false,
+/// Text of `bytes` bytes that does not repeat itself.
+fn text_of(bytes: usize) -> String {
+    (0..bytes)
+        .map(|i| char::from(b'a' + (i * 7 % 26) as u8))
+        .collect()
+}
+
+/// A worker's frame of about `bytes` bytes.
+fn frame_of(bytes: usize) -> FromWorker {
+    FromWorker::Failure {
+        kind: "E".into(),
+        message: text_of(bytes),
+        traceback: String::new(),
     }
 }
 
-fn report(step: u64) -> Message {
-    Message::Report {
+/// The controller's answer to a worker, of about `bytes` bytes.
+fn answer_of(bytes: usize) -> ToWorker {
+    ToWorker::StepNotCommitted {
+        step: 3,
+        error: text_of(bytes),
+    }
+}
+
+fn report(step: u64) -> FromWorker {
+    FromWorker::Report {
         step: Some(step),
         metrics: serde_json::json!({"loss": 0.25, "step": step}),
         checkpoint: false,
@@ -35,7 +47,7 @@ fn report(step: u64) -> Message {
 }
 
 /// What a server connection received until its first error.
-type Received = (Vec<Message>, ProtocolError);
+type Received = (Vec<FromWorker>, ProtocolError);
 
 /// A server that accepts `n` connections one after another with `token`
 /// and reads each until it fails.
@@ -52,7 +64,7 @@ async fn reading_server(
             let mut conn = auth::accept(s, &token).await.unwrap();
             let mut got = Vec::new();
             let end = loop {
-                match conn.recv().await {
+                match conn.recv::<FromWorker>().await {
                     Ok(msg) => got.push(msg),
                     Err(e) => break e,
                 }
@@ -74,7 +86,7 @@ fn blocking_client(addr: SocketAddr, token: &Token) -> (std::net::TcpStream, Key
 }
 
 /// The wire bytes of `msgs`, sealed in order with `keys`' sending half.
-fn sealed(keys: Keys, msgs: &[Message]) -> Vec<Vec<u8>> {
+fn sealed(keys: Keys, msgs: &[FromWorker]) -> Vec<Vec<u8>> {
     let (_, mut w) = keys.into_blocking(std::io::empty(), Vec::new());
     let mut out = Vec::new();
     for msg in msgs {
@@ -96,24 +108,24 @@ async fn async_round_trip_with_a_frame_over_one_noise_message() {
         let mut conn = auth::accept(s, &t).await.unwrap();
         let mut got = Vec::new();
         for _ in 0..3 {
-            got.push(conn.recv().await.unwrap());
+            got.push(conn.recv::<FromWorker>().await.unwrap());
         }
         // Back on the split halves.
         let (mut sink, mut stream) = conn.split();
         for m in &got {
             sink.send(m).await.unwrap();
         }
-        (got, stream.recv().await)
+        (got, stream.recv::<FromWorker>().await)
     });
     let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
     let mut conn = auth::connect(stream, &token).await.unwrap();
-    let big = log_of(900 * 1024);
-    let sent = vec![Message::Heartbeat, big, report(7)];
+    let big = frame_of(900 * 1024);
+    let sent = vec![FromWorker::Heartbeat, big, report(7)];
     for m in &sent {
         conn.send(m).await.unwrap();
     }
     for m in &sent {
-        assert_eq!(&conn.recv().await.unwrap(), m);
+        assert_eq!(&conn.recv::<FromWorker>().await.unwrap(), m);
     }
     drop(conn);
     let (got, end) = server.await.unwrap();
@@ -125,7 +137,7 @@ async fn async_round_trip_with_a_frame_over_one_noise_message() {
 async fn a_frame_over_the_limit_is_refused_before_it_is_sent() {
     let (_, keys) = auth::handshake_in_memory(&Token::generate().unwrap());
     let (_, mut w) = keys.into_blocking(std::io::empty(), Vec::new());
-    let r = w.send(&log_of(MAX_FRAME_BYTES));
+    let r = w.send(&frame_of(MAX_FRAME_BYTES));
     assert!(matches!(r, Err(ProtocolError::TooLarge(_))), "{r:?}");
     assert!(w.get_ref().is_empty());
 }
@@ -157,11 +169,11 @@ async fn blocking_round_trip_writes_a_burst_at_once() {
         let mut conn = auth::accept(s, &t).await.unwrap();
         let mut got = Vec::new();
         for _ in 0..4 {
-            got.push(conn.recv().await.unwrap());
+            got.push(conn.recv::<FromWorker>().await.unwrap());
         }
-        conn.send(&Message::CheckpointNow).await.unwrap();
-        conn.send(&log_of(900 * 1024)).await.unwrap();
-        (got, conn.recv().await)
+        conn.send(&ToWorker::CheckpointNow).await.unwrap();
+        conn.send(&answer_of(900 * 1024)).await.unwrap();
+        (got, conn.recv::<FromWorker>().await)
     });
     let client = tokio::task::spawn_blocking(move || {
         let (stream, keys) = blocking_client(addr, &token);
@@ -178,8 +190,8 @@ async fn blocking_round_trip_writes_a_burst_at_once() {
         assert_eq!(w.get_ref().writes, 0, "nothing is written before the flush");
         w.flush().unwrap();
         assert_eq!(w.get_ref().writes, 1, "three frames, one write");
-        w.send(&log_of(900 * 1024)).unwrap();
-        let back = [r.recv().unwrap(), r.recv().unwrap()];
+        w.send(&frame_of(900 * 1024)).unwrap();
+        let back: [ToWorker; 2] = [r.recv().unwrap(), r.recv().unwrap()];
         w.get_ref()
             .inner
             .shutdown(std::net::Shutdown::Write)
@@ -187,9 +199,9 @@ async fn blocking_round_trip_writes_a_burst_at_once() {
         back
     });
     let back = client.await.unwrap();
-    assert_eq!(back, [Message::CheckpointNow, log_of(900 * 1024)]);
+    assert_eq!(back, [ToWorker::CheckpointNow, answer_of(900 * 1024)]);
     let (got, end) = server.await.unwrap();
-    assert_eq!(got, [report(0), report(1), report(2), log_of(900 * 1024)]);
+    assert_eq!(got, [report(0), report(1), report(2), frame_of(900 * 1024)]);
     assert!(matches!(end, Err(ProtocolError::Closed)), "{end:?}");
 }
 
@@ -282,11 +294,11 @@ async fn a_recorded_frame_replayed_on_a_new_connection_or_the_same_is_rejected()
 }
 
 /// Reads every message from `wire` with the server's half of a channel.
-fn read_all(server: Keys, wire: &[u8]) -> (Vec<Message>, ProtocolError) {
+fn read_all(server: Keys, wire: &[u8]) -> (Vec<FromWorker>, ProtocolError) {
     let (mut r, _) = server.into_blocking(wire, std::io::sink());
     let mut got = Vec::new();
     loop {
-        match r.recv() {
+        match r.recv::<FromWorker>() {
             Ok(msg) => got.push(msg),
             Err(e) => return (got, e),
         }
@@ -301,7 +313,7 @@ fn every_flipped_bit_of_a_frame_is_refused() {
     for (msg, positions) in [
         (report(5), None),
         (
-            log_of(70_000),
+            frame_of(70_000),
             Some(vec![0, 1, 2, 100, 65_536, 65_537, 65_538, 65_539, 65_540]),
         ),
     ] {
@@ -334,7 +346,7 @@ fn every_flipped_bit_of_a_frame_is_refused() {
 #[test]
 fn reordered_dropped_or_cut_pieces_are_rejected() {
     let token = Token::generate().unwrap();
-    let msgs = [report(1), report(2), log_of(70_000), report(3)];
+    let msgs = [report(1), report(2), frame_of(70_000), report(3)];
     let wire = |order: &[usize]| {
         let (client, server) = auth::handshake_in_memory(&token);
         let frames = sealed(client, &msgs);

@@ -1,6 +1,6 @@
 //! The scale rig: fake hosts (agents) and their fake workers as async tasks
 //! in one process, speaking the real protocol (the Noise handshake, sealed
-//! frames, the same `Message`s) to a real controller, so that thousands of
+//! frames, the same messages) to a real controller, so that thousands of
 //! ranks fit on a small machine and what is measured is the controller,
 //! not the machine's ability to run thousands of interpreters.
 //!
@@ -22,7 +22,7 @@ use std::time::{Duration, SystemTime};
 use meshrun_channel::{auth, Connection};
 use meshrun_ckpt::manifest::{Leaf, ShardRecord};
 use meshrun_protocol::token::{worker_key, Peer, Token};
-use meshrun_protocol::{ExitInfo, Message, WorkerLaunch};
+use meshrun_protocol::{ExitInfo, FromAgent, FromWorker, ToAgent, WorkerLaunch};
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
@@ -183,7 +183,7 @@ async fn attempt(
     launched: &mut bool,
 ) -> Result<bool, String> {
     let err = |e: meshrun_protocol::ProtocolError| e.to_string();
-    conn.send(&Message::AgentHello {
+    conn.send(&FromAgent::AgentHello {
         host: *host,
         host_ip: "127.0.0.1".into(),
         pid: std::process::id(),
@@ -196,7 +196,7 @@ async fn attempt(
     .map_err(err)?;
     let (mut sink, mut stream) = conn.split();
     // What the workers send on the agent's connection (their exits).
-    let (to_agent, mut from_workers) = mpsc::unbounded_channel::<Message>();
+    let (to_agent, mut from_workers) = mpsc::unbounded_channel::<FromAgent>();
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut live: HashMap<u32, tokio::task::JoinHandle<()>> = HashMap::new();
     // When each worker reported each step, sent once a second (`StepTimes`)
@@ -206,19 +206,19 @@ async fn attempt(
     let mut attempt_no = 0;
     let ended = loop {
         tokio::select! {
-            msg = stream.recv() => match msg.map_err(err)? {
-                Message::HostAssigned { host: h, .. } => *host = Some(h),
-                Message::Refused { reason } => return Err(format!("refused: {reason}")),
-                Message::CheckStorage { .. } => {
-                    sink.send(&Message::StorageChecked { problem: None }).await.map_err(err)?;
+            msg = stream.recv::<ToAgent>() => match msg.map_err(err)? {
+                ToAgent::HostAssigned { host: h, .. } => *host = Some(h),
+                ToAgent::Refused { reason } => return Err(format!("refused: {reason}")),
+                ToAgent::CheckStorage { .. } => {
+                    sink.send(&FromAgent::StorageChecked { problem: None }).await.map_err(err)?;
                 }
-                Message::Launch { attempt, workers, .. } => {
+                ToAgent::Launch { attempt, workers, .. } => {
                     attempt_no = attempt;
                     *launched = true;
                     shared.note(|t| latest(&mut t.launched, attempt));
                     for w in workers {
                         let rank = w.rank;
-                        sink.send(&Message::WorkerStarted { rank, pid: 1, warm: false }).await.map_err(err)?;
+                        sink.send(&FromAgent::WorkerStarted { rank, pid: 1, warm: false }).await.map_err(err)?;
                         let host = ToHost {
                             agent: to_agent.clone(),
                             stopped: stop_rx.clone(),
@@ -230,10 +230,10 @@ async fn attempt(
                         live.insert(rank, task);
                     }
                 }
-                Message::Training => {
+                ToAgent::Training => {
                     shared.note(|t| latest(&mut t.training, attempt_no));
                 }
-                Message::Stop { .. } => {
+                ToAgent::Stop { .. } => {
                     let now = unix_now();
                     shared.note(|t| {
                         if t.stop_first == 0.0 || now < t.stop_first {
@@ -245,14 +245,14 @@ async fn attempt(
                     for (rank, task) in live.drain() {
                         task.abort();
                         let exit = ExitInfo { code: None, signal: Some(15) };
-                        sink.send(&Message::WorkerExited { rank, exit }).await.map_err(err)?;
+                        sink.send(&FromAgent::WorkerExited { rank, exit }).await.map_err(err)?;
                     }
                 }
-                Message::Shutdown { again, .. } => return Ok(again),
+                ToAgent::Shutdown { again, .. } => return Ok(again),
                 _ => {}
             },
             Some(msg) = from_workers.recv() => {
-                if let Message::WorkerExited { rank, .. } = &msg {
+                if let FromAgent::WorkerExited { rank, .. } = &msg {
                     live.remove(rank);
                 }
                 shared.messages.fetch_add(1, Ordering::Relaxed);
@@ -265,7 +265,7 @@ async fn attempt(
             _ = beat.tick() => {
                 let mut ranks: Vec<u32> = live.keys().copied().collect();
                 ranks.sort_unstable();
-                let msg = if ranks.is_empty() { Message::Heartbeat } else { Message::WorkerBeats { ranks } };
+                let msg = if ranks.is_empty() { FromAgent::Heartbeat } else { FromAgent::WorkerBeats { ranks } };
                 shared.messages.fetch_add(1, Ordering::Relaxed);
                 if let Err(e) = sink.send(&msg).await {
                     break e;
@@ -273,7 +273,7 @@ async fn attempt(
                 let times = std::mem::take(&mut *arrivals.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
                 if !times.is_empty() {
                     shared.messages.fetch_add(1, Ordering::Relaxed);
-                    if let Err(e) = sink.send(&Message::StepTimes { times }).await {
+                    if let Err(e) = sink.send(&FromAgent::StepTimes { times }).await {
                         break e;
                     }
                 }
@@ -284,7 +284,7 @@ async fn attempt(
     // was on its way when this side wrote.
     loop {
         match stream.recv().await {
-            Ok(Message::Shutdown { again, .. }) => return Ok(again),
+            Ok(ToAgent::Shutdown { again, .. }) => return Ok(again),
             Ok(_) => {}
             Err(_) => return Err(err(ended)),
         }
@@ -297,7 +297,7 @@ type Arrivals = Arc<std::sync::Mutex<Vec<(u32, u64, i64)>>>;
 /// What ties a fake worker to its host: the agent's connection (its
 /// exit), the host's stop, and its step arrivals.
 struct ToHost {
-    agent: mpsc::UnboundedSender<Message>,
+    agent: mpsc::UnboundedSender<FromAgent>,
     stopped: watch::Receiver<bool>,
     arrivals: Arrivals,
 }
@@ -328,7 +328,7 @@ async fn worker(
     };
     let count = |shared: &Shared| shared.messages.fetch_add(1, Ordering::Relaxed);
     if conn
-        .send(&Message::WorkerHello {
+        .send(&FromWorker::WorkerHello {
             rank,
             attempt,
             pid: 1,
@@ -359,7 +359,7 @@ async fn worker(
         };
         if attempt == 1 && rank == scenario.fail_rank && step >= scenario.fail_at && trained() {
             let _ = conn
-                .send(&Message::Failure {
+                .send(&FromWorker::Failure {
                     kind: "RuntimeError".into(),
                     message: "injected by the scale rig".into(),
                     traceback: "Traceback (most recent call last):\nRuntimeError: injected by the scale rig".into(),
@@ -372,7 +372,7 @@ async fn worker(
                 code: Some(1),
                 signal: None,
             };
-            let _ = agent.send(Message::WorkerExited { rank, exit });
+            let _ = agent.send(FromAgent::WorkerExited { rank, exit });
             return;
         }
         if attempt > 1 && step == scenario.checkpoint_at {
@@ -387,7 +387,7 @@ async fn worker(
                 }],
             };
             let _ = std::fs::create_dir_all(scenario.checkpoints.join(format!("tmp-{step}")));
-            let msg = Message::CheckpointWritten {
+            let msg = FromWorker::CheckpointWritten {
                 step,
                 leaves: vec![leaf],
                 files: None,
@@ -400,7 +400,7 @@ async fn worker(
             let now = unix_now();
             shared.note(|t| t.checkpoint_sent = t.checkpoint_sent.max(now));
         }
-        let report = Message::Report {
+        let report = FromWorker::Report {
             step: Some(step),
             metrics: serde_json::json!({"step": step, "loss": 1.0 / (step + 1) as f64}),
             checkpoint: false,
@@ -423,13 +423,13 @@ async fn worker(
             .note(|t| *t.reports.entry(rank).or_insert(0) = if attempt > 1 { step + 1 } else { 0 });
         step += 1;
         if attempt > 1 && step >= scenario.end_at {
-            let _ = conn.send(&Message::Bye).await;
+            let _ = conn.send(&FromWorker::Bye).await;
             drop(conn);
             let exit = ExitInfo {
                 code: Some(0),
                 signal: None,
             };
-            let _ = agent.send(Message::WorkerExited { rank, exit });
+            let _ = agent.send(FromAgent::WorkerExited { rank, exit });
             return;
         }
     }

@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use base64::Engine as _;
-use meshrun_protocol::Message;
+use meshrun_protocol::{FromAgent, ToAgent};
 use meshrun_record::Event;
 
 use super::{Action, AgentLink, Conn, Machine};
@@ -69,7 +69,7 @@ impl Machine {
                 ip,
                 reason: reason.clone(),
             });
-            self.send(conn, Message::Refused { reason });
+            self.send(conn, ToAgent::Refused { reason });
             self.push(Action::Close { conn });
             return;
         }
@@ -82,7 +82,7 @@ impl Machine {
         });
         self.send(
             conn,
-            Message::HostAssigned {
+            ToAgent::HostAssigned {
                 host,
                 run: self.plan.name.clone(),
             },
@@ -91,7 +91,7 @@ impl Machine {
             Some(probe) => {
                 self.send(
                     conn,
-                    Message::CheckStorage {
+                    ToAgent::CheckStorage {
                         path: probe.path.display().to_string(),
                         expect: probe.expect.clone(),
                     },
@@ -129,14 +129,14 @@ impl Machine {
         &mut self,
         now: Instant,
         host: u32,
-        msg: Message,
+        msg: FromAgent,
     ) -> Result<(), AttemptError> {
         match msg {
-            Message::Heartbeat => {}
+            FromAgent::Heartbeat => {}
             // Its workers' heartbeats, for the whole host: only its own
             // ranks, and only those still connected (a lost connection
             // stays lost).
-            Message::WorkerBeats { ranks } => {
+            FromAgent::WorkerBeats { ranks } => {
                 let pph = self.plan.procs_per_host;
                 for rank in ranks {
                     if rank / pph != host {
@@ -151,11 +151,11 @@ impl Machine {
                     }
                 }
             }
-            Message::StorageChecked { problem: None } => {
+            FromAgent::StorageChecked { problem: None } => {
                 self.agents.storage_checked(host);
                 self.launch(now);
             }
-            Message::StorageChecked {
+            FromAgent::StorageChecked {
                 problem: Some(problem),
             } => {
                 let probe = self.setup.storage_probe.as_ref();
@@ -170,19 +170,19 @@ impl Machine {
                     problem,
                 });
             }
-            Message::MemoryHeld {
+            FromAgent::MemoryHeld {
                 step,
                 bytes,
                 replicated,
                 error,
             } => self.memory_held(host, step, bytes, replicated, error),
-            Message::MemoryPrepared {
+            FromAgent::MemoryPrepared {
                 step,
                 source,
                 why,
                 bytes: _,
             } => self.memory_prepared(now, host, step, source, why),
-            Message::Stacks { rank, text } => {
+            FromAgent::Stacks { rank, text } => {
                 if rank / self.plan.procs_per_host == host && rank < self.plan.nprocs {
                     self.push(Action::WriteStacks { rank, text });
                 }
@@ -199,7 +199,7 @@ impl Machine {
         if parts.peek().is_none() {
             return self.send(
                 conn,
-                Message::FunctionPart {
+                ToAgent::FunctionPart {
                     data: String::new(),
                     last: true,
                 },
@@ -209,7 +209,7 @@ impl Machine {
             let last = parts.peek().is_none();
             self.send(
                 conn,
-                Message::FunctionPart {
+                ToAgent::FunctionPart {
                     data: engine.encode(part),
                     last,
                 },

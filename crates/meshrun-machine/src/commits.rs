@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use meshrun_protocol::Message;
+use meshrun_protocol::ToWorker;
 use meshrun_record::Event;
 
 use super::{Action, Conn, Machine};
@@ -18,7 +18,7 @@ impl Machine {
         let newest = self.last_committed.max(Some(step)).unwrap_or(step);
         self.last_committed = Some(newest);
         self.push(Action::Saving { step: None });
-        self.tell_workers(&Message::StepCommitted {
+        self.tell_workers(&ToWorker::StepCommitted {
             step,
             path: path.to_string(),
         });
@@ -35,11 +35,11 @@ impl Machine {
     /// committed, and why: a rank waiting for it (`meshrun.wait_committed`)
     /// raises that rather than waiting out its timeout.
     pub(super) fn not_committed(&mut self, step: u64, error: String) {
-        self.tell_workers(&Message::StepNotCommitted { step, error });
+        self.tell_workers(&ToWorker::StepNotCommitted { step, error });
     }
 
     /// Sends `msg` to every connected worker.
-    fn tell_workers(&mut self, msg: &Message) {
+    fn tell_workers(&mut self, msg: &ToWorker) {
         let conns: Vec<Conn> = self.ranks.iter().filter_map(|r| r.conn).collect();
         for conn in conns {
             self.send(conn, msg.clone());

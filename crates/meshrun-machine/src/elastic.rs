@@ -15,7 +15,7 @@
 
 use std::time::Instant;
 
-use meshrun_protocol::Message;
+use meshrun_protocol::{ToAgent, ToWorker};
 use meshrun_record::Event;
 
 use super::stop::{StopReason, PREEMPT_GRACE};
@@ -116,7 +116,7 @@ impl Machine {
             if new != *old {
                 self.send(
                     link.conn,
-                    Message::HostAssigned {
+                    ToAgent::HostAssigned {
                         host: new,
                         run: self.plan.name.clone(),
                     },
@@ -279,7 +279,7 @@ impl Machine {
         self.preempt_deadline = Some(now + PREEMPT_GRACE);
         let conns: Vec<Conn> = self.ranks.iter().filter_map(|r| r.conn).collect();
         for conn in conns {
-            self.send(conn, Message::CheckpointNow);
+            self.send(conn, ToWorker::CheckpointNow);
         }
         self.record(Event::Growing {
             attempt: self.attempt(),

@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use meshrun_protocol::{Message, WorkerLaunch};
+use meshrun_protocol::{ToAgent, WorkerLaunch};
 use meshrun_record::{Cause, Event};
 
 use super::{Action, Conn, Machine};
@@ -88,7 +88,7 @@ impl Machine {
             }
             self.send(
                 conn,
-                Message::Launch {
+                ToAgent::Launch {
                     attempt: self.setup.attempt,
                     run_id: self.setup.run_id.clone(),
                     workers,

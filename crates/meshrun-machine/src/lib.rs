@@ -29,6 +29,7 @@ mod links;
 mod memory;
 mod messages;
 mod outcome;
+pub mod outgoing;
 mod peer_loss;
 mod rank;
 mod ranks;
@@ -59,7 +60,7 @@ mod tests_timers;
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
-use meshrun_protocol::Message;
+use meshrun_protocol::{FromAgent, FromWorker, ToAgent, ToWorker};
 use meshrun_record::{Cause, Event, FailureRecord};
 use serde_json::Value;
 
@@ -72,6 +73,7 @@ pub use ends::{EarlyFinish, RankEnd};
 pub use error::AttemptError;
 pub use meshrun_plan::{AGENT_JOIN_TIMEOUT, DEFAULT_JOIN_TIMEOUT};
 pub use outcome::{Outcome, OutcomeStatus, EXIT_PREEMPTED, EXIT_STOPPED, STOP_GRACE_MS};
+pub use outgoing::Outgoing;
 pub use run::{after, After, Ended, Next, Run, Start};
 pub use setup::{Setup, StorageProbe};
 pub use stop::StopReason;
@@ -102,7 +104,7 @@ pub enum Input {
     /// A message of the agent on connection `conn` about its workers.
     FromAgent {
         conn: Conn,
-        msg: Message,
+        msg: FromAgent,
     },
     WorkerJoined {
         rank: u32,
@@ -112,7 +114,7 @@ pub enum Input {
     },
     FromWorker {
         rank: u32,
-        msg: Message,
+        msg: FromWorker,
     },
     /// A worker's connection ended; `clean` when it said goodbye first.
     WorkerLost {
@@ -159,7 +161,7 @@ pub enum Input {
 #[derive(Debug, PartialEq)]
 pub enum Action {
     /// Send `msg` on connection `to`.
-    Send { to: Conn, msg: Message },
+    Send { to: Conn, msg: Outgoing },
     /// Close a connection: a worker given up on sees its controller go.
     Close { conn: Conn },
     /// Append to `events.jsonl`.
@@ -303,8 +305,11 @@ impl Machine {
         self.push(Action::Record(event));
     }
 
-    fn send(&mut self, to: Conn, msg: Message) {
-        self.push(Action::Send { to, msg });
+    fn send(&mut self, to: Conn, msg: impl Into<Outgoing>) {
+        self.push(Action::Send {
+            to,
+            msg: msg.into(),
+        });
     }
 
     fn attempt(&self) -> u32 {
@@ -334,7 +339,7 @@ impl Machine {
         for conn in conns {
             self.send(
                 conn,
-                Message::Shutdown {
+                ToAgent::Shutdown {
                     again,
                     state: state.clone(),
                 },
@@ -445,7 +450,7 @@ impl Machine {
                 }
                 tracing::debug!(rank, pid, "worker connected");
                 if self.preempt_deadline.is_some() {
-                    self.send(conn, Message::CheckpointNow);
+                    self.send(conn, ToWorker::CheckpointNow);
                 }
                 self.ranks.update(rank, |state| {
                     state.heard = Some(now);

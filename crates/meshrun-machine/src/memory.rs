@@ -14,7 +14,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use meshrun_protocol::Message;
+use meshrun_protocol::ToAgent;
 use meshrun_record::manifest::{Leaf, Manifest, FORMAT_VERSION};
 use meshrun_record::Event;
 use serde_json::Value;
@@ -89,7 +89,7 @@ impl Machine {
                     );
                     sends.push((
                         link.conn,
-                        Message::Buddy {
+                        ToAgent::Buddy {
                             host: b,
                             addr: addr.to_string(),
                         },
@@ -118,7 +118,7 @@ impl Machine {
             self.memory.heard = Some(now);
             self.send(
                 conn,
-                Message::MemoryPrepare {
+                ToAgent::MemoryPrepare {
                     run_id: self.setup.run_id.clone(),
                     step,
                 },
@@ -147,7 +147,7 @@ impl Machine {
         }
     }
 
-    /// A host answered [`Message::MemoryPrepare`].
+    /// A host answered [`ToAgent::MemoryPrepare`].
     pub(super) fn memory_prepared(
         &mut self,
         now: Instant,
@@ -286,7 +286,7 @@ impl Machine {
                 extra: extra.clone().unwrap_or(Value::Null),
                 attempt: Some(self.setup.attempt),
             };
-            sends.push((link.conn, Message::MemoryCommit { step, manifest }));
+            sends.push((link.conn, ToAgent::MemoryCommit { step, manifest }));
         }
         for (conn, msg) in sends {
             self.send(conn, msg);
@@ -331,7 +331,7 @@ impl Machine {
             replicated: held.values().all(|(_, r)| *r),
         });
         for conn in self.agent_conns() {
-            self.send(conn, Message::MemoryRelease { step });
+            self.send(conn, ToAgent::MemoryRelease { step });
         }
     }
 

@@ -2,19 +2,19 @@
 
 use std::time::Instant;
 
-use meshrun_protocol::Message;
+use meshrun_protocol::{FromAgent, FromWorker, ToAgent, ToWorker};
 use meshrun_record::{Cause, Event, ExitInfo};
 
 use super::{Action, Conn, Machine};
 use crate::gather::Part;
 
 impl Machine {
-    pub(super) fn on_agent_message(&mut self, now: Instant, host: u32, msg: Message) {
+    pub(super) fn on_agent_message(&mut self, now: Instant, host: u32, msg: FromAgent) {
         let pph = self.plan.procs_per_host;
         let owns = |rank: u32| rank / pph == host && (rank as usize) < self.ranks.len();
         let attempt = self.attempt();
         match msg {
-            Message::WorkerStarted { rank, pid, warm } if owns(rank) => {
+            FromAgent::WorkerStarted { rank, pid, warm } if owns(rank) => {
                 self.ranks.update(rank, |state| {
                     state.pid = Some(pid);
                     state.progress = Some(now);
@@ -27,7 +27,7 @@ impl Machine {
                     warm,
                 });
             }
-            Message::SpawnFailed {
+            FromAgent::SpawnFailed {
                 rank,
                 error,
                 problem,
@@ -43,7 +43,7 @@ impl Machine {
                     },
                 );
             }
-            Message::LeftoversEnded { rank, pids, how } if owns(rank) => {
+            FromAgent::LeftoversEnded { rank, pids, how } if owns(rank) => {
                 self.record(Event::LeftoversEnded {
                     attempt,
                     rank,
@@ -53,7 +53,7 @@ impl Machine {
                     how,
                 });
             }
-            Message::WorkerExited { rank, exit } if owns(rank) => {
+            FromAgent::WorkerExited { rank, exit } if owns(rank) => {
                 let failed = self.failure.is_some();
                 let (stopped, by_meshrun) = self.ranks.update(rank, |state| {
                     state.exit = Some(exit);
@@ -85,16 +85,35 @@ impl Machine {
                     self.fail(now, rank, Cause::Exit { exit });
                 }
             }
-            other => tracing::debug!(host, "ignored agent message {other:?}"),
+            // About a rank that is not this host's (or not in the attempt).
+            FromAgent::WorkerStarted { rank, .. }
+            | FromAgent::SpawnFailed { rank, .. }
+            | FromAgent::LeftoversEnded { rank, .. }
+            | FromAgent::WorkerExited { rank, .. } => {
+                tracing::debug!(host, rank, "ignored a message about another host's rank");
+            }
+            // The agent's own news (`on_agent_news`), and what the server
+            // and the driver take before the machine (the hello, clock
+            // probes, output lines, step times).
+            FromAgent::Heartbeat
+            | FromAgent::WorkerBeats { .. }
+            | FromAgent::StorageChecked { .. }
+            | FromAgent::MemoryHeld { .. }
+            | FromAgent::MemoryPrepared { .. }
+            | FromAgent::Stacks { .. }
+            | FromAgent::AgentHello { .. }
+            | FromAgent::ClockProbe { .. }
+            | FromAgent::Log { .. }
+            | FromAgent::StepTimes { .. } => {}
         }
     }
 
-    pub(super) fn on_worker_message(&mut self, now: Instant, rank: u32, msg: Message) {
+    pub(super) fn on_worker_message(&mut self, now: Instant, rank: u32, msg: FromWorker) {
         if rank as usize >= self.ranks.len() {
             return;
         }
         match msg {
-            Message::Report {
+            FromWorker::Report {
                 step,
                 metrics,
                 checkpoint,
@@ -148,7 +167,7 @@ impl Machine {
                 if self.training.is_none() && self.stepped == self.ranks.len() {
                     self.training = Some(now);
                     for conn in self.agent_conns() {
-                        self.send(conn, Message::Training);
+                        self.send(conn, ToAgent::Training);
                     }
                 }
                 if let Some(s) = step {
@@ -183,12 +202,12 @@ impl Machine {
                     self.last_metrics = Some(metrics);
                 }
             }
-            Message::MemoryWritten {
+            FromWorker::MemoryWritten {
                 step,
                 leaves,
                 extra,
             } => self.memory_written(rank, step, leaves, extra),
-            Message::CheckpointWritten {
+            FromWorker::CheckpointWritten {
                 step,
                 leaves,
                 files,
@@ -199,7 +218,7 @@ impl Machine {
                 part: files.map_or(Part::Shards(leaves), Part::Files),
                 extra,
             }),
-            Message::SaveFailed { step, error } => {
+            FromWorker::SaveFailed { step, error } => {
                 self.push(Action::Abandon { step });
                 self.record(Event::CheckpointFailed {
                     attempt: self.attempt(),
@@ -218,10 +237,10 @@ impl Machine {
                     format!("rank {rank} could not write its part: {error}"),
                 );
             }
-            Message::Timing { timing } => {
+            FromWorker::Timing { timing } => {
                 self.ranks.update(rank, |state| state.timing = Some(timing));
             }
-            Message::ReportsShed { count } => {
+            FromWorker::ReportsShed { count } => {
                 let total = self.ranks.update(rank, |state| {
                     state.shed = state.shed.saturating_add(count);
                     state.shed
@@ -234,7 +253,7 @@ impl Machine {
             // A rank saving `step` went past every earlier step without a
             // preemption save of it: ranks waiting on those go on, to meet
             // the others at a later step.
-            Message::PreemptSave { step }
+            FromWorker::PreemptSave { step }
                 if self.preempt_deadline.is_some() && self.stop.is_none() && step > 0 =>
             {
                 // And a rank that went past this step without saving it
@@ -243,7 +262,7 @@ impl Machine {
                 let unsaved = self.ranks.iter().filter_map(|r| r.unsaved_step).max();
                 self.release_preempt_waiters((step - 1).max(unsaved.unwrap_or(0)));
             }
-            Message::Failure {
+            FromWorker::Failure {
                 kind,
                 message,
                 traceback,
@@ -256,7 +275,7 @@ impl Machine {
                     traceback,
                 },
             ),
-            Message::ExitRequested {
+            FromWorker::ExitRequested {
                 code,
                 argument,
                 traceback,
@@ -269,7 +288,17 @@ impl Machine {
                     traceback,
                 },
             ),
-            _ => {}
+            // A sign of life only, counted for every message; profile
+            // traces, which the driver writes; the hello and the goodbye,
+            // which open and end the connection; a preemption save outside
+            // a preemption, which there is nothing to wait for.
+            FromWorker::Heartbeat
+            | FromWorker::ProfileFile { .. }
+            | FromWorker::ProfileDone { .. }
+            | FromWorker::Raw(_)
+            | FromWorker::WorkerHello { .. }
+            | FromWorker::Bye
+            | FromWorker::PreemptSave { .. } => {}
         }
     }
 
@@ -278,7 +307,7 @@ impl Machine {
     fn release_preempt_waiters(&mut self, step: u64) {
         let conns: Vec<Conn> = self.ranks.iter().filter_map(|r| r.conn).collect();
         for conn in conns {
-            self.send(conn, Message::Resume { step });
+            self.send(conn, ToWorker::Resume { step });
         }
     }
 }

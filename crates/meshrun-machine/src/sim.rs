@@ -1,13 +1,14 @@
 //! A machine on a simulated clock, for the tests: the clock moves only
 //! when told, and the driver is one that wakes exactly when asked.
 
+use meshrun_protocol::{FromAgent, FromWorker, ToAgent};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use meshrun_record::{Event, ExitInfo, FailureRecord};
 use serde_json::json;
 
-use crate::{Action, Conn, Input, Machine, Message, RunPlan, Setup, AGENT_JOIN_TIMEOUT};
+use crate::{Action, Conn, Input, Machine, Outgoing, RunPlan, Setup, AGENT_JOIN_TIMEOUT};
 use meshrun_plan::{Entry, FailurePolicy, Platform, Tee};
 
 pub const AGENT: Conn = 1000;
@@ -115,7 +116,7 @@ impl Sim {
     pub fn start_worker(&mut self, agent: Conn, rank: u32, conn: Conn) {
         self.input(Input::FromAgent {
             conn: agent,
-            msg: Message::WorkerStarted {
+            msg: FromAgent::WorkerStarted {
                 rank,
                 pid: 100 + rank,
                 warm: false,
@@ -157,16 +158,16 @@ impl Sim {
         self.actions.extend(self.m.drain_actions());
     }
 
-    pub fn agent(&mut self, msg: Message) {
+    pub fn agent(&mut self, msg: FromAgent) {
         self.input(Input::FromAgent { conn: AGENT, msg });
     }
 
-    pub fn worker(&mut self, rank: u32, msg: Message) {
+    pub fn worker(&mut self, rank: u32, msg: FromWorker) {
         self.input(Input::FromWorker { rank, msg });
     }
 
     pub fn exit(&mut self, rank: u32, code: i32) {
-        self.agent(Message::WorkerExited {
+        self.agent(FromAgent::WorkerExited {
             rank,
             exit: ExitInfo {
                 code: Some(code),
@@ -178,7 +179,7 @@ impl Sim {
     pub fn report(&mut self, rank: u32, step: u64, checkpoint: bool) {
         self.worker(
             rank,
-            Message::Report {
+            FromWorker::Report {
                 step: Some(step),
                 metrics: json!({ "loss": 1.0 / (step as f64 + 1.0) }),
                 checkpoint,
@@ -195,12 +196,12 @@ impl Sim {
         for conn in agents {
             self.input(Input::FromAgent {
                 conn,
-                msg: Message::Heartbeat,
+                msg: FromAgent::Heartbeat,
             });
         }
         for rank in 0..self.m.ranks.len() as u32 {
             if !self.m.ranks[rank as usize].done {
-                self.worker(rank, Message::Heartbeat);
+                self.worker(rank, FromWorker::Heartbeat);
             }
         }
     }
@@ -234,11 +235,12 @@ impl Sim {
     }
 
     /// Every message sent on `conn` so far (since the last `take`).
-    pub fn sent_to(&self, conn: Conn) -> Vec<&Message> {
+    /// What was sent on `conn`, as messages of `M`'s conversation.
+    pub fn sent_to<M: crate::outgoing::Sent>(&self, conn: Conn) -> Vec<&M> {
         self.actions
             .iter()
             .filter_map(|a| match a {
-                Action::Send { to, msg } if *to == conn => Some(msg),
+                Action::Send { to, msg } if *to == conn => M::of(msg),
                 _ => None,
             })
             .collect()
@@ -268,8 +270,8 @@ impl Sim {
             if self.failed().is_some() {
                 break;
             }
-            self.worker(0, Message::Heartbeat);
-            self.agent(Message::Heartbeat);
+            self.worker(0, FromWorker::Heartbeat);
+            self.agent(FromAgent::Heartbeat);
         }
         self.failed()
     }
@@ -285,10 +287,10 @@ impl Sim {
                 Action::Send {
                     to: AGENT,
                     msg:
-                        Message::Stop {
+                        Outgoing::Agent(ToAgent::Stop {
                             grace_ms,
                             dump_stacks,
-                        },
+                        }),
                 } => Some((*grace_ms, *dump_stacks)),
                 _ => None,
             })

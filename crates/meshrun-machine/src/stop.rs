@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use meshrun_protocol::{Message, STACK_DUMP_WAIT};
+use meshrun_protocol::{ClientReply, ToAgent, ToWorker, STACK_DUMP_WAIT};
 use meshrun_record::goodput::{self, Parts};
 use meshrun_record::{Cause, Event, FailureRecord};
 
@@ -93,7 +93,7 @@ impl Machine {
             for conn in self.agent_conns() {
                 self.send(
                     conn,
-                    Message::Stop {
+                    ToAgent::Stop {
                         grace_ms: 0,
                         dump_stacks: false,
                     },
@@ -123,7 +123,7 @@ impl Machine {
         self.preempt_deadline = Some(now + PREEMPT_GRACE);
         let conns: Vec<Conn> = self.ranks.iter().filter_map(|r| r.conn).collect();
         for conn in conns {
-            self.send(conn, Message::CheckpointNow);
+            self.send(conn, ToWorker::CheckpointNow);
         }
         self.record(Event::Preempting {
             attempt: self.attempt(),
@@ -154,7 +154,7 @@ impl Machine {
         };
         self.send(
             reply,
-            Message::StopAccepted {
+            ClientReply::StopAccepted {
                 what: what.to_string(),
             },
         );
@@ -184,7 +184,7 @@ impl Machine {
         for conn in self.agent_conns() {
             self.send(
                 conn,
-                Message::Stop {
+                ToAgent::Stop {
                     grace_ms,
                     dump_stacks,
                 },

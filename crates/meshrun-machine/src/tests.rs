@@ -1,5 +1,6 @@
 //! The machine driven with a simulated clock: no process, socket or file.
 
+use meshrun_protocol::{ClientReply, FromAgent, FromWorker, ToAgent, ToWorker};
 use std::time::{Duration, Instant};
 
 use meshrun_record::{Cause, Event};
@@ -9,6 +10,7 @@ use super::sim::{plan, Sim, AGENT, STOP_CLIENT};
 use super::stop::{PREEMPT_GRACE, STOP_REPORT_SLACK};
 use super::*;
 use crate::OutcomeStatus;
+use crate::Outgoing;
 
 const SIGINT: i32 = 2;
 const SIGTERM: i32 = 15;
@@ -26,9 +28,10 @@ fn launch_waits_for_every_agent_and_sends_each_its_workers() {
     let launch = actions.iter().find_map(|a| match a {
         Action::Send {
             to: AGENT,
-            msg: Message::Launch {
-                attempt, workers, ..
-            },
+            msg:
+                Outgoing::Agent(ToAgent::Launch {
+                    attempt, workers, ..
+                }),
         } => Some((*attempt, workers.len())),
         _ => None,
     });
@@ -36,7 +39,7 @@ fn launch_waits_for_every_agent_and_sends_each_its_workers() {
     assert!(actions.contains(&Action::OpenLogs));
     let env = |key: &str| match actions.iter().find_map(|a| match a {
         Action::Send {
-            msg: Message::Launch { workers, .. },
+            msg: Outgoing::Agent(ToAgent::Launch { workers, .. }),
             ..
         } => Some(workers[1].env.clone()),
         _ => None,
@@ -118,7 +121,7 @@ fn the_exception_report_upgrades_an_exit_that_overtook_it() {
     assert!(matches!(first.cause, Cause::Exit { .. }));
     sim.worker(
         1,
-        Message::Failure {
+        FromWorker::Failure {
             kind: "ValueError".into(),
             message: "boom".into(),
             traceback: "Traceback...\nValueError: boom".into(),
@@ -134,7 +137,7 @@ fn the_exception_report_upgrades_an_exit_that_overtook_it() {
     // Another rank's exception later changes nothing.
     sim.worker(
         0,
-        Message::Failure {
+        FromWorker::Failure {
             kind: "KeyError".into(),
             message: "late".into(),
             traceback: String::new(),
@@ -163,7 +166,7 @@ fn a_preemption_without_its_checkpoint_stops_at_the_grace_deadline() {
         .filter_map(|a| match a {
             Action::Send {
                 to,
-                msg: Message::CheckpointNow,
+                msg: Outgoing::Worker(ToWorker::CheckpointNow),
             } => Some(*to),
             _ => None,
         })
@@ -193,7 +196,7 @@ fn a_preemption_that_commits_stops_at_its_checkpoint() {
     sim.take();
     sim.worker(
         0,
-        Message::CheckpointWritten {
+        FromWorker::CheckpointWritten {
             step: 5,
             leaves: vec![],
             files: None,
@@ -241,7 +244,7 @@ fn a_preemption_request_that_splits_the_ranks_releases_the_one_waiting() {
         sim.report(1, 7, true);
         sim.input(Input::Terminate);
         sim.take();
-        let preempt = Message::PreemptSave { step: 8 };
+        let preempt = FromWorker::PreemptSave { step: 8 };
         if rank1_first {
             sim.report(1, 8, true);
             sim.take();
@@ -257,7 +260,7 @@ fn a_preemption_request_that_splits_the_ranks_releases_the_one_waiting() {
             .filter_map(|a| match a {
                 Action::Send {
                     to,
-                    msg: Message::Resume { step },
+                    msg: Outgoing::Worker(ToWorker::Resume { step }),
                 } => Some((*to, *step)),
                 _ => None,
             })
@@ -411,7 +414,7 @@ fn a_rank_left_behind_by_a_finished_one_hangs_after_the_finish_timeout() {
     sim.report(0, 9, false);
     sim.report(1, 3, false);
     // Rank 0 says goodbye and waits in JAX's shutdown barrier.
-    sim.worker(0, Message::Bye);
+    sim.worker(0, FromWorker::Bye);
     sim.input(Input::WorkerLost {
         rank: 0,
         clean: true,
@@ -419,8 +422,8 @@ fn a_rank_left_behind_by_a_finished_one_hangs_after_the_finish_timeout() {
     for _ in 0..25 {
         let next = sim.secs() + 1.0;
         sim.until(next);
-        sim.worker(1, Message::Heartbeat);
-        sim.agent(Message::Heartbeat);
+        sim.worker(1, FromWorker::Heartbeat);
+        sim.agent(FromAgent::Heartbeat);
     }
     let f = sim.failed().expect("rank 1 is behind");
     assert_eq!(f.rank, 1);
@@ -444,7 +447,7 @@ fn meshrun_stop_waits_for_a_checkpoint_only_when_one_can_come() {
     let reply = sim.actions.iter().find_map(|a| match a {
         Action::Send {
             to: STOP_CLIENT,
-            msg: Message::StopAccepted { what },
+            msg: Outgoing::Client(ClientReply::StopAccepted { what }),
         } => Some(what.clone()),
         _ => None,
     });
@@ -461,7 +464,7 @@ fn meshrun_stop_waits_for_a_checkpoint_only_when_one_can_come() {
         a,
         Action::Send {
             to: 0,
-            msg: Message::CheckpointNow
+            msg: Outgoing::Worker(ToWorker::CheckpointNow)
         }
     )));
 }
@@ -502,8 +505,8 @@ fn reports_a_worker_shed_are_counted_per_rank_and_noted_in_its_log() {
         "nothing shed, nothing recorded"
     );
     sim.take();
-    sim.worker(1, Message::ReportsShed { count: 5 });
-    sim.worker(1, Message::ReportsShed { count: 2 });
+    sim.worker(1, FromWorker::ReportsShed { count: 5 });
+    sim.worker(1, FromWorker::ReportsShed { count: 2 });
     assert_eq!(sim.m.reports_shed(), vec![0, 7]);
     let notes: Vec<String> = sim
         .take()
@@ -561,8 +564,8 @@ fn an_agents_output_lines_keep_its_host_alive() {
     for _ in 0..30 {
         let next = sim.secs() + 1.0;
         sim.until(next);
-        sim.worker(0, Message::Heartbeat);
-        sim.worker(1, Message::Heartbeat);
+        sim.worker(0, FromWorker::Heartbeat);
+        sim.worker(1, FromWorker::Heartbeat);
         assert_eq!(sim.m.agent_heard(AGENT, sim.now), Some(0));
     }
     assert!(sim.failed().is_none(), "{:?}", sim.failed());

@@ -3,6 +3,7 @@
 
 use super::sim::Sim;
 use super::*;
+use meshrun_protocol::{FromWorker, ToWorker};
 
 /// Every connected worker learns what became of each step it may wait for
 /// (`meshrun.wait_committed`, a restore of the newest): committed, or why
@@ -16,7 +17,7 @@ fn every_worker_is_told_what_became_of_each_step() {
     });
     sim.worker(
         1,
-        Message::SaveFailed {
+        FromWorker::SaveFailed {
             step: 3,
             error: "disk full".into(),
         },
@@ -32,7 +33,7 @@ fn every_worker_is_told_what_became_of_each_step() {
             .filter(|m| {
                 matches!(
                     m,
-                    Message::StepCommitted { .. } | Message::StepNotCommitted { .. }
+                    ToWorker::StepCommitted { .. } | ToWorker::StepNotCommitted { .. }
                 )
             })
             .cloned()
@@ -40,15 +41,15 @@ fn every_worker_is_told_what_became_of_each_step() {
         assert_eq!(
             told,
             [
-                Message::StepCommitted {
+                ToWorker::StepCommitted {
                     step: 2,
                     path: "runs/sim/checkpoints/step-2".into()
                 },
-                Message::StepNotCommitted {
+                ToWorker::StepNotCommitted {
                     step: 3,
                     error: "rank 1 could not write its part: disk full".into()
                 },
-                Message::StepNotCommitted {
+                ToWorker::StepNotCommitted {
                     step: 4,
                     error: "its commit failed: cannot rename".into()
                 },

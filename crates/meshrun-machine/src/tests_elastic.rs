@@ -2,6 +2,7 @@
 //! renumbered, hosts that wait, the stop that grows the run, and a run
 //! left with fewer hosts than MIN.
 
+use meshrun_protocol::{ToAgent, ToWorker};
 use std::time::Duration;
 
 use meshrun_record::Event;
@@ -59,7 +60,7 @@ fn join(sim: &mut Sim, h: usize, asks: Option<u32>) {
 
 fn launch_env(sim: &Sim, conn: Conn) -> Option<Vec<(String, String)>> {
     sim.sent_to(conn).into_iter().find_map(|m| match m {
-        Message::Launch { workers, .. } => Some(workers[0].env.clone()),
+        ToAgent::Launch { workers, .. } => Some(workers[0].env.clone()),
         _ => None,
     })
 }
@@ -156,11 +157,11 @@ fn a_restart_renumbers_the_hosts_there_and_the_others_wait() {
     let to_h2 = sim.sent_to(H[2]);
     let assigned = to_h2
         .iter()
-        .position(|m| matches!(m, Message::HostAssigned { host: 1, .. }))
+        .position(|m| matches!(m, ToAgent::HostAssigned { host: 1, .. }))
         .expect("renumbered");
     let launched = to_h2
         .iter()
-        .position(|m| matches!(m, Message::Launch { .. }))
+        .position(|m| matches!(m, ToAgent::Launch { .. }))
         .expect("launched");
     assert!(assigned < launched);
     let env = launch_env(&sim, H[2]).unwrap();
@@ -177,7 +178,7 @@ fn a_restart_renumbers_the_hosts_there_and_the_others_wait() {
     sim.take();
     sim.m.shutdown(true);
     sim.actions.extend(sim.m.drain_actions());
-    assert!(sim.sent_to(H[3]).contains(&&Message::Shutdown {
+    assert!(sim.sent_to(H[3]).contains(&&ToAgent::Shutdown {
         again: true,
         state: None
     }));
@@ -247,17 +248,17 @@ fn hosts_that_join_a_running_attempt_wait_and_the_run_grows_at_the_checkpoint_th
             ..
         }
     )));
-    assert!(!sim.sent_to(0).contains(&&Message::CheckpointNow));
+    assert!(!sim.sent_to(0).contains(&&ToWorker::CheckpointNow));
     assert!(sim
         .sent_to(H[2])
         .iter()
-        .all(|m| !matches!(m, Message::Refused { .. } | Message::HostAssigned { .. })));
+        .all(|m| !matches!(m, ToAgent::Refused { .. } | ToAgent::HostAssigned { .. })));
     // The fourth: every rank saves at its next report.
     join(&mut sim, 3, None);
     for rank in 0..2u32 {
         assert!(sim
             .sent_to(Conn::from(rank))
-            .contains(&&Message::CheckpointNow));
+            .contains(&&ToWorker::CheckpointNow));
     }
     assert!(sim.events().iter().any(|e| matches!(
         e,
@@ -271,7 +272,7 @@ fn hosts_that_join_a_running_attempt_wait_and_the_run_grows_at_the_checkpoint_th
     sim.join_host(600, None, "10.0.0.20");
     assert!(sim.sent_to(600).iter().any(|m| matches!(
         m,
-        Message::Refused { reason } if reason == "the run has the most hosts it takes (4, running or waiting)"
+        ToAgent::Refused { reason } if reason == "the run has the most hosts it takes (4, running or waiting)"
     )));
     // The save commits: the group is stopped, not failed.
     sim.take();

@@ -3,13 +3,13 @@
 //! a rank that aborted or crashed by itself while the group was being
 //! stopped, or whose exit could not be read, ended on its own.
 
-use meshrun_protocol::Message;
+use meshrun_protocol::{FromAgent, FromWorker};
 use meshrun_record::{Event, ExitInfo};
 
 use super::sim::Sim;
 
 fn ended(sim: &mut Sim, rank: u32, code: Option<i32>, signal: Option<i32>) {
-    sim.agent(Message::WorkerExited {
+    sim.agent(FromAgent::WorkerExited {
         rank,
         exit: ExitInfo { code, signal },
     });
@@ -63,7 +63,7 @@ fn a_rank_that_aborts_before_any_stop_is_the_failure() {
 fn raised(sim: &mut Sim, rank: u32, message: &str) {
     sim.worker(
         rank,
-        Message::Failure {
+        FromWorker::Failure {
             kind: "JaxRuntimeError".into(),
             message: message.into(),
             traceback: String::new(),

@@ -1,6 +1,7 @@
 //! Hosts joining, the storage check, the function sent to them, their
 //! stacks, and a host cut off: the machine on a simulated clock.
 
+use meshrun_protocol::{FromAgent, FromWorker, ToAgent};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -49,7 +50,7 @@ fn setup(probe: bool, payload: Option<&[u8]>) -> Setup {
 fn storage_ok(sim: &mut Sim, conn: Conn) {
     sim.input(Input::FromAgent {
         conn,
-        msg: Message::StorageChecked { problem: None },
+        msg: FromAgent::StorageChecked { problem: None },
     });
 }
 
@@ -64,7 +65,7 @@ fn hosts_get_ranks_in_the_order_they_join_unless_they_name_one() {
     assert!(sim
         .sent_to(H1)
         .iter()
-        .any(|m| matches!(m, Message::HostAssigned { host: 1, .. })));
+        .any(|m| matches!(m, ToAgent::HostAssigned { host: 1, .. })));
     assert!(sim.m.launched(), "all three joined");
 
     // A named rank is kept, and the next joiner gets the one left.
@@ -82,7 +83,7 @@ fn a_rank_taken_out_of_range_or_one_host_too_many_is_refused_with_the_reason() {
     sim.join_host(H1, Some(5), "10.0.0.11");
     let refused = |sim: &Sim, conn| {
         sim.sent_to(conn).iter().find_map(|m| match m {
-            Message::Refused { reason } => Some(reason.clone()),
+            ToAgent::Refused { reason } => Some(reason.clone()),
             _ => None,
         })
     };
@@ -116,7 +117,7 @@ fn nothing_launches_before_every_host_has_read_the_storage_marker() {
     let mut sim = Sim::with_setup(joined_plan(2), setup(true, None));
     sim.join_host(H0, Some(0), "10.0.0.10");
     sim.join_host(H1, None, "10.0.0.11");
-    assert!(sim.sent_to(H1).contains(&&Message::CheckStorage {
+    assert!(sim.sent_to(H1).contains(&&ToAgent::CheckStorage {
         path: "/shared/run/.marker".into(),
         expect: "abc".into()
     }));
@@ -138,7 +139,7 @@ fn a_host_that_cannot_see_the_storage_stops_the_run_naming_it_and_the_path() {
             sim.now,
             Input::FromAgent {
                 conn: H1,
-                msg: Message::StorageChecked {
+                msg: FromAgent::StorageChecked {
                     problem: Some("the marker file is not there".into()),
                 },
             },
@@ -176,7 +177,7 @@ fn the_function_goes_to_every_host_in_parts_before_its_launch() {
         let parts: Vec<(&String, bool)> = msgs
             .iter()
             .filter_map(|m| match m {
-                Message::FunctionPart { data, last } => Some((data, *last)),
+                ToAgent::FunctionPart { data, last } => Some((data, *last)),
                 _ => None,
             })
             .collect();
@@ -191,10 +192,10 @@ fn the_function_goes_to_every_host_in_parts_before_its_launch() {
         assert_eq!(back, payload);
         let launch = msgs
             .iter()
-            .position(|m| matches!(m, Message::Launch { .. }));
+            .position(|m| matches!(m, ToAgent::Launch { .. }));
         let last_part = msgs
             .iter()
-            .rposition(|m| matches!(m, Message::FunctionPart { .. }));
+            .rposition(|m| matches!(m, ToAgent::FunctionPart { .. }));
         assert!(last_part < launch, "the function comes first");
     }
 }
@@ -208,7 +209,7 @@ fn stacks_an_agent_sends_are_written_for_its_own_ranks_only() {
     for rank in [0, 1] {
         sim.input(Input::FromAgent {
             conn: H1,
-            msg: Message::Stacks {
+            msg: FromAgent::Stacks {
                 rank,
                 text: format!("stacks of {rank}"),
             },
@@ -243,10 +244,10 @@ fn a_host_cut_off_fails_the_attempt_naming_the_host_and_its_address() {
     for _ in 0..20 {
         let next = sim.secs() + 1.0;
         sim.until(next);
-        sim.worker(0, Message::Heartbeat);
+        sim.worker(0, FromWorker::Heartbeat);
         sim.input(Input::FromAgent {
             conn: H0,
-            msg: Message::Heartbeat,
+            msg: FromAgent::Heartbeat,
         });
         if sim.failed().is_some() {
             break;
@@ -274,11 +275,11 @@ fn a_frozen_worker_on_a_host_still_heard_from_is_unresponsive_not_cut_off() {
     for _ in 0..20 {
         let next = sim.secs() + 1.0;
         sim.until(next);
-        sim.worker(0, Message::Heartbeat);
+        sim.worker(0, FromWorker::Heartbeat);
         for conn in [H0, H1] {
             sim.input(Input::FromAgent {
                 conn,
-                msg: Message::Heartbeat,
+                msg: FromAgent::Heartbeat,
             });
         }
         if sim.failed().is_some() {
@@ -324,7 +325,7 @@ fn a_worker_beating_through_its_agent_lives_and_its_agent_speaks_only_for_its_ow
         for (conn, ranks) in [(H0, vec![0, 1]), (H1, vec![1])] {
             sim.input(Input::FromAgent {
                 conn,
-                msg: Message::WorkerBeats { ranks },
+                msg: FromAgent::WorkerBeats { ranks },
             });
         }
         assert!(
@@ -342,7 +343,7 @@ fn a_worker_beating_through_its_agent_lives_and_its_agent_speaks_only_for_its_ow
         for (conn, ranks) in [(H0, vec![0, 1]), (H1, vec![])] {
             sim.input(Input::FromAgent {
                 conn,
-                msg: Message::WorkerBeats { ranks },
+                msg: FromAgent::WorkerBeats { ranks },
             });
         }
         if sim.failed().is_some() {
@@ -365,10 +366,10 @@ fn a_silent_host_whose_ranks_all_ended_is_no_deadline_in_the_past() {
     // must not stay in the past (the driver would wake on it without end).
     let mut sim = running_on_two_hosts();
     sim.alive_until(2.0);
-    sim.worker(1, Message::Bye);
+    sim.worker(1, FromWorker::Bye);
     sim.input(Input::FromAgent {
         conn: H1,
-        msg: Message::WorkerExited {
+        msg: FromAgent::WorkerExited {
             rank: 1,
             exit: meshrun_record::ExitInfo {
                 code: Some(0),
@@ -383,10 +384,10 @@ fn a_silent_host_whose_ranks_all_ended_is_no_deadline_in_the_past() {
         if sim.m.poll_timeout().is_some_and(|wake| wake <= sim.now) {
             sim.m.handle_timeout(sim.now).expect("no engine error");
         }
-        sim.worker(0, Message::Heartbeat);
+        sim.worker(0, FromWorker::Heartbeat);
         sim.input(Input::FromAgent {
             conn: H0,
-            msg: Message::Heartbeat,
+            msg: FromAgent::Heartbeat,
         });
         let now = sim.now;
         if let Some(wake) = sim.m.poll_timeout() {

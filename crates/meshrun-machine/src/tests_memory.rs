@@ -2,6 +2,7 @@
 //! every rank wrote and every host holds its part, and the restore that
 //! comes from memory only when every host can make the step whole.
 
+use meshrun_protocol::{FromAgent, FromWorker, ToAgent};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -60,7 +61,7 @@ fn launch_env(sim: &Sim, conn: Conn) -> Vec<(String, String)> {
     sim.sent_to(conn)
         .into_iter()
         .find_map(|m| match m {
-            Message::Launch { workers, .. } => Some(workers[0].env.clone()),
+            ToAgent::Launch { workers, .. } => Some(workers[0].env.clone()),
             _ => None,
         })
         .expect("launched")
@@ -73,7 +74,7 @@ fn var<'a>(env: &'a [(String, String)], key: &str) -> Option<&'a str> {
 fn prepared(sim: &mut Sim, conn: Conn, step: u64, source: Option<&str>) {
     sim.input(Input::FromAgent {
         conn,
-        msg: Message::MemoryPrepared {
+        msg: FromAgent::MemoryPrepared {
             step,
             source: source.map(str::to_string),
             why: source
@@ -89,11 +90,11 @@ fn each_host_is_told_its_buddy_round_the_ring() {
     let mut sim = Sim::with_setup(two_hosts(), setup(None, None));
     join(&mut sim, H0, 0);
     join(&mut sim, H1, 1);
-    assert!(sim.sent_to(H0).contains(&&Message::Buddy {
+    assert!(sim.sent_to(H0).contains(&&ToAgent::Buddy {
         host: 1,
         addr: "127.0.0.3:6001".into()
     }));
-    assert!(sim.sent_to(H1).contains(&&Message::Buddy {
+    assert!(sim.sent_to(H1).contains(&&ToAgent::Buddy {
         host: 0,
         addr: "127.0.0.2:6000".into()
     }));
@@ -107,7 +108,7 @@ fn a_newer_memory_step_every_host_can_make_whole_is_restored() {
     join(&mut sim, H1, 1);
     assert!(!sim.m.launched(), "the hosts prepare first");
     for conn in [H0, H1] {
-        assert!(sim.sent_to(conn).contains(&&Message::MemoryPrepare {
+        assert!(sim.sent_to(conn).contains(&&ToAgent::MemoryPrepare {
             run_id: "0123456789abcdef".into(),
             step: 7
         }));
@@ -170,7 +171,7 @@ fn a_step_commits_once_every_rank_wrote_and_every_host_holds_it() {
     join(&mut sim, H0, 0);
     join(&mut sim, H1, 1);
     sim.take();
-    let written = |rank, region| Message::MemoryWritten {
+    let written = |rank, region| FromWorker::MemoryWritten {
         step: 3,
         leaves: vec![leaf(rank, region)],
         extra: (rank == 0).then(|| serde_json::json!({"user": {"loader": 3}})),
@@ -179,7 +180,7 @@ fn a_step_commits_once_every_rank_wrote_and_every_host_holds_it() {
     assert!(!sim.take().iter().any(|a| matches!(
         a,
         Action::Send {
-            msg: Message::MemoryCommit { .. },
+            msg: Outgoing::Agent(ToAgent::MemoryCommit { .. }),
             ..
         }
     )));
@@ -191,7 +192,7 @@ fn a_step_commits_once_every_rank_wrote_and_every_host_holds_it() {
         .filter_map(|a| match a {
             Action::Send {
                 to,
-                msg: Message::MemoryCommit { manifest, .. },
+                msg: Outgoing::Agent(ToAgent::MemoryCommit { manifest, .. }),
             } => Some((to, manifest)),
             _ => None,
         })
@@ -208,7 +209,7 @@ fn a_step_commits_once_every_rank_wrote_and_every_host_holds_it() {
     let held = |sim: &mut Sim, conn| {
         sim.input(Input::FromAgent {
             conn,
-            msg: Message::MemoryHeld {
+            msg: FromAgent::MemoryHeld {
                 step: 3,
                 bytes: 100,
                 replicated: true,
@@ -224,7 +225,7 @@ fn a_step_commits_once_every_rank_wrote_and_every_host_holds_it() {
     for conn in [H0, H1] {
         assert!(acts.contains(&Action::Send {
             to: conn,
-            msg: Message::MemoryRelease { step: 3 }
+            msg: Outgoing::Agent(ToAgent::MemoryRelease { step: 3 })
         }));
     }
     assert!(acts.iter().any(|a| matches!(
@@ -244,7 +245,7 @@ fn a_host_that_cannot_hold_a_step_leaves_it_uncommitted() {
     join(&mut sim, H1, 1);
     sim.input(Input::FromAgent {
         conn: H1,
-        msg: Message::MemoryHeld {
+        msg: FromAgent::MemoryHeld {
             step: 4,
             bytes: 0,
             replicated: false,
@@ -253,7 +254,7 @@ fn a_host_that_cannot_hold_a_step_leaves_it_uncommitted() {
     });
     sim.input(Input::FromAgent {
         conn: H0,
-        msg: Message::MemoryHeld {
+        msg: FromAgent::MemoryHeld {
             step: 4,
             bytes: 100,
             replicated: true,
@@ -296,14 +297,14 @@ fn a_host_that_rejoins_before_the_launch_is_asked_again_and_the_run_decides() {
         conn: H1_AGAIN,
     });
     assert!(
-        sim.sent_to(H1_AGAIN).contains(&&Message::MemoryPrepare {
+        sim.sent_to(H1_AGAIN).contains(&&ToAgent::MemoryPrepare {
             run_id: "0123456789abcdef".into(),
             step: 7
         }),
         "the new session is asked"
     );
     // Host 0 learns where its buddy now serves replicas.
-    assert!(sim.sent_to(H0).contains(&&Message::Buddy {
+    assert!(sim.sent_to(H0).contains(&&ToAgent::Buddy {
         host: 1,
         addr: "127.0.0.3:6101".into()
     }));

@@ -5,7 +5,7 @@
 //! that kind.
 
 use meshrun_protocol::message::SpawnProblem;
-use meshrun_protocol::Message;
+use meshrun_protocol::FromAgent;
 use meshrun_record::{Cause, Event};
 
 use super::sim::{plan, Sim};
@@ -125,12 +125,12 @@ fn a_start_that_failed_for_a_missing_folder_or_program_is_one_no_restart_can_cha
     for (problem, lasting) in cases {
         let mut sim = Sim::new(plan(2));
         sim.join_agent();
-        sim.agent(Message::WorkerStarted {
+        sim.agent(FromAgent::WorkerStarted {
             rank: 0,
             pid: 100,
             warm: false,
         });
-        sim.agent(Message::SpawnFailed {
+        sim.agent(FromAgent::SpawnFailed {
             rank: 1,
             error: "the run's working folder '/w' is not on this host".into(),
             problem,

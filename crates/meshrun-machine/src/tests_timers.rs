@@ -4,6 +4,7 @@
 //! reference) on machines driven at random on the simulated clock, and
 //! shown to read no rank at all.
 
+use meshrun_protocol::{FromAgent, FromWorker};
 use std::time::{Duration, Instant};
 
 use meshrun_record::ExitInfo;
@@ -189,22 +190,22 @@ fn apply(sim: &mut Sim, per_host: u32, op: Op) {
             }
         }
         Op::Backlogged => sim.m.backlogged(sim.now),
-        Op::Heartbeat(r) => sim.worker(r % n, Message::Heartbeat),
+        Op::Heartbeat(r) => sim.worker(r % n, FromWorker::Heartbeat),
         Op::Beats(h) => sim.input(Input::FromAgent {
             conn: agent(h),
-            msg: Message::WorkerBeats {
+            msg: FromAgent::WorkerBeats {
                 ranks: (0..n).collect(),
             },
         }),
         Op::AgentHeartbeat(h) => sim.input(Input::FromAgent {
             conn: agent(h),
-            msg: Message::Heartbeat,
+            msg: FromAgent::Heartbeat,
         }),
         Op::Started(r) => {
             let rank = r % n;
             sim.input(Input::FromAgent {
                 conn: agent(rank / per_host),
-                msg: Message::WorkerStarted {
+                msg: FromAgent::WorkerStarted {
                     rank,
                     pid: 100 + rank,
                     warm: true,
@@ -213,7 +214,7 @@ fn apply(sim: &mut Sim, per_host: u32, op: Op) {
         }
         Op::Report(r, step) => sim.worker(
             r % n,
-            Message::Report {
+            FromWorker::Report {
                 step,
                 metrics: serde_json::json!({}),
                 checkpoint: false,
@@ -226,7 +227,7 @@ fn apply(sim: &mut Sim, per_host: u32, op: Op) {
             let rank = r % n;
             sim.input(Input::FromAgent {
                 conn: agent(rank / per_host),
-                msg: Message::WorkerExited {
+                msg: FromAgent::WorkerExited {
                     rank,
                     exit: ExitInfo {
                         code: Some(i32::from(!ok)),
@@ -290,7 +291,7 @@ fn poll_timeout_reads_no_rank_and_no_agent() {
         rank: 7,
         clean: false,
     });
-    sim.worker(3, Message::Heartbeat); // a connection to drain
+    sim.worker(3, FromWorker::Heartbeat); // a connection to drain
     let reads = (sim.m.ranks.reads(), sim.m.agents.reads());
     let next = sim.m.poll_timeout();
     assert_eq!((sim.m.ranks.reads(), sim.m.agents.reads()), reads);

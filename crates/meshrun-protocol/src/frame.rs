@@ -1,4 +1,5 @@
-//! Frame bodies: one version byte, then the JSON of a [`Message`]. The same
+//! Frame bodies: one version byte, then the JSON of a message ([`Frame`]:
+//! each conversation's enums of `message`). The same
 //! encoding is used by the async side (controller, agent: tokio) and the
 //! blocking side (the worker's thread inside the user's Python process);
 //! on the wire each body travels sealed by `meshrun-channel`.
@@ -8,12 +9,18 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::message::Message;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 
-/// Bumped whenever a [`Message`] or the wire format changes incompatibly.
+use crate::message::{
+    ClientReply, ClientRequest, FromAgent, FromWorker, ReplicaReply, ReplicaRequest, ToAgent,
+    ToWorker,
+};
+
+/// Bumped whenever a message or the wire format changes incompatibly.
 /// It is also bound into the handshake, so peers of two versions cannot
 /// open a connection at all.
-pub const PROTOCOL_VERSION: u8 = 8;
+pub const PROTOCOL_VERSION: u8 = 9;
 
 /// No honest frame is near this: a log line is cut at 64 KiB, a metrics
 /// record is small. Anything larger is an attack or a bug.
@@ -47,13 +54,49 @@ pub enum ProtocolError {
 }
 
 /// The first byte of a frame that carries bytes of a file in transfer
-/// ([`Message::Raw`]) rather than a versioned JSON message: file data
+/// (a `Raw` message) rather than a versioned JSON message: file data
 /// crosses without JSON or base64.
 pub const RAW_TAG: u8 = 0xff;
 
+/// A message of one conversation and direction, as it crosses in a frame.
+/// The enums that carry files (`FromWorker`, the replicas') have a `Raw`
+/// variant, sent without JSON.
+pub trait Frame: Serialize + DeserializeOwned {
+    /// The bytes of a file in transfer, when the message is one.
+    fn raw(&self) -> Option<&Bytes> {
+        None
+    }
+
+    /// The message a raw frame is, where the conversation has them.
+    fn from_raw(_data: Bytes) -> Option<Self> {
+        None
+    }
+}
+
+macro_rules! frames {
+    ($($t:ty),*) => { $(impl Frame for $t {})* };
+    (raw: $($t:ident),*) => {
+        $(impl Frame for $t {
+            fn raw(&self) -> Option<&Bytes> {
+                match self {
+                    $t::Raw(data) => Some(data),
+                    _ => None,
+                }
+            }
+
+            fn from_raw(data: Bytes) -> Option<Self> {
+                Some($t::Raw(data))
+            }
+        })*
+    };
+}
+
+frames!(FromAgent, ToAgent, ClientRequest, ClientReply, ToWorker);
+frames!(raw: FromWorker, ReplicaRequest, ReplicaReply);
+
 /// Encodes a message as a frame body (version byte + JSON).
-pub fn encode(msg: &Message) -> Bytes {
-    if let Message::Raw(data) = msg {
+pub fn encode<M: Frame>(msg: &M) -> Bytes {
+    if let Some(data) = msg.raw() {
         let mut body = Vec::with_capacity(data.len() + 1);
         body.push(RAW_TAG);
         body.extend_from_slice(data);
@@ -66,11 +109,25 @@ pub fn encode(msg: &Message) -> Bytes {
     Bytes::from(body)
 }
 
-/// Decodes a frame body; the caller has already enforced the size limit.
-pub fn decode(body: &[u8]) -> Result<Message, ProtocolError> {
+/// As [`decode`], from a body already held as [`Bytes`]: a raw frame's
+/// data is a slice of it, not a copy.
+pub fn decode_bytes<M: Frame>(body: &Bytes) -> Result<M, ProtocolError> {
+    if body.first() == Some(&RAW_TAG) {
+        return M::from_raw(body.slice(1..)).ok_or(ProtocolError::Unexpected {
+            expected: "a message, not the bytes of a file",
+        });
+    }
+    decode(body)
+}
+
+/// Decodes a frame body as a message of `M`'s conversation; the caller
+/// has already enforced the size limit.
+pub fn decode<M: Frame>(body: &[u8]) -> Result<M, ProtocolError> {
     let (&version, json) = body.split_first().ok_or(ProtocolError::Empty)?;
     if version == RAW_TAG {
-        return Ok(Message::Raw(Bytes::copy_from_slice(json)));
+        return M::from_raw(Bytes::copy_from_slice(json)).ok_or(ProtocolError::Unexpected {
+            expected: "a message, not the bytes of a file",
+        });
     }
     if version != PROTOCOL_VERSION {
         return Err(ProtocolError::Version { seen: version });
@@ -85,7 +142,7 @@ mod tests {
 
     #[test]
     fn round_trip() {
-        let msg = Message::Report {
+        let msg = FromWorker::Report {
             step: Some(3),
             metrics: serde_json::json!({"loss": 0.5}),
             checkpoint: false,
@@ -96,36 +153,60 @@ mod tests {
             saving: true,
             total_steps: Some(10),
         };
-        assert_eq!(decode(&encode(&msg)).unwrap(), msg);
+        assert_eq!(decode::<FromWorker>(&encode(&msg)).unwrap(), msg);
     }
 
     #[test]
     fn raw_bytes_cross_as_they_are() {
-        let msg = Message::Raw(Bytes::from_static(b"\x00\xffdata"));
+        let msg = FromWorker::Raw(Bytes::from_static(b"\x00\xffdata"));
         let body = encode(&msg);
         assert_eq!(body.len(), 7);
-        assert_eq!(decode(&body).unwrap(), msg);
+        assert_eq!(decode::<FromWorker>(&body).unwrap(), msg);
+        // A conversation without files takes none.
+        assert!(matches!(
+            decode::<ToWorker>(&body),
+            Err(ProtocolError::Unexpected { .. })
+        ));
+    }
+
+    #[test]
+    fn a_frame_of_one_conversation_is_not_read_as_anothers() {
+        let bye = encode(&FromWorker::Bye);
+        assert!(matches!(
+            decode::<ToAgent>(&bye),
+            Err(ProtocolError::Malformed(_))
+        ));
+        let stop = encode(&ClientRequest::StopRun { now: true });
+        assert!(decode::<FromAgent>(&stop).is_err());
+        assert_eq!(
+            decode::<ClientRequest>(&stop).unwrap(),
+            ClientRequest::StopRun { now: true }
+        );
     }
 
     #[test]
     fn wrong_version_is_refused() {
-        let mut body = encode(&Message::Heartbeat).to_vec();
+        let mut body = encode(&FromWorker::Heartbeat).to_vec();
         body[0] = 99;
         assert!(matches!(
-            decode(&body),
+            decode::<FromWorker>(&body),
             Err(ProtocolError::Version { seen: 99 })
         ));
     }
 
     #[test]
     fn an_empty_body_is_refused() {
-        assert!(matches!(decode(&[]), Err(ProtocolError::Empty)));
+        assert!(matches!(
+            decode::<FromAgent>(&[]),
+            Err(ProtocolError::Empty)
+        ));
     }
 
     proptest! {
         #[test]
         fn decoder_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
-            let _ = decode(&bytes);
+            let _ = decode::<FromWorker>(&bytes);
+            let _ = decode::<ToAgent>(&bytes);
         }
 
         #[test]
@@ -134,7 +215,7 @@ mod tests {
         ) {
             let mut body = vec![PROTOCOL_VERSION];
             body.extend(json);
-            let _ = decode(&body);
+            let _ = decode::<FromAgent>(&body);
         }
     }
 }

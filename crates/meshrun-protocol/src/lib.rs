@@ -1,6 +1,6 @@
 //! The one control protocol between controller, agents and workers, as
 //! data: the run token it is keyed by ([`token`]), the messages
-//! ([`message`]), their frame encoding ([`frame`]: one version byte, then
+//! ([`message`]: one enum per conversation and direction), their frame encoding ([`frame`]: one version byte, then
 //! JSON) and the names of the environment every worker is started with
 //! ([`mod@env`]).
 //!
@@ -16,5 +16,9 @@ pub mod frame;
 pub mod message;
 pub mod token;
 
+pub use frame::Frame;
 pub use frame::{ProtocolError, MAX_FRAME_BYTES, PROTOCOL_VERSION};
-pub use message::{ExitInfo, Message, Stream, WorkerLaunch, STACK_DUMP_WAIT};
+pub use message::{
+    ClientReply, ClientRequest, ExitInfo, FromAgent, FromWorker, ReplicaReply, ReplicaRequest,
+    Stream, ToAgent, ToWorker, WorkerLaunch, STACK_DUMP_WAIT,
+};

@@ -17,7 +17,7 @@ use std::time::Duration;
 use meshrun_channel::{auth, BlockingWriter};
 use meshrun_protocol::frame::{encode, MAX_FRAME_BYTES};
 use meshrun_protocol::token::{Peer, Token};
-use meshrun_protocol::{Message, ProtocolError};
+use meshrun_protocol::{FromWorker, ProtocolError, ToWorker};
 
 use crate::commits::{Commits, NotCommitted};
 use crate::error::WorkerError;
@@ -33,7 +33,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 pub const UNSENT_REPORT_BYTES: usize = 16 << 20;
 
 enum Outgoing {
-    Msg(Message),
+    Msg(FromWorker),
     /// A message already encoded (and checked against the frame limit).
     Body(bytes::Bytes),
     /// Acknowledged once everything queued before it has been written.
@@ -179,7 +179,7 @@ impl WorkerClient {
 
         let reader = stream.try_clone().map_err(net("socket"))?;
         let (mut reader, mut out) = keys.into_blocking(reader, stream);
-        out.send(&Message::WorkerHello {
+        out.send(&FromWorker::WorkerHello {
             rank,
             attempt,
             pid: std::process::id(),
@@ -208,10 +208,10 @@ impl WorkerClient {
             .spawn(move || {
                 // Any end of the stream that we did not ask for means the
                 // controller is gone.
-                while let Ok(msg) = reader.recv() {
+                while let Ok(msg) = reader.recv::<ToWorker>() {
                     match msg {
-                        Message::CheckpointNow => requested.store(true, Ordering::SeqCst),
-                        Message::Resume { step } => {
+                        ToWorker::CheckpointNow => requested.store(true, Ordering::SeqCst),
+                        ToWorker::Resume { step } => {
                             let mut newest = resume_seen
                                 .step
                                 .lock()
@@ -219,13 +219,13 @@ impl WorkerClient {
                             *newest = (*newest).max(Some(step));
                             resume_seen.changed.notify_all();
                         }
-                        Message::StepCommitted { step, path } => {
+                        ToWorker::StepCommitted { step, path } => {
                             commits_seen.settle(step, Ok(path));
                         }
-                        Message::StepNotCommitted { step, error } => {
+                        ToWorker::StepNotCommitted { step, error } => {
                             commits_seen.settle(step, Err(error));
                         }
-                        Message::Profile {
+                        ToWorker::Profile {
                             capture,
                             steps,
                             from_step,
@@ -239,7 +239,6 @@ impl WorkerClient {
                                     from_step,
                                 });
                         }
-                        _ => {}
                     }
                 }
                 if on_loss == OnControllerLoss::KillProcessGroup
@@ -313,7 +312,7 @@ impl WorkerClient {
 
     /// Says the trace of `capture` could not be taken.
     pub fn profile_failed(&self, capture: String, error: String) {
-        let _ = self.tx.send(Outgoing::Msg(Message::ProfileDone {
+        let _ = self.tx.send(Outgoing::Msg(FromWorker::ProfileDone {
             capture,
             error: Some(error),
         }));
@@ -321,7 +320,9 @@ impl WorkerClient {
 
     /// Says, before saving, that this rank saves `step` for a preemption.
     pub fn preempt_save(&self, step: u64) {
-        let _ = self.tx.send(Outgoing::Msg(Message::PreemptSave { step }));
+        let _ = self
+            .tx
+            .send(Outgoing::Msg(FromWorker::PreemptSave { step }));
     }
 
     /// After a preemption save of `step`: waits until the controller
@@ -372,7 +373,7 @@ impl WorkerClient {
     /// over the frame limit is refused here, so the caller can say so
     /// ([`ProtocolError::TooLarge`] with its size) and nothing is sent.
     pub fn report(&self, report: Report) -> Result<(), ProtocolError> {
-        let body = encode(&Message::Report {
+        let body = encode(&FromWorker::Report {
             step: report.step,
             metrics: report.metrics,
             checkpoint: report.checkpoint,
@@ -395,7 +396,7 @@ impl WorkerClient {
 
     /// Where this worker's time went, at the end of its program.
     pub fn timing(&self, timing: meshrun_record::Timing) {
-        let _ = self.tx.send(Outgoing::Msg(Message::Timing { timing }));
+        let _ = self.tx.send(Outgoing::Msg(FromWorker::Timing { timing }));
     }
 
     /// Tells the controller this rank's shards of checkpoint `step` are on
@@ -407,7 +408,7 @@ impl WorkerClient {
         files: Option<Vec<meshrun_ckpt::directory::FileRecord>>,
         extra: Option<serde_json::Value>,
     ) {
-        let _ = self.tx.send(Outgoing::Msg(Message::CheckpointWritten {
+        let _ = self.tx.send(Outgoing::Msg(FromWorker::CheckpointWritten {
             step,
             leaves,
             files,
@@ -423,7 +424,7 @@ impl WorkerClient {
         leaves: Vec<meshrun_ckpt::manifest::Leaf>,
         extra: Option<serde_json::Value>,
     ) {
-        let _ = self.tx.send(Outgoing::Msg(Message::MemoryWritten {
+        let _ = self.tx.send(Outgoing::Msg(FromWorker::MemoryWritten {
             step,
             leaves,
             extra,
@@ -434,7 +435,7 @@ impl WorkerClient {
     pub fn save_failed(&self, step: u64, error: String) {
         let _ = self
             .tx
-            .send(Outgoing::Msg(Message::SaveFailed { step, error }));
+            .send(Outgoing::Msg(FromWorker::SaveFailed { step, error }));
     }
 
     /// Sends the user's exception and waits (up to `timeout`) until it has
@@ -446,7 +447,7 @@ impl WorkerClient {
         traceback: String,
         timeout: Duration,
     ) {
-        let _ = self.tx.send(Outgoing::Msg(Message::Failure {
+        let _ = self.tx.send(Outgoing::Msg(FromWorker::Failure {
             kind,
             message,
             traceback,
@@ -458,7 +459,7 @@ impl WorkerClient {
     /// `timeout`) until it has been written: the process exits (or is held
     /// in JAX's shutdown barrier) right after.
     pub fn report_exit(&self, code: i32, argument: String, traceback: String, timeout: Duration) {
-        let _ = self.tx.send(Outgoing::Msg(Message::ExitRequested {
+        let _ = self.tx.send(Outgoing::Msg(FromWorker::ExitRequested {
             code,
             argument,
             traceback,
@@ -498,7 +499,7 @@ fn write_loop(
     loop {
         // Shed reports are said before whatever comes next.
         let shed = unsent.shed.swap(0, Ordering::SeqCst);
-        if shed > 0 && out.put(&Message::ReportsShed { count: shed }).is_err() {
+        if shed > 0 && out.put(&FromWorker::ReportsShed { count: shed }).is_err() {
             return;
         }
         // Drain what is queued without flushing, then flush once and wait.
@@ -516,7 +517,7 @@ fn write_loop(
                             beat.now();
                             continue;
                         }
-                        None => Outgoing::Msg(Message::Heartbeat),
+                        None => Outgoing::Msg(FromWorker::Heartbeat),
                     },
                     Err(RecvTimeoutError::Disconnected) => return,
                 }
@@ -543,7 +544,10 @@ fn write_loop(
                     Err(FileSendError::Net) => return,
                     Err(FileSendError::Read(e)) => Some(e),
                 };
-                if out.put(&Message::ProfileDone { capture, error }).is_err() {
+                if out
+                    .put(&FromWorker::ProfileDone { capture, error })
+                    .is_err()
+                {
                     return;
                 }
             }
@@ -552,7 +556,7 @@ fn write_loop(
                 let _ = ack.send(());
             }
             Outgoing::Close(ack) => {
-                let _ = out.put(&Message::Bye);
+                let _ = out.put(&FromWorker::Bye);
                 let _ = out.flush();
                 let _ = out.get_ref().shutdown(Shutdown::Write);
                 let _ = ack.send(());

@@ -29,8 +29,8 @@ async fn a_controller_that_stops_reading_costs_counted_reports_not_the_workers_m
     let (stream, _) = listener.accept().await.unwrap();
     let (mut conn, _) = auth::accept_peer(stream, &token).await.unwrap();
     assert!(matches!(
-        conn.recv().await.unwrap(),
-        Message::WorkerHello { rank: 0, .. }
+        conn.recv::<FromWorker>().await.unwrap(),
+        FromWorker::WorkerHello { rank: 0, .. }
     ));
     let client = client.await.unwrap();
 
@@ -49,14 +49,14 @@ async fn a_controller_that_stops_reading_costs_counted_reports_not_the_workers_m
     let closing = tokio::task::spawn_blocking(move || client.close(Duration::from_mins(1)));
     let (mut received, mut shed, mut steps) = (0u64, 0u64, Vec::new());
     loop {
-        match conn.recv().await.unwrap() {
-            Message::Report { step, .. } => {
+        match conn.recv::<FromWorker>().await.unwrap() {
+            FromWorker::Report { step, .. } => {
                 received += 1;
                 steps.push(step.unwrap());
             }
-            Message::ReportsShed { count } => shed += count,
-            Message::Bye => break,
-            Message::Heartbeat => {}
+            FromWorker::ReportsShed { count } => shed += count,
+            FromWorker::Bye => break,
+            FromWorker::Heartbeat => {}
             other => panic!("unexpected {other:?}"),
         }
     }

@@ -7,7 +7,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use meshrun_channel::BlockingWriter;
-use meshrun_protocol::Message;
+use meshrun_protocol::FromWorker;
 
 /// Raw frames of a file in transfer carry this much each.
 const FILE_CHUNK_BYTES: usize = 512 * 1024;
@@ -44,7 +44,7 @@ pub fn send_files<W: Write>(
                 continue;
             }
         };
-        let head = Message::ProfileFile {
+        let head = FromWorker::ProfileFile {
             capture: capture.to_string(),
             name,
             size,
@@ -81,7 +81,7 @@ fn send_bytes<W: Write>(
         } else {
             chunk.fill(0);
         }
-        out.put(&Message::Raw(bytes::Bytes::copy_from_slice(chunk)))
+        out.put(&FromWorker::Raw(bytes::Bytes::copy_from_slice(chunk)))
             .map_err(|_| FileSendError::Net)?;
         left -= want as u64;
     }
@@ -119,10 +119,10 @@ mod tests {
     fn received(wire: &[u8], keys: meshrun_channel::Keys) -> Vec<(String, u64, Vec<u8>)> {
         let (mut r, _) = keys.into_blocking(wire, std::io::sink());
         let mut files: Vec<(String, u64, Vec<u8>)> = Vec::new();
-        while let Ok(msg) = r.recv() {
+        while let Ok(msg) = r.recv::<FromWorker>() {
             match msg {
-                Message::ProfileFile { name, size, .. } => files.push((name, size, Vec::new())),
-                Message::Raw(data) => files.last_mut().unwrap().2.extend_from_slice(&data),
+                FromWorker::ProfileFile { name, size, .. } => files.push((name, size, Vec::new())),
+                FromWorker::Raw(data) => files.last_mut().unwrap().2.extend_from_slice(&data),
                 other => panic!("{other:?}"),
             }
         }

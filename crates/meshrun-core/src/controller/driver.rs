@@ -6,7 +6,8 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use meshrun_protocol::Message;
+use bytes::Bytes;
+use meshrun_protocol::{FromAgent, FromWorker};
 use meshrun_record::{Event, MetricsRecord, RunRecord};
 use nix::sys::signal::Signal;
 use tokio::signal::unix::{signal, SignalKind};
@@ -63,7 +64,7 @@ pub struct Driver<'a> {
     /// fewer hosts).
     world: u32,
     pub(super) attempt: u32,
-    pub(super) conns: HashMap<Conn, mpsc::UnboundedSender<Message>>,
+    pub(super) conns: HashMap<Conn, mpsc::UnboundedSender<Bytes>>,
     pub(super) stragglers: Stragglers,
     /// Profile captures, kept across the run's attempts.
     pub(super) captures: &'a mut Captures,
@@ -247,7 +248,7 @@ impl<'a> Driver<'a> {
         Ok(())
     }
 
-    fn register(&mut self, conn: Conn, tx: mpsc::UnboundedSender<Message>) -> Conn {
+    fn register(&mut self, conn: Conn, tx: mpsc::UnboundedSender<Bytes>) -> Conn {
         self.conns.insert(conn, tx);
         conn
     }
@@ -277,7 +278,7 @@ impl<'a> Driver<'a> {
             Net::FromAgent {
                 conn,
                 msg:
-                    Message::Log {
+                    FromAgent::Log {
                         rank,
                         stream,
                         line,
@@ -299,7 +300,7 @@ impl<'a> Driver<'a> {
             }
             Net::FromAgent {
                 conn,
-                msg: Message::StepTimes { times },
+                msg: FromAgent::StepTimes { times },
             } => {
                 // An agent speaks for its own ranks only.
                 let pph = self.plan.procs_per_host;
@@ -331,14 +332,14 @@ impl<'a> Driver<'a> {
                 return Ok(());
             }
             Net::FromWorker { rank, msg } => {
-                if let Message::SaveFailed { step, error } = &msg {
+                if let FromWorker::SaveFailed { step, error } = &msg {
                     self.save_failed(*step, &format!("rank {rank}: {error}"));
                 }
                 if self.profile_message(rank, &msg)? {
                     // Its trace is a sign of life too.
                     Input::FromWorker {
                         rank,
-                        msg: Message::Heartbeat,
+                        msg: FromWorker::Heartbeat,
                     }
                 } else {
                     Input::FromWorker { rank, msg }
@@ -375,7 +376,7 @@ impl<'a> Driver<'a> {
             match action {
                 Action::Send { to, msg } => {
                     if let Some(tx) = self.conns.get(&to) {
-                        let _ = tx.send(msg);
+                        let _ = tx.send(msg.encode());
                     }
                 }
                 Action::Close { conn } => {

@@ -5,7 +5,8 @@
 
 use std::time::SystemTime;
 
-use meshrun_protocol::Message;
+use bytes::Bytes;
+use meshrun_protocol::{ClientReply, FromWorker, ToWorker};
 use meshrun_record::{unix_time, Event};
 use tokio::sync::mpsc;
 
@@ -14,6 +15,7 @@ use super::profiles::Saved;
 use super::stragglers::Found;
 use crate::error::CoreError;
 use meshrun_machine::Conn;
+use meshrun_machine::Outgoing;
 use meshrun_plan::DEFAULT_PROFILE_STEPS;
 
 /// A straggler's automatic capture takes every rank up to this many, else
@@ -94,7 +96,7 @@ impl Driver<'_> {
         conn: Conn,
         ranks: Option<Vec<u32>>,
         steps: u32,
-        tx: mpsc::UnboundedSender<Message>,
+        tx: mpsc::UnboundedSender<Bytes>,
     ) -> Result<(), CoreError> {
         self.conns.insert(conn, tx);
         let world = self.machine.world();
@@ -129,7 +131,7 @@ impl Driver<'_> {
             })
         });
         if let Some(reason) = declined {
-            self.send_to(conn, Message::Declined { reason });
+            self.send_to(conn, ClientReply::Declined { reason });
             return Ok(());
         }
         self.start_capture(&ranks, steps, None, "asked", Some(conn))
@@ -154,7 +156,7 @@ impl Driver<'_> {
         if let Some(capture) = self.captures.launch.clone() {
             self.send_to(
                 conn,
-                Message::Profile {
+                ToWorker::Profile {
                     capture,
                     steps: u32::try_from(b - a).unwrap_or(u32::MAX),
                     from_step: Some(a),
@@ -181,7 +183,7 @@ impl Driver<'_> {
         if let Some(conn) = requester {
             self.send_to(
                 conn,
-                Message::ProfileAccepted {
+                ClientReply::ProfileAccepted {
                     dir: shown.clone(),
                     ranks: ranks.to_vec(),
                 },
@@ -197,7 +199,7 @@ impl Driver<'_> {
         if steps > 0 {
             for &rank in ranks {
                 if let Some(conn) = self.machine.worker_conn(rank) {
-                    let msg = Message::Profile {
+                    let msg = ToWorker::Profile {
                         capture: capture.clone(),
                         steps,
                         from_step,
@@ -219,15 +221,19 @@ impl Driver<'_> {
     }
 
     /// A worker's message about a capture; `false` when it is none.
-    pub(super) fn profile_message(&mut self, rank: u32, msg: &Message) -> Result<bool, CoreError> {
+    pub(super) fn profile_message(
+        &mut self,
+        rank: u32,
+        msg: &FromWorker,
+    ) -> Result<bool, CoreError> {
         match msg {
-            Message::ProfileFile {
+            FromWorker::ProfileFile {
                 capture,
                 name,
                 size,
             } => self.captures.file(rank, capture, name, *size),
-            Message::Raw(data) => self.captures.bytes(rank, data),
-            Message::ProfileDone { capture, error } => {
+            FromWorker::Raw(data) => self.captures.bytes(rank, data),
+            FromWorker::ProfileDone { capture, error } => {
                 if let Some(saved) = self.captures.rank_done(rank, capture, error.clone()) {
                     self.saved(saved)?;
                 }
@@ -263,7 +269,7 @@ impl Driver<'_> {
         if let Some(conn) = saved.requester {
             self.send_to(
                 conn,
-                Message::ProfileSaved {
+                ClientReply::ProfileSaved {
                     dir,
                     ranks: saved.ranks,
                     missing: saved.missing,
@@ -273,9 +279,9 @@ impl Driver<'_> {
         Ok(())
     }
 
-    fn send_to(&self, conn: Conn, msg: Message) {
+    fn send_to(&self, conn: Conn, msg: impl Into<Outgoing>) {
         if let Some(tx) = self.conns.get(&conn) {
-            let _ = tx.send(msg);
+            let _ = tx.send(msg.into().encode());
         }
     }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use meshrun_channel::{auth, Connection};
 use meshrun_protocol::token::Token;
-use meshrun_protocol::Message;
+use meshrun_protocol::{ClientReply, ClientRequest};
 use serde_json::Value;
 use tokio::net::TcpStream;
 
@@ -46,9 +46,9 @@ pub fn stop_run(run_dir: &Path, name: &str, now: bool) -> Result<String, CoreErr
 /// does). Returns the controller's answer, saying what it will do.
 pub async fn request_stop(run_dir: &Path, name: &str, now: bool) -> Result<String, CoreError> {
     let mut conn = connect_run(run_dir, name).await?;
-    conn.send(&Message::StopRun { now }).await?;
-    match conn.recv_timeout(ANSWER_WAIT).await? {
-        Message::StopAccepted { what } => Ok(what),
+    conn.send(&ClientRequest::StopRun { now }).await?;
+    match conn.recv_timeout::<ClientReply>(ANSWER_WAIT).await? {
+        ClientReply::StopAccepted { what } => Ok(what),
         _ => Err(unexpected("stop_accepted")),
     }
 }
@@ -73,16 +73,17 @@ pub fn profile_run(
 ) -> Result<ProfileOutcome, CoreError> {
     block_on(async {
         let mut conn = connect_run(run_dir, name).await?;
-        conn.send(&Message::ProfileRun { ranks, steps }).await?;
-        match conn.recv_timeout(ANSWER_WAIT).await? {
-            Message::ProfileAccepted { dir, ranks } => accepted(&dir, &ranks),
-            Message::Declined { reason } => return Err(CoreError::Declined(reason)),
+        conn.send(&ClientRequest::ProfileRun { ranks, steps })
+            .await?;
+        match conn.recv_timeout::<ClientReply>(ANSWER_WAIT).await? {
+            ClientReply::ProfileAccepted { dir, ranks } => accepted(&dir, &ranks),
+            ClientReply::Declined { reason } => return Err(CoreError::Declined(reason)),
             _ => return Err(unexpected("profile_accepted")),
         }
         // As long as the steps take: the run says when the traces are in,
         // or that its attempt ended without them.
-        match conn.recv().await {
-            Ok(Message::ProfileSaved {
+        match conn.recv::<ClientReply>().await {
+            Ok(ClientReply::ProfileSaved {
                 dir,
                 ranks,
                 missing,

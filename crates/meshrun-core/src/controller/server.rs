@@ -8,10 +8,12 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use bytes::Bytes;
 use meshrun_channel::auth::{self, HANDSHAKE_TIMEOUT};
 use meshrun_channel::{Connection, FrameSink};
+use meshrun_protocol::frame::{decode, encode};
 use meshrun_protocol::token::{Peer, Token};
-use meshrun_protocol::{Message, ProtocolError};
+use meshrun_protocol::{ClientRequest, FromAgent, FromWorker, ProtocolError, ToAgent};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -32,11 +34,11 @@ pub enum Event {
         free_port: u16,
         controller: Option<String>,
         replica_port: Option<u16>,
-        tx: mpsc::UnboundedSender<Message>,
+        tx: mpsc::UnboundedSender<Bytes>,
     },
     FromAgent {
         conn: Conn,
-        msg: Message,
+        msg: FromAgent,
     },
     AgentLost {
         conn: Conn,
@@ -47,11 +49,11 @@ pub enum Event {
         rank: u32,
         attempt: u32,
         pid: u32,
-        tx: mpsc::UnboundedSender<Message>,
+        tx: mpsc::UnboundedSender<Bytes>,
     },
     FromWorker {
         rank: u32,
-        msg: Message,
+        msg: FromWorker,
     },
     /// The worker's connection ended; `clean` when it said goodbye first.
     WorkerLost {
@@ -62,14 +64,14 @@ pub enum Event {
     StopRequested {
         conn: Conn,
         now: bool,
-        tx: mpsc::UnboundedSender<Message>,
+        tx: mpsc::UnboundedSender<Bytes>,
     },
     /// `meshrun profile`: answers go back on `tx` (accepted, then saved).
     ProfileRequested {
         conn: Conn,
         ranks: Option<Vec<u32>>,
         steps: u32,
-        tx: mpsc::UnboundedSender<Message>,
+        tx: mpsc::UnboundedSender<Bytes>,
     },
     /// A frame from `peer` did not authenticate after the handshake; its
     /// connection is closed (and, for a worker or an agent, lost next).
@@ -159,19 +161,21 @@ async fn serve(
         }),
         _ => None,
     };
-    let hello = match connection.recv_timeout(HANDSHAKE_TIMEOUT).await {
-        Ok(hello) => hello,
-        Err(e) => {
+    let body = match tokio::time::timeout(HANDSHAKE_TIMEOUT, connection.recv_body()).await {
+        Ok(Ok(body)) => body,
+        Ok(Err(e)) => {
             if let Some(event) = rejected(&e) {
                 let _ = events.send(event).await;
             }
             return Err(e.to_string());
         }
+        Err(_) => return Err(ProtocolError::Timeout(HANDSHAKE_TIMEOUT).to_string()),
     };
+    let hello = Hello::read(&body, claim);
     // A worker's credential speaks as that worker and nothing else: not as
     // an agent, a command (stop, profile), or another rank or attempt.
     if let Peer::Worker { attempt, rank } = claim {
-        if !matches!(hello, Message::WorkerHello { rank: r, attempt: a, .. } if r == rank && a == attempt)
+        if !matches!(hello, Ok(Hello::Worker(FromWorker::WorkerHello { rank: r, attempt: a, .. })) if r == rank && a == attempt)
         {
             let reason = format!(
                 "the credential of rank {rank} in attempt {attempt} may only say that worker's hello"
@@ -181,8 +185,9 @@ async fn serve(
             return Err("a worker's credential used for something else".into());
         }
     }
+    let hello = hello.map_err(|e| e.to_string())?;
     match hello {
-        Message::AgentHello {
+        Hello::Agent(FromAgent::AgentHello {
             host,
             host_ip,
             pid,
@@ -190,7 +195,7 @@ async fn serve(
             free_port,
             controller,
             replica_port,
-        } => {
+        }) => {
             let (sink, mut stream) = connection.split();
             let (tx, sender) = spawn_sender(sink);
             // Clock probes are answered here, not by the supervisor: the
@@ -210,12 +215,12 @@ async fn serve(
                 })
                 .await;
             let error = loop {
-                match stream.recv().await {
-                    Ok(Message::ClockProbe { sent_ns }) => {
-                        let _ = echo.send(Message::ClockEcho {
+                match stream.recv::<FromAgent>().await {
+                    Ok(FromAgent::ClockProbe { sent_ns }) => {
+                        let _ = echo.send(encode(&ToAgent::ClockEcho {
                             sent_ns,
                             controller_ns: meshrun_agent::unix_ns(),
-                        });
+                        }));
                     }
                     Ok(msg) => {
                         let _ = events.send(Event::FromAgent { conn, msg }).await;
@@ -232,7 +237,7 @@ async fn serve(
             let _ = events.send(Event::AgentLost { conn, error }).await;
             Ok(())
         }
-        Message::WorkerHello { rank, attempt, pid } => {
+        Hello::Worker(FromWorker::WorkerHello { rank, attempt, pid }) => {
             // The sender lives as long as the supervisor holds `tx`, so the
             // connection stays open until the worker closes it: the worker
             // never mistakes a goodbye for the controller's death.
@@ -248,8 +253,8 @@ async fn serve(
                 })
                 .await;
             let clean = loop {
-                match stream.recv().await {
-                    Ok(Message::Bye) => break true,
+                match stream.recv::<FromWorker>().await {
+                    Ok(FromWorker::Bye) => break true,
                     Ok(msg) => {
                         let _ = events.send(Event::FromWorker { rank, msg }).await;
                     }
@@ -265,10 +270,10 @@ async fn serve(
                 }
             };
             let _ = events.send(Event::WorkerLost { rank, clean }).await;
-            while stream.recv().await.is_ok() {}
+            while stream.recv_body().await.is_ok() {}
             Ok(())
         }
-        Message::StopRun { now } => {
+        Hello::Client(ClientRequest::StopRun { now }) => {
             hold_request(connection, events, rejected, |tx| Event::StopRequested {
                 conn,
                 now,
@@ -276,7 +281,7 @@ async fn serve(
             })
             .await
         }
-        Message::ProfileRun { ranks, steps } => {
+        Hello::Client(ClientRequest::ProfileRun { ranks, steps }) => {
             hold_request(connection, events, rejected, |tx| Event::ProfileRequested {
                 conn,
                 ranks,
@@ -285,7 +290,31 @@ async fn serve(
             })
             .await
         }
-        _ => Err("first message after authentication was not a hello".into()),
+        Hello::Agent(_) | Hello::Worker(_) => {
+            Err("first message after authentication was not a hello".into())
+        }
+    }
+}
+
+/// The first message of a connection, which says its conversation: a
+/// worker's credential can only open a worker's; the run token an
+/// agent's or a command's.
+enum Hello {
+    Agent(FromAgent),
+    Worker(FromWorker),
+    Client(ClientRequest),
+}
+
+impl Hello {
+    fn read(body: &[u8], claim: Peer) -> Result<Self, ProtocolError> {
+        if let Peer::Worker { .. } = claim {
+            return decode(body).map(Hello::Worker);
+        }
+        match decode::<FromAgent>(body) {
+            Ok(hello) => Ok(Hello::Agent(hello)),
+            Err(ProtocolError::Malformed(_)) => decode(body).map(Hello::Client),
+            Err(e) => Err(e),
+        }
     }
 }
 
@@ -296,13 +325,13 @@ async fn hold_request(
     connection: Connection,
     events: &mpsc::Sender<Event>,
     rejected: impl Fn(&ProtocolError) -> Option<Event>,
-    event: impl FnOnce(mpsc::UnboundedSender<Message>) -> Event,
+    event: impl FnOnce(mpsc::UnboundedSender<Bytes>) -> Event,
 ) -> Result<(), String> {
     let (sink, mut stream) = connection.split();
     let (tx, sender) = spawn_sender(sink);
     let _ = events.send(event(tx)).await;
     let end = loop {
-        if let Err(e) = stream.recv().await {
+        if let Err(e) = stream.recv_body().await {
             break e;
         }
     };
@@ -316,11 +345,11 @@ async fn hold_request(
 /// A task that writes what the supervisor sends to `sink`, until the
 /// supervisor drops the returned sender or the peer goes away; aborting
 /// the task closes the connection's sending half.
-fn spawn_sender(mut sink: FrameSink) -> (mpsc::UnboundedSender<Message>, JoinHandle<()>) {
-    let (tx, mut rx) = mpsc::unbounded_channel::<Message>();
+fn spawn_sender(mut sink: FrameSink) -> (mpsc::UnboundedSender<Bytes>, JoinHandle<()>) {
+    let (tx, mut rx) = mpsc::unbounded_channel::<Bytes>();
     let task = tokio::spawn(async move {
-        while let Some(msg) = rx.recv().await {
-            if sink.send(&msg).await.is_err() {
+        while let Some(body) = rx.recv().await {
+            if sink.send_body(body).await.is_err() {
                 break;
             }
         }

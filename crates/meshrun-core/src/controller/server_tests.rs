@@ -5,8 +5,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use meshrun_channel::auth;
+use meshrun_protocol::frame::encode;
 use meshrun_protocol::token::{worker_key, Peer, Token};
-use meshrun_protocol::Message;
+use meshrun_protocol::{ClientRequest, FromAgent, FromWorker, ToWorker};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
@@ -34,8 +35,8 @@ async fn a_workers_credential_says_its_own_hello_and_nothing_else() {
     };
     let key = worker_key(&token, 1, 0);
     let not_its_own = [
-        Message::StopRun { now: true },
-        Message::AgentHello {
+        encode(&ClientRequest::StopRun { now: true }),
+        encode(&FromAgent::AgentHello {
             host: None,
             host_ip: "127.0.0.1".into(),
             pid: 1,
@@ -43,19 +44,21 @@ async fn a_workers_credential_says_its_own_hello_and_nothing_else() {
             free_port: 1,
             controller: None,
             replica_port: None,
-        },
-        Message::WorkerHello {
+        }),
+        encode(&FromWorker::WorkerHello {
             rank: 1,
             attempt: 1,
             pid: 1,
-        },
+        }),
     ];
     for hello in not_its_own {
         let stream = TcpStream::connect(addr).await.unwrap();
         let mut conn = auth::connect_as(stream, &key, me).await.unwrap();
-        conn.send(&hello).await.unwrap();
+        conn.send_body(hello.clone()).await.unwrap();
         assert!(
-            conn.recv_timeout(Duration::from_secs(5)).await.is_err(),
+            conn.recv_timeout::<ToWorker>(Duration::from_secs(5))
+                .await
+                .is_err(),
             "closed"
         );
         match events.recv().await {
@@ -68,7 +71,7 @@ async fn a_workers_credential_says_its_own_hello_and_nothing_else() {
     }
     let stream = TcpStream::connect(addr).await.unwrap();
     let mut conn = auth::connect_as(stream, &key, me).await.unwrap();
-    conn.send(&Message::WorkerHello {
+    conn.send(&FromWorker::WorkerHello {
         rank: 0,
         attempt: 1,
         pid: 7,
