@@ -18,6 +18,7 @@
 //! `std::net`, `std::process`, `std::thread` or clock).
 
 mod agents;
+pub mod captures;
 mod commits;
 mod deadlines;
 mod elastic;
@@ -38,6 +39,7 @@ mod setup;
 #[cfg(any(test, feature = "sim"))]
 pub mod sim;
 mod stop;
+pub mod stragglers;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

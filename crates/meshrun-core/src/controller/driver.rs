@@ -21,10 +21,10 @@ use super::profiles::Captures;
 use super::progress::Progress;
 use super::save_health::SaveHealth;
 use super::server::Event as Net;
-use super::stragglers::Stragglers;
 use super::StopHandle;
 use crate::error::CoreError;
 use crate::rundir::{unix_time, utc_rfc3339, RunDir};
+use meshrun_machine::stragglers::Stragglers;
 use meshrun_machine::{Action, Conn, Input, Machine};
 use meshrun_plan::RunPlan;
 

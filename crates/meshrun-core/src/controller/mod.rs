@@ -25,7 +25,6 @@ mod restarts;
 mod save_health;
 mod server;
 mod stacks;
-mod stragglers;
 mod summary;
 mod supervisor;
 mod tensorboard;

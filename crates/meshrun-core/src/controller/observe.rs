@@ -12,15 +12,12 @@ use tokio::sync::mpsc;
 
 use super::driver::Driver;
 use super::profiles::Saved;
-use super::stragglers::Found;
 use crate::error::CoreError;
+use meshrun_machine::captures::{check_request, straggler_ranks};
+use meshrun_machine::stragglers::Found;
 use meshrun_machine::Conn;
 use meshrun_machine::Outgoing;
 use meshrun_plan::DEFAULT_PROFILE_STEPS;
-
-/// A straggler's automatic capture takes every rank up to this many, else
-/// the straggler's host and one rank of another for comparison.
-const CAPTURE_ALL_UP_TO: u32 = 8;
 
 impl Driver<'_> {
     /// `StepTimes` from an agent.
@@ -62,32 +59,16 @@ impl Driver<'_> {
             step: f.step,
             steps: f.steps,
         })?;
-        if self.plan.observe.profile_stragglers
-            && !self.captures.straggler_taken
-            && self.captures.busy().is_none()
+        if self
+            .captures
+            .book_mut()
+            .take_straggler(self.plan.observe.profile_stragglers)
         {
-            self.captures.straggler_taken = true;
-            let ranks = self.straggler_ranks(f.rank);
+            let ranks = straggler_ranks(f.rank, self.machine.world(), self.plan.procs_per_host);
             let reason = format!("straggler rank {}", f.rank);
             self.start_capture(&ranks, DEFAULT_PROFILE_STEPS, None, &reason, None)?;
         }
         Ok(())
-    }
-
-    fn straggler_ranks(&self, rank: u32) -> Vec<u32> {
-        let world = self.machine.world();
-        if world <= CAPTURE_ALL_UP_TO {
-            return (0..world).collect();
-        }
-        let pph = self.plan.procs_per_host.max(1);
-        let host = rank / pph;
-        let mut ranks: Vec<u32> = (host * pph..((host + 1) * pph).min(world)).collect();
-        // And one rank of another host to compare with, where there is one.
-        let other = if host == 0 { pph } else { 0 };
-        if other < world {
-            ranks.push(other);
-        }
-        ranks
     }
 
     /// `meshrun profile`: starts a capture or says why not.
@@ -99,41 +80,21 @@ impl Driver<'_> {
         tx: mpsc::UnboundedSender<Bytes>,
     ) -> Result<(), CoreError> {
         self.conns.insert(conn, tx);
-        let world = self.machine.world();
-        let declined = if !self.machine.launched() {
-            Some("the run has not started its workers yet; try again once it trains".to_string())
-        } else if let Some(dir) = self.captures.busy() {
-            Some(format!(
-                "a capture is under way into {}; try again when it is saved",
-                dir.display()
-            ))
-        } else if steps == 0 {
-            Some("--steps must be at least 1, got 0".to_string())
-        } else if ranks.as_ref().is_some_and(Vec::is_empty) {
-            Some(
-                "--ranks names no rank; give ranks such as 0,3, or leave it out for every rank"
-                    .to_string(),
-            )
-        } else {
-            ranks.iter().flatten().find(|&&r| r >= world).map(|r| {
-                format!(
-                    "--ranks names rank {r}, but this attempt has ranks 0 to {}",
-                    world - 1
-                )
-            })
+        let checked = check_request(
+            self.machine.launched(),
+            self.captures.busy().map(|d| d.display().to_string()),
+            steps,
+            ranks,
+            self.machine.world(),
+            |r| self.machine.worker_conn(r).is_some(),
+        );
+        let ranks = match checked {
+            Ok(ranks) => ranks,
+            Err(reason) => {
+                self.send_to(conn, ClientReply::Declined { reason });
+                return Ok(());
+            }
         };
-        let mut ranks = ranks.unwrap_or_else(|| (0..world).collect());
-        ranks.sort_unstable();
-        ranks.dedup();
-        let declined = declined.or_else(|| {
-            (!ranks.iter().any(|&r| self.machine.worker_conn(r).is_some())).then(|| {
-                "none of the chosen ranks' workers is connected (they connect as they start, and leave as they end); try again once the run trains".to_string()
-            })
-        });
-        if let Some(reason) = declined {
-            self.send_to(conn, ClientReply::Declined { reason });
-            return Ok(());
-        }
         self.start_capture(&ranks, steps, None, "asked", Some(conn))
             .map(drop)
     }
@@ -144,16 +105,16 @@ impl Driver<'_> {
         let Some((a, b)) = self.plan.observe.profile_steps else {
             return Ok(());
         };
-        if self.captures.launch_taken {
+        if !self.captures.book().launch_owed() {
             return Ok(());
         }
-        if self.captures.launch.is_none() && self.captures.busy().is_none() {
+        if self.captures.book().launch().is_none() && self.captures.busy().is_none() {
             let ranks: Vec<u32> = (0..self.machine.world()).collect();
             let reason = format!("--profile-steps {a}:{b}");
             let name = self.start_capture(&ranks, 0, None, &reason, None)?;
-            self.captures.launch = Some(name);
+            self.captures.book_mut().launched(&name);
         }
-        if let Some(capture) = self.captures.launch.clone() {
+        if let Some(capture) = self.captures.book().launch().map(str::to_string) {
             self.send_to(
                 conn,
                 ToWorker::Profile {
@@ -256,10 +217,6 @@ impl Driver<'_> {
 
     fn saved(&mut self, saved: Saved) -> Result<(), CoreError> {
         let dir = saved.dir.display().to_string();
-        if !saved.ranks.is_empty() && self.captures.launch.is_some() {
-            self.captures.launch_taken = true;
-        }
-        self.captures.launch = None;
         self.rundir.event(Event::ProfileSaved {
             attempt: self.attempt,
             dir: dir.clone(),

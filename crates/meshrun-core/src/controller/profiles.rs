@@ -8,25 +8,15 @@
 //! hosts on one timeline). That folder holds nothing else, so the plugin
 //! lists no other run.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Write;
 use std::path::{Component, Path, PathBuf};
 
 use meshrun_record::names;
 
+use meshrun_machine::captures::{Captures as Book, Ended};
 use meshrun_machine::Conn;
-
-/// One capture under way.
-struct Capture {
-    name: String,
-    dir: PathBuf,
-    ranks: BTreeSet<u32>,
-    /// rank -> `None` when its trace came whole, else why not.
-    done: BTreeMap<u32, Option<String>>,
-    /// Who asked (`meshrun profile`), to be told when it is saved.
-    requester: Option<Conn>,
-}
 
 /// A file being received from a rank.
 struct Incoming {
@@ -47,28 +37,38 @@ pub struct Saved {
     pub requester: Option<Conn>,
 }
 
+/// The run's captures: what is decided (which ranks are owed, what is
+/// missing, the once-per-run captures) is the machine's
+/// [`meshrun_machine::captures::Captures`]; here, the folder and the files.
 #[derive(Default)]
 pub struct Captures {
-    active: Option<Capture>,
+    book: Book,
+    /// The folder of the capture under way.
+    dir: Option<PathBuf>,
     incoming: BTreeMap<u32, Incoming>,
     unwritten: Unwritten,
-    /// `--profile-stragglers` takes one capture per run.
-    pub straggler_taken: bool,
-    /// `--profile-steps`: the capture of this attempt, and whether one
-    /// was saved (it is taken once per run).
-    pub launch: Option<String>,
-    pub launch_taken: bool,
 }
 
 impl Captures {
-    /// Whether a capture is under way (one at a time: every rank traces
-    /// the same steps).
+    /// The folder of the capture under way (one at a time: every rank
+    /// traces the same steps).
     pub fn busy(&self) -> Option<&Path> {
-        self.active.as_ref().map(|c| c.dir.as_path())
+        self.book.busy().and(self.dir.as_deref())
+    }
+
+    /// The decisions about captures, read-only.
+    pub fn book(&self) -> &Book {
+        &self.book
+    }
+
+    /// The decisions about captures.
+    pub fn book_mut(&mut self) -> &mut Book {
+        &mut self.book
     }
 
     /// Begins a capture named after the time `now` into the run folder
-    /// `root`; returns its name and folder.
+    /// `root`; returns its name and folder. The caller has checked none is
+    /// under way.
     pub fn start(
         &mut self,
         root: &Path,
@@ -91,19 +91,16 @@ impl Captures {
         let dir = names::profile_dir(root, &name);
         self.incoming.clear();
         self.unwritten.clear();
-        self.active = Some(Capture {
-            name: name.clone(),
-            dir: dir.clone(),
-            ranks: ranks.iter().copied().collect(),
-            done: BTreeMap::new(),
-            requester,
-        });
+        let started = self.book.start(&name, ranks, requester);
+        debug_assert!(started, "one capture at a time");
+        self.dir = Some(dir.clone());
         (name, dir)
     }
 
     /// A `ProfileFile` from `rank`: its bytes follow in raw frames.
     pub fn file(&mut self, rank: u32, capture: &str, name: &str, size: u64) {
-        let Some(c) = self.active.as_ref().filter(|c| c.name == capture) else {
+        let dir = self.dir.as_ref().filter(|_| self.book.is_active(capture));
+        let Some(dir) = dir else {
             // A capture given up on: the bytes that follow are skipped.
             if size > 0 {
                 self.incoming.insert(
@@ -119,7 +116,7 @@ impl Captures {
         let file = match safe_relative(name) {
             None => Err(format!("it named a file '{name}' outside its folder")),
             Some(rel) => {
-                let path = c.dir.join(format!("rank-{rank}")).join(rel);
+                let path = dir.join(format!("rank-{rank}")).join(rel);
                 path.parent()
                     .map_or(Ok(()), std::fs::create_dir_all)
                     .and_then(|()| File::create(&path))
@@ -150,7 +147,7 @@ impl Captures {
         if let Some(f) = &mut inc.file {
             if let Err(e) = f.write_all(&data[..take]) {
                 inc.file = None;
-                if self.active.is_some() {
+                if self.book.busy().is_some() {
                     self.unwritten
                         .entry(rank)
                         .or_insert_with(|| format!("writing its trace failed: {e}"));
@@ -163,10 +160,10 @@ impl Captures {
         }
     }
 
-    /// `rank` sent all it had of `capture` (or failed to take it).
+    /// `rank` sent all it had of `capture` (or failed to take it): whole
+    /// unless it said why, a file came short or could not be written.
     pub fn rank_done(&mut self, rank: u32, capture: &str, error: Option<String>) -> Option<Saved> {
-        let c = self.active.as_mut().filter(|c| c.name == capture)?;
-        if !c.ranks.contains(&rank) {
+        if !self.book.is_active(capture) {
             return None;
         }
         // Taken whatever the error, so no stale entry is left behind.
@@ -178,40 +175,28 @@ impl Captures {
                     .then(|| "its trace came incomplete".to_string())
             })
             .or(unwritten);
-        c.done.insert(rank, error);
-        if c.done.len() < c.ranks.len() {
-            return None;
-        }
-        self.finish(None)
+        let ended = self.book.rank_done(rank, capture, error)?;
+        Some(self.saved(ended))
     }
 
     /// The attempt is ending: ranks that have not sent their trace never
     /// will (`why`).
     pub fn give_up(&mut self, why: &str) -> Option<Saved> {
-        self.active.as_ref()?;
-        self.finish(Some(why))
+        let ended = self.book.give_up(why)?;
+        Some(self.saved(ended))
     }
 
-    fn finish(&mut self, why_missing: Option<&str>) -> Option<Saved> {
-        let c = self.active.take()?;
+    fn saved(&mut self, ended: Ended) -> Saved {
         self.incoming.clear();
         self.unwritten.clear();
-        let mut ranks = Vec::new();
-        let mut missing = Vec::new();
-        for &rank in &c.ranks {
-            match c.done.get(&rank) {
-                Some(None) => ranks.push(rank),
-                Some(Some(e)) => missing.push((rank, e.clone())),
-                None => missing.push((rank, why_missing.unwrap_or("it sent no trace").to_string())),
-            }
+        let dir = self.dir.take().unwrap_or_default();
+        link_for_tensorboard(&dir, &ended.name, &ended.ranks);
+        Saved {
+            dir,
+            ranks: ended.ranks,
+            missing: ended.missing,
+            requester: ended.requester,
         }
-        link_for_tensorboard(&c.dir, &c.name, &ranks);
-        Some(Saved {
-            dir: c.dir,
-            ranks,
-            missing,
-            requester: c.requester,
-        })
     }
 }
 
