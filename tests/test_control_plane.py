@@ -27,8 +27,9 @@ from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from errors_page import covers, exits
 
-# meshrun-protocol's PROTOCOL_VERSION: this test speaks the handshake itself.
-VERSION = 8
+# meshrun-protocol's PROTOCOL_VERSION: this test speaks the handshake
+# itself. The run's own record says which it speaks (checked below).
+VERSION = 9
 PATTERN = b"Noise_NNpsk0_25519_ChaChaPoly_BLAKE2s"
 PROLOGUE = b"meshrun control protocol, version"
 
@@ -164,6 +165,7 @@ def test_intruders_are_refused_while_a_run_goes_on(tmp_path):
         wait_for(lambda: proc.poll() is not None or any((r["step"] or 0) >= 3 for r in read_jsonl(run_dir / "metrics.jsonl")), 60, "reports")
         assert proc.poll() is None, proc.communicate()[1]
         record = json.loads((run_dir / "run.json").read_text())
+        assert record["versions"]["protocol"] == VERSION, f"the run speaks protocol version {record['versions']['protocol']}: set VERSION to it"
         control = record["attempts"][-1]["control"]
         assert control["loopback_only"] is True
         host, port = control["bind"].rsplit(":", 1)

@@ -20,6 +20,7 @@ mod memory;
 mod news;
 pub mod process;
 mod scratch;
+mod session;
 mod spares;
 mod spawn;
 mod spawn_problem;
@@ -47,6 +48,7 @@ use meshrun_plan::gpu::Inventory;
 pub use news::News;
 use scratch::RunScratch;
 pub use scratch::{append_base64 as decode_function_part, scratch_root};
+use session::{Action, Input, Session};
 pub use spares::Spares;
 pub use steps::unix_ns;
 
@@ -216,21 +218,16 @@ async fn session(
     // `spawn::forward_lines`); what else goes to the controller is rare.
     let (lines_tx, mut lines) = mpsc::channel::<FromAgent>(OUTPUT_QUEUE);
     let containment = containment(cfg.spares.clone());
+    // What is decided; below, only what it says is done.
+    let mut s = Session::new(cfg.controller, cfg.host, cfg.rejoining);
     // rank -> every worker that has not been reported as exited.
     let mut live: HashMap<u32, Contained> = HashMap::new();
-    let mut host = cfg.host;
-    // The function as its parts come; a part that does not decode fails
-    // the launch with the reason rather than start workers on half a file.
-    let mut function: Result<Vec<u8>, String> = Ok(Vec::new());
     let mut run: Option<RunScratch> = None;
     // The spares to start once the attempt trains.
     let mut refill = None;
-    // This run's memory tier on this host, and the buddy's replica port.
-    let mut mem: Option<(memory::HostMemory, String)> = None;
-    let mut buddy: Option<String> = None;
+    // The launched attempt's memory tier on this host.
+    let mut mem: Option<memory::HostMemory> = None;
     let mut heartbeat = tokio::time::interval(HEARTBEAT_EVERY);
-    let mut ticks: u64 = 0;
-    let mut clock = steps::ClockOffset::default();
     let mut step_times: Option<steps::StepReader> = None;
     let mut worker_beats: Option<beats::BeatReader> = None;
     let tell = |news: News| {
@@ -238,44 +235,54 @@ async fn session(
             say(&news);
         }
     };
-    let mut run_name = String::new();
-    // Why the connection broke, where a read said; a send that fails says
-    // nothing more.
-    let mut lost_why = String::from("it broke while this host was sending");
-    let mut read_failed = false;
-    let mut launched_attempt: Option<u32> = None;
+    // A send failed: what the controller said before the break may still
+    // be readable (`last_words`).
+    let mut send_failed = false;
     // Stops under way end with the session: what they would still signal
     // by pid is ended below, and a pid outliving its session may be reused.
     let mut stopping: Vec<AbortOnDrop> = Vec::new();
-    let ended = loop {
-        tokio::select! {
-            msg = from_controller.recv() => match msg {
-                Ok(ToAgent::HostAssigned { host: given, run: name }) => {
-                    host = Some(given);
-                    run_name = name;
-                    if !cfg.rejoining {
-                        tell(News::Joined { run: run_name.clone(), controller: cfg.controller, host: given });
+    let ended = 'session: loop {
+        while let Some(action) = s.poll_action() {
+            match action {
+                Action::End(ended) => break 'session ended,
+                Action::Refused(reason) => return Err(AgentError::JoinRefused(reason)),
+                Action::Tell(news) => tell(news),
+                Action::Send(msg) => {
+                    if sink.send(&msg).await.is_err() {
+                        send_failed = true;
+                        s.handle(Input::SendFailed);
                     }
                 }
-                Ok(ToAgent::Refused { reason }) => return Err(AgentError::JoinRefused(reason)),
-                Ok(ToAgent::CheckStorage { path, expect }) => {
-                    let problem = scratch::check_marker(&path, &expect);
-                    let _ = events_tx.send(FromAgent::StorageChecked { problem });
-                }
-                Ok(ToAgent::FunctionPart { data, last: _ }) => {
-                    if let Ok(bytes) = &mut function {
-                        if let Err(e) = scratch::append_base64(bytes, &data) {
-                            function = Err(format!("the function sent by the controller did not decode: {e}"));
+                Action::SendStepTimes { offset_ns } => {
+                    if let Some(reader) = &mut step_times {
+                        let times = reader.read_new(offset_ns);
+                        if !times.is_empty()
+                            && sink.send(&FromAgent::StepTimes { times }).await.is_err()
+                        {
+                            send_failed = true;
+                            s.handle(Input::SendFailed);
                         }
                     }
                 }
-                Ok(ToAgent::Launch { run_id, workers, attempt, spares: imports }) => {
+                Action::CheckStorage { path, expect } => {
+                    let problem = scratch::check_marker(&path, &expect);
+                    let _ = events_tx.send(FromAgent::StorageChecked { problem });
+                }
+                Action::Launch {
+                    attempt,
+                    run_id,
+                    workers,
+                    spares: imports,
+                    function,
+                } => {
                     let scratch = RunScratch::new(&cfg.scratch, &run_id, attempt);
-                    let m = memory::HostMemory::new(&memory_root, &run_id, host.unwrap_or(0));
-                    let memory_env = (memory::MEMORY_ENV.to_string(), m.own().display().to_string());
-                    mem = Some((m, run_id.clone()));
-                    let prepared = std::mem::replace(&mut function, Ok(Vec::new()))
-                        .and_then(|bytes| scratch.prepare(bytes));
+                    let m = memory::HostMemory::new(&memory_root, &run_id, s.host().unwrap_or(0));
+                    let memory_env = (
+                        memory::MEMORY_ENV.to_string(),
+                        m.own().display().to_string(),
+                    );
+                    mem = Some(m);
+                    let prepared = function.and_then(|bytes| scratch.prepare(bytes));
                     let pool = cfg.spares.as_ref().filter(|_| imports.is_some());
                     let mut launched = Vec::new();
                     for w in workers {
@@ -286,7 +293,7 @@ async fn session(
                                 extra
                             }
                             Err(e) => {
-                                let _ = events_tx.send(FromAgent::SpawnFailed { rank: w.rank, error: e.clone(), problem: meshrun_protocol::message::SpawnProblem::Other });
+                                let _ = events_tx.send(session::not_started(w.rank, e.clone()));
                                 continue;
                             }
                         };
@@ -298,11 +305,28 @@ async fn session(
                             Some(spare) => {
                                 let pid = spare.child.id().unwrap_or_default();
                                 let cgroup = containment.cgroup_for(w.rank).filter(|cg| {
-                                    cg.adopt(pid).map_err(|e| tracing::warn!(rank = w.rank, "spare not moved into its cgroup: {e}")).is_ok()
+                                    cg.adopt(pid)
+                                        .map_err(|e| {
+                                            tracing::warn!(
+                                                rank = w.rank,
+                                                "spare not moved into its cgroup: {e}"
+                                            )
+                                        })
+                                        .is_ok()
                                 });
-                                Some(spawn::watch(spare.child, w.rank, cgroup, true, &events_tx, &lines_tx, &containment))
+                                Some(spawn::watch(
+                                    spare.child,
+                                    w.rank,
+                                    cgroup,
+                                    true,
+                                    &events_tx,
+                                    &lines_tx,
+                                    &containment,
+                                ))
                             }
-                            None => spawn::spawn_worker(&w, &extra, &events_tx, &lines_tx, &containment),
+                            None => {
+                                spawn::spawn_worker(&w, &extra, &events_tx, &lines_tx, &containment)
+                            }
                         };
                         if let Some(worker) = worker {
                             live.insert(w.rank, worker);
@@ -313,56 +337,79 @@ async fn session(
                         refill = Some((pool, launched, imports));
                     }
                     tracing::debug!(attempt, "launched");
-                    tell(News::Attempt { attempt, ranks: live.keys().copied().collect() });
-                    launched_attempt = Some(attempt);
+                    tell(News::Attempt {
+                        attempt,
+                        ranks: live.keys().copied().collect(),
+                    });
                     step_times = Some(steps::StepReader::new(scratch.steps_dir()));
                     worker_beats = Some(beats::BeatReader::new(scratch.beats_dir()));
                     run = Some(scratch);
                 }
-                Ok(ToAgent::ClockEcho { sent_ns, controller_ns }) => {
-                    clock.sample(sent_ns, controller_ns, steps::unix_ns());
+                Action::PrepareMemory {
+                    run_id,
+                    step,
+                    buddy,
+                } => {
+                    let m = memory::HostMemory::new(&memory_root, &run_id, s.host().unwrap_or(0));
+                    tokio::spawn(prepare_memory(
+                        m,
+                        step,
+                        buddy,
+                        cfg.token.clone(),
+                        run_id,
+                        events_tx.clone(),
+                    ));
                 }
-                Ok(ToAgent::Buddy { host: _, addr }) => buddy = Some(addr),
-                Ok(ToAgent::MemoryPrepare { run_id, step }) => {
-                    let m = memory::HostMemory::new(&memory_root, &run_id, host.unwrap_or(0));
-                    tokio::spawn(prepare_memory(m, step, buddy.clone(), cfg.token.clone(), run_id, events_tx.clone()));
-                }
-                Ok(ToAgent::MemoryCommit { step, manifest }) => {
-                    if let Some((m, run_id)) = mem.clone() {
-                        tokio::spawn(commit_memory(m, manifest, buddy.clone(), cfg.token.clone(), run_id, events_tx.clone()));
-                    } else {
-                        let _ = events_tx.send(FromAgent::MemoryHeld { step, bytes: 0, replicated: false, error: Some("no attempt was launched here".into()) });
+                Action::CommitMemory {
+                    run_id,
+                    manifest,
+                    buddy,
+                } => {
+                    if let Some(m) = mem.clone() {
+                        tokio::spawn(commit_memory(
+                            m,
+                            manifest,
+                            buddy,
+                            cfg.token.clone(),
+                            run_id,
+                            events_tx.clone(),
+                        ));
                     }
                 }
-                Ok(ToAgent::MemoryRelease { step }) => {
-                    if let Some((m, _)) = mem.clone() {
+                Action::ReleaseMemory { step } => {
+                    if let Some(m) = mem.clone() {
                         tokio::task::spawn_blocking(move || m.release(step));
                     }
                 }
-                Ok(ToAgent::Training) => {
+                Action::RefillSpares => {
                     if let Some((pool, launched, imports)) = refill.take() {
                         pool.refill(&launched, &imports);
                     }
                 }
-                Ok(ToAgent::Stop { grace_ms, dump_stacks }) => {
+                Action::StopWorkers {
+                    grace_ms,
+                    dump_stacks,
+                } => {
                     let pids = live.iter().map(|(&rank, w)| (rank, w.pid)).collect();
-                    let stacks = run.as_ref().filter(|_| dump_stacks).map(RunScratch::stacks_reader);
-                    stopping.push(AbortOnDrop(stop(pids, Duration::from_millis(grace_ms), stacks, events_tx.clone())));
+                    let stacks = run
+                        .as_ref()
+                        .filter(|_| dump_stacks)
+                        .map(RunScratch::stacks_reader);
+                    stopping.push(AbortOnDrop(stop(
+                        pids,
+                        Duration::from_millis(grace_ms),
+                        stacks,
+                        events_tx.clone(),
+                    )));
                 }
-                Ok(ToAgent::Shutdown { again, state }) => {
-                    if again {
-                        if let Some(attempt) = launched_attempt {
-                            tell(News::AttemptOver { attempt });
-                        }
-                        break Ended::Again;
-                    }
-                    break Ended::Over(state);
-                }
+            }
+        }
+        tokio::select! {
+            msg = from_controller.recv::<ToAgent>() => match msg {
+                Ok(msg) => s.handle(Input::Controller { msg, now_ns: steps::unix_ns() }),
                 Err(e) => {
                     tracing::debug!("controller connection lost ({e})");
-                    lost_why = e.to_string();
-                    read_failed = true;
-                    break Ended::Lost;
+                    s.handle(Input::ReadFailed(e.to_string()));
                 }
             },
             Some(event) = events.recv() => {
@@ -372,109 +419,76 @@ async fn session(
                     // goes first, so the exit never overtakes its last lines.
                     // Only what is queued now: other ranks' forwarders refill
                     // the queue as it drains, and this must end.
-                    let mut lost = false;
                     for _ in 0..lines.len() {
                         let Ok(output) = lines.try_recv() else {
                             break;
                         };
                         if sink.send(&output).await.is_err() {
-                            lost = true;
+                            send_failed = true;
+                            s.handle(Input::SendFailed);
                             break;
                         }
                     }
-                    if lost {
-                        break Ended::Lost;
-                    }
                     // Its last steps go before its exit, not after the
                     // controller has stopped listening for them.
-                    if let Some(reader) = &mut step_times {
-                        let times = reader.read_new(clock.offset_ns());
+                    if let Some(reader) = step_times.as_mut().filter(|_| !send_failed) {
+                        let times = reader.read_new(s.clock_offset_ns());
                         if !times.is_empty() && sink.send(&FromAgent::StepTimes { times }).await.is_err() {
-                            break Ended::Lost;
+                            send_failed = true;
+                            s.handle(Input::SendFailed);
                         }
                     }
                 }
-                if sink.send(&event).await.is_err() {
-                    break Ended::Lost;
+                if !send_failed && sink.send(&event).await.is_err() {
+                    send_failed = true;
+                    s.handle(Input::SendFailed);
                 }
             }
             Some(output) = lines.recv() => {
                 if sink.send(&output).await.is_err() {
-                    break Ended::Lost;
+                    send_failed = true;
+                    s.handle(Input::SendFailed);
                 }
             }
             _ = heartbeat.tick() => {
-                ticks += 1;
                 // Its workers' heartbeats are the host's too.
-                let mut out = match worker_beats.as_mut().map(beats::BeatReader::moved) {
-                    Some(ranks) if !ranks.is_empty() => vec![FromAgent::WorkerBeats { ranks }],
-                    _ => vec![FromAgent::Heartbeat],
-                };
-                if clock.due(ticks) {
-                    out.push(FromAgent::ClockProbe { sent_ns: steps::unix_ns() });
-                }
-                if let Some(reader) = &mut step_times {
-                    let times = reader.read_new(clock.offset_ns());
-                    if !times.is_empty() {
-                        out.push(FromAgent::StepTimes { times });
-                    }
-                }
-                let mut sent = true;
-                for msg in &out {
-                    sent = sent && sink.send(msg).await.is_ok();
-                }
-                if !sent {
-                    break Ended::Lost;
-                }
+                let beats = worker_beats.as_mut().map(beats::BeatReader::moved);
+                s.handle(Input::Tick { beats, now_ns: steps::unix_ns() });
             }
         }
     };
-    let ended = match ended {
-        Ended::Lost if !read_failed => {
-            match last_words::shutdown_before_break(&mut from_controller).await {
-                Some((true, _)) => {
-                    if let Some(attempt) = launched_attempt {
-                        tell(News::AttemptOver { attempt });
-                    }
-                    Ended::Again
-                }
-                Some((false, state)) => Ended::Over(state),
-                None => Ended::Lost,
-            }
-        }
-        ended => ended,
+    let ended = if ended == Ended::Lost && send_failed {
+        let words = last_words::shutdown_before_break(&mut from_controller).await;
+        s.last_words(words, "it broke while this host was sending")
+    } else {
+        ended
     };
-    // A connection the controller never took this host on is a join still
-    // being tried (the previous attempt's listener closing under a host
-    // that rejoins at once), not a loss.
-    if ended == Ended::Lost && !run_name.is_empty() {
-        tell(News::Lost {
-            controller: cfg.controller,
-            attempt: launched_attempt,
-            why: lost_why,
-        });
+    while let Some(action) = s.poll_action() {
+        if let Action::Tell(news) = action {
+            tell(news);
+        }
     }
     drop(stopping);
     let live: Vec<Contained> = live.into_values().collect();
     containment.end_all(&live).await;
     // This attempt's workers are gone before the next one's start.
     containment.reaped_all(REAPED_WITHIN).await;
-    if let Ended::Over(state) = &ended {
-        tell(News::Over {
-            run: run_name,
-            state: state.clone(),
-        });
+    if let Ended::Over(_) = &ended {
+        s.finish();
+        while let Some(Action::Tell(news)) = s.poll_action() {
+            tell(news);
+        }
         if let Some(spares) = &cfg.spares {
             spares.close().await;
         }
         if let Some(run) = run {
             run.remove();
         }
-        if let Some((m, _)) = mem {
+        if let Some(m) = mem {
             m.remove_run();
         }
     }
-    Ok((ended, host))
+    Ok((ended, s.host()))
 }
 
 /// Aborts a task when dropped: the replica server ends with the session.
