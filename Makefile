@@ -51,9 +51,18 @@ demo: install  ## Set up, then run the main job: the sharded GPT on 2 processes 
 # The Rust tests build in the release profile: they then share every
 # dependency `make install` already compiled, instead of compiling them all
 # again unoptimized.
+# The Python suite runs its files over TEST_WORKERS processes
+# (pytest-xdist, a file to a process at a time): much of it waits on
+# timeouts, other processes and the network, and a file's module fixtures
+# (a Ray cluster, a reference run) stay with its tests. The files go in the
+# order tests/conftest.py gives them (the longest first), not xdist's
+# (the most tests first).
+TEST_WORKERS ?= 2
+PYTEST_SPREAD := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
 test: install $(CHROMIUM_STAMP)  ## Set up, then run the Rust and Python test suites.
 	cargo test --workspace --release --quiet
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest $(PYTEST_SPREAD)
 
 # The Rust unit tests (--lib leaves out the controller's load test) and
 # every Python test not marked `slow`: the slow ones train an example, start
@@ -66,7 +75,7 @@ test-rust:  ## Rust tests only.
 	cargo test --workspace --release --quiet
 
 test-python: install $(CHROMIUM_STAMP)  ## Python tests only.
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest $(PYTEST_SPREAD)
 
 # Kubeflow's JAXJob examples are Kubeflow's code, not meshrun's: give the
 # examples/jax folder of a kubeflow/training-operator checkout from before

@@ -12,6 +12,12 @@ import pytest
 from conftest import SCRIPTS, meshrun
 from test_ray import on_ray
 
+# `ray.init` in this process forks Ray's helper processes, which exec at
+# once. JAX warns at every fork once a backend of its is up in the process
+# (another test file may have started one here first, as pytest-xdist
+# orders them); nothing of JAX runs in the children.
+pytestmark = pytest.mark.filterwarnings("ignore:os.fork\\(\\) was called:RuntimeWarning")
+
 
 @pytest.fixture
 def one_node_with_gpus():

@@ -130,3 +130,34 @@ def test_a_commit_held_for_20_s_holds_back_no_report_and_fails_no_rank(s3server,
     after = [e for e in commits(run_dir) if e["time"] >= held_unix]
     assert len(after) >= 2 and after[0]["time"] > held_unix + 20, after[:3]
     assert_none_left(run_dir)
+
+
+def test_a_save_under_way_when_the_program_raises_is_committed_before_the_failure(s3server, s3_bucket, tmp_path):
+    """The program reports step 3 with its state and raises at once, while
+    a proxy holds its shards' upload for 3 s. The rank lets the save
+    finish before it reports the failure (the failure stops the group):
+    step 3 is committed in attempt 1 and the restart resumes from it."""
+    from s3fakes import HoldingProxy
+
+    runs, name = tmp_path / "runs", "raised"
+    run_dir = runs / name
+    with HoldingProxy(s3server.endpoint, ".safetensors") as proxy:
+        proxy.hold()
+        env = s3server.env(AWS_ENDPOINT_URL=proxy.endpoint)
+        proc = start(["-n", "1", "--tee", "none", "--max-failures", "1", "--storage", f"{s3_bucket}/runs", str(SCRIPTS / "raise_after_save.py")], runs_dir=runs, name=name, env=env)
+        try:
+            wait_for(lambda: proc.poll() is not None or proxy.holding.is_set(), 120, "the shards' upload to be held")
+            # The upload is slow, not stopped: the program has raised by now.
+            time.sleep(3)
+            proxy.release()
+            out, err = proc.communicate(timeout=120)
+        finally:
+            stop(proc)
+    assert proc.returncode == 0, err
+    events = read_jsonl(run_dir / "events.jsonl")
+    committed = [(e["attempt"], e["step"]) for e in events if e["event"] == "checkpoint_committed"]
+    assert (1, 3) in committed, [e["event"] for e in events]
+    restarting = [e for e in events if e["event"] == "restarting"]
+    assert [e["from_step"] for e in restarting] == [3], restarting
+    last = read_jsonl(run_dir / "metrics.jsonl")[-1]["metrics"]
+    assert (last["resumed_from"], last["w"]) == (3, 6.0), last

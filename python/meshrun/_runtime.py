@@ -13,10 +13,17 @@ import traceback
 
 from meshrun import _cluster, _connection, _goodput, _metrics_file, checkpoint, reporting
 
+# How long a failing rank lets its saves under way finish before it says
+# so: long enough for a slow store's upload, short next to a hang timeout.
+SETTLE_SAVES_S = 30.0
+
 
 def report_failure(exc: BaseException) -> None:
-    """Sends the exception and its traceback; waits until it is sent."""
+    """Sends the exception and its traceback; waits until it is sent. A
+    save under way finishes first, so a checkpoint reported just before the
+    exception is committed rather than cut off by the group's stop."""
     _cluster.warn_if_not_joined()
+    checkpoint._settle_writes(SETTLE_SAVES_S)
     _metrics_file.finish()
     reporting._drain(wait=False)
     client = _connection.client()
@@ -42,8 +49,10 @@ def report_exit(exc: SystemExit, code: int) -> None:
     """Sends a non-zero ``sys.exit`` with where it was called; waits until it
     is sent. The controller then stops the group at once: a JAX process that
     exits waits in JAX's shutdown barrier for the others, minutes if they
-    keep working, and its status would come too late and be a SIGABRT."""
+    keep working, and its status would come too late and be a SIGABRT.
+    A save under way finishes first, as for an exception."""
     _cluster.warn_if_not_joined()
+    checkpoint._settle_writes(SETTLE_SAVES_S)
     _metrics_file.finish()
     reporting._drain(wait=False)
     client = _connection.client()

@@ -238,6 +238,16 @@ def wait() -> None:
     _join_writers()
 
 
+def _settle_writes(limit_s: float) -> None:
+    """Lets the saves under way finish, for at most ``limit_s`` seconds, and
+    keeps what they raised to themselves: the program has failed, and a
+    save it reported before is still worth committing (the controller stops
+    the group as soon as it hears of the failure)."""
+    for thread in (_writer, _memory_writer):
+        if thread is not None:
+            thread.join(limit_s)
+
+
 def _join_writers() -> None:
     global _writer, _writer_error, _memory_writer
     if _writer is not None:

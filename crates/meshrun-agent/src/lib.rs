@@ -310,7 +310,7 @@ async fn session(
                                             tracing::warn!(
                                                 rank = w.rank,
                                                 "spare not moved into its cgroup: {e}"
-                                            )
+                                            );
                                         })
                                         .is_ok()
                                 });
