@@ -134,7 +134,8 @@ def test_a_commit_held_for_20_s_holds_back_no_report_and_fails_no_rank(s3server,
 
 def test_a_save_under_way_when_the_program_raises_is_committed_before_the_failure(s3server, s3_bucket, tmp_path):
     """The program reports step 3 with its state and raises at once, while
-    a proxy holds its shards' upload for 3 s. The rank lets the save
+    a proxy holds its shards' upload until the traceback is in the rank's
+    log. The rank lets the save
     finish before it reports the failure (the failure stops the group):
     step 3 is committed in attempt 1 and the restart resumes from it."""
     from s3fakes import HoldingProxy
@@ -147,8 +148,10 @@ def test_a_save_under_way_when_the_program_raises_is_committed_before_the_failur
         proc = start(["-n", "1", "--tee", "none", "--max-failures", "1", "--storage", f"{s3_bucket}/runs", str(SCRIPTS / "raise_after_save.py")], runs_dir=runs, name=name, env=env)
         try:
             wait_for(lambda: proc.poll() is not None or proxy.holding.is_set(), 120, "the shards' upload to be held")
-            # The upload is slow, not stopped: the program has raised by now.
-            time.sleep(3)
+            # The upload goes on once the program has raised (its traceback
+            # is in its log): the failure is then what the rank has to say.
+            log = run_dir / "logs" / "rank-0.log"
+            wait_for(lambda: proc.poll() is not None or (log.exists() and "RuntimeError: right after a save" in log.read_text()), 120, "the program to raise")
             proxy.release()
             out, err = proc.communicate(timeout=120)
         finally:

@@ -25,6 +25,7 @@ mod spares;
 mod spawn;
 mod spawn_problem;
 mod steps;
+mod stopping;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -35,13 +36,11 @@ use std::time::Duration;
 
 use meshrun_channel::{auth, Connection};
 use meshrun_protocol::token::Token;
-use meshrun_protocol::{FromAgent, ToAgent, STACK_DUMP_WAIT};
-use nix::sys::signal::Signal;
+use meshrun_protocol::{FromAgent, ToAgent};
 use tokio::net::TcpSocket;
 use tokio::sync::mpsc;
 
 use crate::leftovers::{Contained, Containment};
-use crate::process::{catches, signal_group, signal_process};
 pub use error::AgentError;
 pub use memory::{memory_root, MEMORY_ENV};
 use meshrun_plan::gpu::Inventory;
@@ -395,7 +394,7 @@ async fn session(
                         .as_ref()
                         .filter(|_| dump_stacks)
                         .map(RunScratch::stacks_reader);
-                    stopping.push(AbortOnDrop(stop(
+                    stopping.push(AbortOnDrop(stopping::stop(
                         pids,
                         Duration::from_millis(grace_ms),
                         stacks,
@@ -572,41 +571,4 @@ async fn prepare_memory(
         why,
         bytes,
     });
-}
-
-/// SIGTERM to every group, SIGKILL after the grace: JAX workers catch
-/// SIGTERM (preemption notifier) and may never act on it. With stacks to
-/// collect, SIGUSR1 to each worker process first (not its group: only
-/// meshrun's worker code handles it), a moment to write, and what each
-/// wrote goes to the controller before any exit is reported.
-fn stop(
-    pids: Vec<(u32, u32)>,
-    grace: Duration,
-    stacks: Option<scratch::StacksReader>,
-    events: mpsc::UnboundedSender<FromAgent>,
-) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        if let Some(stacks) = &stacks {
-            for &(_, pid) in &pids {
-                // Not to one without meshrun's handler yet: it would die
-                // of the signal, a death meshrun would then have caused.
-                if catches(pid, Signal::SIGUSR1) {
-                    signal_process(pid, Signal::SIGUSR1);
-                }
-            }
-            tokio::time::sleep(STACK_DUMP_WAIT).await;
-            for &(rank, _) in &pids {
-                if let Some(text) = stacks.read(rank) {
-                    let _ = events.send(FromAgent::Stacks { rank, text });
-                }
-            }
-        }
-        for &(_, pid) in &pids {
-            signal_group(pid, Signal::SIGTERM);
-        }
-        tokio::time::sleep(grace).await;
-        for (_, pid) in pids {
-            signal_group(pid, Signal::SIGKILL);
-        }
-    })
 }

@@ -170,16 +170,7 @@ impl Session {
         match input {
             Input::Controller { msg, now_ns } => self.on_controller(msg, now_ns),
             Input::ReadFailed(why) => {
-                // A connection the controller never took this host on is a
-                // join still being tried (the previous attempt's listener
-                // closing under a host that rejoins at once), not a loss.
-                if !self.run_name.is_empty() {
-                    self.actions.push_back(Action::Tell(News::Lost {
-                        controller: self.controller,
-                        attempt: self.launched,
-                        why,
-                    }));
-                }
+                self.tell_lost(why);
                 self.end(Ended::Lost);
             }
             Input::SendFailed => self.end(Ended::Lost),
@@ -197,13 +188,7 @@ impl Session {
             }
             Some((false, state)) => Ended::Over(state),
             None => {
-                if !self.run_name.is_empty() {
-                    self.actions.push_back(Action::Tell(News::Lost {
-                        controller: self.controller,
-                        attempt: self.launched,
-                        why: why.to_string(),
-                    }));
-                }
+                self.tell_lost(why.to_string());
                 Ended::Lost
             }
         };
@@ -217,6 +202,19 @@ impl Session {
             self.actions.push_back(Action::Tell(News::Over {
                 run: self.run_name.clone(),
                 state: state.clone(),
+            }));
+        }
+    }
+
+    /// The connection is lost: news, unless the controller never took
+    /// this host on (a join still being tried, as the previous attempt's
+    /// listener closes under a host that rejoins at once).
+    fn tell_lost(&mut self, why: String) {
+        if !self.run_name.is_empty() {
+            self.actions.push_back(Action::Tell(News::Lost {
+                controller: self.controller,
+                attempt: self.launched,
+                why,
             }));
         }
     }

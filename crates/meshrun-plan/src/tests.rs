@@ -3,6 +3,7 @@
 use std::path::Path;
 
 use super::*;
+use crate::gpu::Inventory;
 
 pub(crate) fn spec(dir: &Path) -> RunSpec {
     let script = dir.join("train.py");
