@@ -294,6 +294,58 @@ def gpt_data(tmp_path_factory) -> str:
     return str(out)
 
 
+# The tiny sharded GPT that the restart tests compare against an
+# uninterrupted run: 2 processes x 2 devices, fsdp 2 x tensor 2.
+GPT = str(ROOT / "examples" / "gpt.py")
+GPT_TINY = ["--batch-size", "8", "--seq-len", "32", "--d-model", "32", "--layers", "2", "--heads", "4", "--eval-every", "100000", "--eval-batches", "1", "--fsdp", "2", "--tensor", "2"]
+GPT_LAUNCH = ["-n", "2", "--devices-per-proc", "2", "--tee", "none"]
+
+
+@dataclass
+class Reference:
+    """An uninterrupted run of the GPT: its final parameters' digest, the
+    sample ids each rank read (``rank-<r>.jsonl`` under ``samples``) and
+    its run folder."""
+
+    digest: str
+    samples: Path
+    run_dir: Path
+
+    def metrics(self) -> list[dict]:
+        return read_jsonl(self.run_dir / "metrics.jsonl")
+
+
+@pytest.fixture(scope="session")
+def gpt_reference(tmp_path_factory, gpt_data):
+    """``reference(*args)``: the uninterrupted GPT_LAUNCH run of
+    examples/gpt.py with ``args`` on the session's corpus, run once for the
+    whole test run by whichever worker asks first and shared by every
+    test that asks with the same arguments. A restarted run is bit for bit
+    the uninterrupted one on the same processes and devices, whatever its
+    checkpoint settings, hosts or storage, so tests of restarts compare
+    against one reference instead of each training its own."""
+    import hashlib
+    import shutil
+
+    from filelock import FileLock
+
+    root = _run_wide(tmp_path_factory, "gpt-references")
+
+    def reference(*args: str) -> Reference:
+        key = hashlib.sha256(json.dumps(args).encode()).hexdigest()[:16]
+        out = root / key
+        with FileLock(str(out) + ".lock"):
+            if not (out / "done").exists():
+                shutil.rmtree(out, ignore_errors=True)
+                (out / "samples").mkdir(parents=True)
+                ran = meshrun([*GPT_LAUNCH, GPT, *args, "--data-dir", gpt_data, "--sample-log", str(out / "samples"), "--params-digest", str(out / "params.sha")], runs_dir=out / "runs", name="ref", timeout=900)
+                assert ran.code == 0, ran.stderr + ran.log(0)[-2000:]
+                (out / "done").write_text(json.dumps(args))
+        return Reference((out / "params.sha").read_text(), out / "samples", out / "runs" / "ref")
+
+    return reference
+
+
 # Benchmark short forms run under `make bench-smoke` (pytest --bench-smoke),
 # not `make test`: they keep the benchmark scripts working, and measure
 # nothing a test asserts on beyond that.

@@ -70,12 +70,13 @@ def test_mesh_puts_tensor_then_fsdp_within_a_host(nshosts):
     assert procs == [[[0, 0], [1, 1]]]
 
 
-def test_checkpoint_resume_equals_the_uninterrupted_run(tmp_path, gpt_data):
+def test_checkpoint_resume_equals_the_uninterrupted_run(gpt_runs, tmp_path, gpt_data):
+    """10 steps, then the same run name for 20: the second resumes from
+    step 10 and its losses equal those of the uninterrupted 2x2 layout run
+    (the same processes, devices and mesh), exactly."""
     base = [*SMALL[2:], "--fsdp", "2", "--tensor", "2", "--data-dir", gpt_data]
     launch = ["-n", "2", "--devices-per-proc", "2", "--tee", "none", "--checkpoint-every", "10"]
     runs = tmp_path / "runs"
-    straight = meshrun([*launch, EXAMPLE, "--steps", "20", *base], runs_dir=runs, name="straight", timeout=400)
-    assert straight.code == 0, straight.stderr
     first = meshrun([*launch, EXAMPLE, "--steps", "10", *base], runs_dir=runs, name="resumed", timeout=400)
     assert first.code == 0, first.stderr
     second = meshrun([*launch, EXAMPLE, "--steps", "20", *base], runs_dir=runs, name="resumed", timeout=400)
@@ -85,7 +86,7 @@ def test_checkpoint_resume_equals_the_uninterrupted_run(tmp_path, gpt_data):
     def losses(done, attempt):
         return {r["step"]: r["metrics"]["loss"] for r in done.metrics() if "loss" in r["metrics"] and r["attempt"] == attempt}
 
-    whole, resumed = losses(straight, 1), losses(second, 2)
+    whole, resumed = gpt_runs["2x2_fsdp2_tensor2"], losses(second, 2)
     assert sorted(resumed) == list(range(11, 21))
     assert all(resumed[s] == whole[s] for s in resumed), "resumed losses differ from the uninterrupted run"
     assert [e["step"] for e in second.events() if e["event"] == "checkpoint_committed"] == [10, 20]

@@ -14,7 +14,7 @@ import sys
 import time
 
 import pytest
-from conftest import MESHRUN, ROOT, SCRIPTS, cli, freeze_agent_and_kill_worker, meshrun, read_jsonl, wait_for
+from conftest import GPT_TINY, MESHRUN, ROOT, SCRIPTS, cli, freeze_agent_and_kill_worker, read_jsonl, wait_for
 from errors_page import covers, exits
 from hostsrun import listen_addr, meshrun_on, run_args, start_joins
 
@@ -125,11 +125,10 @@ def test_function_mode_on_two_hosts_writes_nothing_outside_scratch_and_storage(n
 
 
 EXAMPLE = str(ROOT / "examples" / "gpt.py")
-TINY = ["--batch-size", "8", "--seq-len", "32", "--d-model", "32", "--layers", "2", "--heads", "4", "--eval-every", "100000", "--eval-batches", "1"]
 
 
 @pytest.mark.slow
-def test_a_host_cut_off_mid_training_rejoins_and_the_run_ends_bit_identical(nshosts, tmp_path, gpt_data):
+def test_a_host_cut_off_mid_training_rejoins_and_the_run_ends_bit_identical(nshosts, gpt_data, gpt_reference):
     """The GPT on 2 hosts x 1 process x 2 devices (fsdp 2 x tensor 2),
     checkpoints in the storage both hosts see; host 1's link is cut for
     15 s right after the first commit, 5 s past the heartbeat window. The
@@ -140,12 +139,11 @@ def test_a_host_cut_off_mid_training_rejoins_and_the_run_ends_bit_identical(nsho
     is its workers' subreaper and still keeps its spares), the run resumes
     from the newest checkpoint, and the final parameters equal those of an
     uninterrupted run on one host. `make partition` runs it at full length."""
-    steps = int(os.environ.get("MESHRUN_PARTITION_STEPS", "14"))
-    model = [*TINY] if steps < 100 else []
-    train = [EXAMPLE, *model, "--fsdp", "2", "--tensor", "2", "--steps", str(steps)]
+    # 30 steps: those of the restart tests' shared reference.
+    steps = int(os.environ.get("MESHRUN_PARTITION_STEPS", "30"))
+    model = [*GPT_TINY] if steps < 100 else ["--fsdp", "2", "--tensor", "2"]
+    train = [EXAMPLE, *model, "--steps", str(steps)]
     launch = ["-n", "2", "--devices-per-proc", "2", "--tee", "none", "--checkpoint-every", "2"]
-    ref = meshrun([*launch, *train, "--data-dir", gpt_data, "--params-digest", str(tmp_path / "ref.sha")], runs_dir=tmp_path / "runs", name="ref", timeout=900)
-    assert ref.code == 0, ref.stderr
 
     hosts = nshosts(2)
     env = token_env()
@@ -197,7 +195,7 @@ def test_a_host_cut_off_mid_training_rejoins_and_the_run_ends_bit_identical(nsho
     adopted = {e["pid"] for e in events("worker_started") if e["attempt"] == 2}
     ended = [e for e in events("leftovers_ended") if adopted & set(e["pids"])]
     assert not ended, f"spares were ended as leftovers: {ended}"
-    assert (hosts.shared / "cut.sha").read_text() == (tmp_path / "ref.sha").read_text()
+    assert (hosts.shared / "cut.sha").read_text() == gpt_reference(*model, "--steps", str(steps)).digest
     # The run's checkpoints are in the storage, and the CLI finds them there.
     listed = cli("ckpt", "ls", "cut", "--runs-dir", run_dir.parent)
     assert listed.returncode == 0 and str(hosts.shared / "cut" / "checkpoints" / "step-") in listed.stdout, listed.stdout
@@ -285,7 +283,7 @@ def test_meshrun_join_says_what_it_takes_part_in_and_exits_with_the_runs_outcome
 
 
 @pytest.mark.slow
-def test_a_joined_host_that_lost_its_memory_restores_from_its_buddy_over_the_network(nshosts, tmp_path, gpt_data):
+def test_a_joined_host_that_lost_its_memory_restores_from_its_buddy_over_the_network(nshosts, gpt_data, gpt_reference):
     """The GPT on 2 hosts that share nothing (host 1 joined with `meshrun
     join`), a memory checkpoint every step and no durable one before the
     end: host 1's worker is killed and everything host 1 kept in memory is
@@ -294,10 +292,8 @@ def test_a_joined_host_that_lost_its_memory_restores_from_its_buddy_over_the_net
     parameters equal those of an uninterrupted run on one host."""
     # Enough steps that the run is still training when the kill comes,
     # on a fast machine too (16 were done before it on one).
-    train = [EXAMPLE, *TINY, "--fsdp", "2", "--tensor", "2", "--steps", "48"]
+    train = [EXAMPLE, *GPT_TINY, "--steps", "48"]
     launch = ["-n", "2", "--devices-per-proc", "2", "--tee", "none"]
-    ref = meshrun([*launch, *train, "--data-dir", gpt_data, "--params-digest", str(tmp_path / "ref.sha")], runs_dir=tmp_path / "runs", name="ref", timeout=900)
-    assert ref.code == 0, ref.stderr
 
     hosts = nshosts(2)
     env = token_env()
@@ -351,7 +347,7 @@ def test_a_joined_host_that_lost_its_memory_restores_from_its_buddy_over_the_net
     assert all(e["replicated"] for e in events("memory_checkpoint_committed"))
     warm = {e["rank"]: e.get("warm", False) for e in events("worker_started") if e["attempt"] == 2}
     assert warm == {0: True, 1: True}, f"the restart did not go to the spares: {warm}"
-    assert (hosts.shared / "mem.sha").read_text() == (tmp_path / "ref.sha").read_text()
+    assert (hosts.shared / "mem.sha").read_text() == gpt_reference(*GPT_TINY, "--steps", "48").digest
     # Nothing durable was ever saved: only memory could resume it.
     assert not list((hosts.shared / "mem" / "checkpoints").glob("step-*"))
     # The run's memory is gone from both hosts when it ends.

@@ -13,14 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, assert_none_left, freeze_agent_and_kill_worker, meshrun, read_jsonl, start, stop, wait_for
+from conftest import GPT, GPT_TINY, assert_none_left, freeze_agent_and_kill_worker, read_jsonl, start, stop, wait_for
 
 pytestmark = pytest.mark.slow
 
-EXAMPLE = str(ROOT / "examples" / "gpt.py")
-TINY = ["--batch-size", "8", "--seq-len", "32", "--d-model", "32", "--layers", "2", "--heads", "4", "--eval-every", "100000", "--eval-batches", "1", "--fsdp", "2", "--tensor", "2"]
+EXAMPLE, TINY = GPT, GPT_TINY
 TWO_HOSTS = ["--hosts", "2", "-n", "2", "--devices-per-proc", "2", "--tee", "none"]
-STEPS = 24
+STEPS = 30
 
 
 def events(run_dir: Path, kind: str) -> list[dict]:
@@ -42,10 +41,10 @@ def spares_of(scratch: str) -> list[int]:
     return found
 
 
-def reference(tmp_path: Path, data: list[str]) -> str:
-    ref = meshrun([*TWO_HOSTS, EXAMPLE, *TINY, "--steps", str(STEPS), *data, "--params-digest", str(tmp_path / "ref.sha")], runs_dir=tmp_path / "runs", name="ref", timeout=600)
-    assert ref.code == 0, ref.stderr + ref.log(0)[-2000:]
-    return (tmp_path / "ref.sha").read_text()
+def reference(gpt_reference) -> str:
+    """The digest of the uninterrupted run on one host: the memory tier's
+    restarts on two end with it, bit for bit."""
+    return gpt_reference(*TINY, "--steps", str(STEPS)).digest
 
 
 class Peak:
@@ -114,9 +113,9 @@ def run_killed(tmp_path: Path, name: str, data: list[str], extra: list[str], wip
     return run_dir, (tmp_path / f"{name}.sha").read_text(), peaks
 
 
-def test_a_host_that_lost_its_memory_restores_from_its_buddy_bit_identical(tmp_path, gpt_data):
+def test_a_host_that_lost_its_memory_restores_from_its_buddy_bit_identical(tmp_path, gpt_data, gpt_reference):
     data = ["--data-dir", gpt_data]
-    want = reference(tmp_path, data)
+    want = reference(gpt_reference)
 
     def host_1_lost(run_memory: Path) -> None:
         # Everything host 1 kept: its own step and host 0's replica.
@@ -152,9 +151,9 @@ def test_a_host_that_lost_its_memory_restores_from_its_buddy_bit_identical(tmp_p
     assert not spares_of(os.environ["MESHRUN_SCRATCH"]), "a warm spare outlived the run"
 
 
-def test_with_both_copies_gone_the_run_resumes_from_storage_exactly(tmp_path, gpt_data):
+def test_with_both_copies_gone_the_run_resumes_from_storage_exactly(tmp_path, gpt_data, gpt_reference):
     data = ["--data-dir", gpt_data]
-    want = reference(tmp_path, data)
+    want = reference(gpt_reference)
 
     def both_copies_of_host_1_lost(run_memory: Path) -> None:
         shutil.rmtree(run_memory / "host-1")

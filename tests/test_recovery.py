@@ -11,15 +11,13 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, SCRIPTS, alive, assert_none_left, meshrun, read_jsonl, start, stop, wait_for
+from conftest import GPT, GPT_LAUNCH, GPT_TINY, SCRIPTS, alive, assert_none_left, meshrun, read_jsonl, start, stop, wait_for
 
 # Each test kills, hangs or preempts a training run and waits for it to
 # restart and finish: 10 s to minutes each.
 pytestmark = pytest.mark.slow
 
-EXAMPLE = str(ROOT / "examples" / "gpt.py")
-TINY = ["--batch-size", "8", "--seq-len", "32", "--d-model", "32", "--layers", "2", "--heads", "4", "--eval-every", "100000", "--eval-batches", "1", "--fsdp", "2", "--tensor", "2"]
-LAUNCH = ["-n", "2", "--devices-per-proc", "2", "--tee", "none"]
+EXAMPLE, TINY, LAUNCH = GPT, GPT_TINY, GPT_LAUNCH
 
 
 def events(run_dir: Path, kind: str) -> list[dict]:
@@ -36,7 +34,7 @@ def final_records(log_dir: Path, rank: int) -> dict[int, dict]:
     return out
 
 
-def soak(tmp_path: Path, data_dir: str, kills: int, steps: int, seed: int, memory: bool = False) -> None:
+def soak(tmp_path: Path, data_dir: str, gpt_reference, kills: int, steps: int, seed: int, memory: bool = False) -> None:
     """The GPT on 2 processes x 2 devices, checkpointing every 2 steps, is
     killed with SIGKILL ``kills`` times (every other time just as a
     checkpoint folder appears, i.e. during a save) and must finish with the
@@ -46,13 +44,11 @@ def soak(tmp_path: Path, data_dir: str, kills: int, steps: int, seed: int, memor
     then each restart may redo at most one step."""
     rng = random.Random(seed)
     runs, data = tmp_path / "runs", ["--data-dir", data_dir]
-    ref_log, soak_log = tmp_path / "ref-samples", tmp_path / "soak-samples"
-    ref_log.mkdir()
+    ref = gpt_reference(*TINY, "--steps", str(steps))
+    ref_log, soak_log = ref.samples, tmp_path / "soak-samples"
     soak_log.mkdir()
     every = "10" if memory else "2"
     common = [*LAUNCH, "--checkpoint-every", every]
-    ref = meshrun([*common, EXAMPLE, *TINY, "--steps", str(steps), *data, "--sample-log", str(ref_log), "--params-digest", str(tmp_path / "ref.sha")], runs_dir=runs, name="ref", timeout=600)
-    assert ref.code == 0, ref.stderr + ref.log(0)[-2000:]
 
     run_dir = runs / "soak"
     args = [*common, *(["--memory-checkpoint-every", "1"] if memory else []), "--max-failures", str(kills + 2), EXAMPLE, *TINY, "--steps", str(steps), *data, "--sample-log", str(soak_log), "--params-digest", str(tmp_path / "soak.sha")]
@@ -93,7 +89,7 @@ def soak(tmp_path: Path, data_dir: str, kills: int, steps: int, seed: int, memor
     assert len(killed) == kills, f"seed {seed}: the run finished after {len(killed)} of {kills} kills; give it more steps"
     restarts = events(run_dir, "restarting")
     assert len(restarts) == kills
-    assert (tmp_path / "soak.sha").read_text() == (tmp_path / "ref.sha").read_text(), f"seed {seed}: final parameters differ from the uninterrupted run"
+    assert (tmp_path / "soak.sha").read_text() == ref.digest, f"seed {seed}: final parameters differ from the uninterrupted run"
 
     for rank in (0, 1):
         want = final_records(ref_log, rank)
@@ -123,14 +119,14 @@ def soak(tmp_path: Path, data_dir: str, kills: int, steps: int, seed: int, memor
         assert sum(redone) <= kills, f"seed {seed}: {sum(redone)} steps redone over {kills} restarts: {redone}"
 
 
-def test_sigkill_soak_with_memory_checkpoints(tmp_path, gpt_data):
+def test_sigkill_soak_with_memory_checkpoints(tmp_path, gpt_data, gpt_reference):
     seed = int(os.environ.get("MESHRUN_SOAK_SEED", str(random.randrange(1 << 30))))
-    soak(tmp_path, gpt_data, kills=int(os.environ.get("MESHRUN_SOAK_KILLS", "2")), steps=int(os.environ.get("MESHRUN_SOAK_STEPS", "30")), seed=seed, memory=True)
+    soak(tmp_path, gpt_data, gpt_reference, kills=int(os.environ.get("MESHRUN_SOAK_KILLS", "2")), steps=int(os.environ.get("MESHRUN_SOAK_STEPS", "30")), seed=seed, memory=True)
 
 
-def test_sigkill_soak_short(tmp_path, gpt_data):
+def test_sigkill_soak_short(tmp_path, gpt_data, gpt_reference):
     seed = int(os.environ.get("MESHRUN_SOAK_SEED", str(random.randrange(1 << 30))))
-    soak(tmp_path, gpt_data, kills=int(os.environ.get("MESHRUN_SOAK_KILLS", "2")), steps=int(os.environ.get("MESHRUN_SOAK_STEPS", "30")), seed=seed)
+    soak(tmp_path, gpt_data, gpt_reference, kills=int(os.environ.get("MESHRUN_SOAK_KILLS", "2")), steps=int(os.environ.get("MESHRUN_SOAK_STEPS", "30")), seed=seed)
 
 
 def test_hang_is_detected_with_stacks_and_restarted(tmp_path):

@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import HELLO, MESHRUN, ROOT, SCRIPTS, meshrun, read_jsonl, start, stop, wait_for
+from conftest import GPT, GPT_TINY, HELLO, MESHRUN, ROOT, SCRIPTS, meshrun, read_jsonl, start, stop, wait_for
 from errors_page import covers, exits
 from nshosts import nshosts_unavailable
 from s3fakes import NetnsWithAWayOut, answering, instance_metadata, s3_error, shell_without_aws
@@ -143,24 +143,19 @@ def test_a_rank_killed_in_the_middle_of_an_upload_damages_nothing_and_the_restar
         assert check.returncode == 0, check.stderr
 
 
-EXAMPLE = str(ROOT / "examples" / "gpt.py")
-TINY = ["--batch-size", "8", "--seq-len", "32", "--d-model", "32", "--layers", "2", "--heads", "4", "--eval-every", "100000", "--eval-batches", "1", "--fsdp", "2", "--tensor", "2"]
-
-
 @pytest.mark.slow
-def test_the_gpt_killed_resumes_from_s3_bit_identical(s3server, s3_bucket, tmp_path, gpt_data):
+def test_the_gpt_killed_resumes_from_s3_bit_identical(s3server, s3_bucket, tmp_path, gpt_data, gpt_reference):
     """The GPT on 2 processes x 2 devices with its checkpoints on S3: rank 1
     SIGKILLed after the first commit; the restart resumes from S3 and ends
     with the parameters of an uninterrupted run, bit for bit."""
-    steps = 12
+    # The steps of the restart tests' shared reference (tests/conftest.py).
+    steps = 30
     data = ["--data-dir", gpt_data]
-    common = [*LAUNCH, "--checkpoint-every", "2"]
-    ref = meshrun([*common, EXAMPLE, *TINY, "--steps", str(steps), *data, "--params-digest", str(tmp_path / "ref.sha")], runs_dir=tmp_path / "runs", name="ref", timeout=600)
-    assert ref.code == 0, ref.stderr
+    common = [*LAUNCH, "--checkpoint-every", "5"]
 
     storage = f"{s3_bucket}/team"
     run_dir = tmp_path / "runs" / "s3"
-    args = [*common, "--max-failures", "1", "--storage", storage, EXAMPLE, *TINY, "--steps", str(steps), *data, "--params-digest", str(tmp_path / "s3.sha")]
+    args = [*common, "--max-failures", "1", "--storage", storage, GPT, *GPT_TINY, "--steps", str(steps), *data, "--params-digest", str(tmp_path / "s3.sha")]
     proc = start(args, runs_dir=tmp_path / "runs", name="s3", env=s3server.env())
     try:
         wait_for(lambda: proc.poll() is not None or events(run_dir, "checkpoint_committed"), 300, "the first commit")
@@ -176,7 +171,7 @@ def test_the_gpt_killed_resumes_from_s3_bit_identical(s3server, s3_bucket, tmp_p
     resumed = events(run_dir, "resuming")
     assert [e["step"] for e in resumed] == [restarts[0]["from_step"]]
     assert all(e["path"].startswith(f"{storage}/s3/checkpoints/step-") for e in events(run_dir, "checkpoint_committed"))
-    assert (tmp_path / "s3.sha").read_text() == (tmp_path / "ref.sha").read_text()
+    assert (tmp_path / "s3.sha").read_text() == gpt_reference(*GPT_TINY, "--steps", str(steps)).digest
 
 
 def test_the_storage_down_during_saves_costs_those_checkpoints_only(tmp_path):
@@ -315,7 +310,7 @@ def test_a_server_error_is_named_by_the_servers_own_code_and_message(tmp_path):
         run = meshrun(["-n", "1", "--storage", "s3://meshrun-full/runs", HELLO], runs_dir=tmp_path / "runs", name="full", env=env)
     said = "the server answered 500 Internal Server Error: InternalError: no free volumes"
     assert listed.returncode == 1 and f"cannot list 's3://meshrun-full/runs/x/checkpoints': {said}" in listed.stderr, listed.stderr
-    assert run.code == 2 and f"storage 's3://meshrun-full/runs' cannot be used: cannot write 's3://meshrun-full/runs/full/.meshrun-probe-" in run.stderr and f"': {said}" in run.stderr, run.stderr
+    assert run.code == 2 and "storage 's3://meshrun-full/runs' cannot be used: cannot write 's3://meshrun-full/runs/full/.meshrun-probe-" in run.stderr and f"': {said}" in run.stderr, run.stderr
     for stderr in (listed.stderr, run.stderr):
         assert "AWS_ENDPOINT_URL" not in stderr and "did not answer" not in stderr and "access denied" not in stderr, stderr
     assert len(asked) > 1, asked
