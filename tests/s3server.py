@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -54,6 +55,13 @@ class S3Server:
         self.host = host
         s3, s3g, m, mg, v, vg, f, fg = _free_ports(8)
         self.port, self.filer_port = s3, f
+        # SeaweedFS keeps its glog files in the system's temporary folder:
+        # here a short one of the server's own (a unix socket's path has at
+        # most 107 bytes), which also holds the sockets that have a flag,
+        # removed with it. Its gRPC sockets have none: they are always
+        # /tmp/seaweedfs-<service>-grpc-<port>.sock, removed by name.
+        self.tmp = Path(tempfile.mkdtemp(prefix="meshrun-weed-"))
+        self.grpc_sockets = [Path(f"/tmp/seaweedfs-{service}-grpc-{port}.sock") for service, port in (("master", mg), ("volume", vg), ("filer", fg), ("s3", s3g))]
         config = self.workdir / "s3.json"
         identity = {"name": "meshrun", "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}], "actions": ["Admin", "Read", "Write", "List", "Tagging"]}
         config.write_text(json.dumps({"identities": [identity]}))
@@ -66,7 +74,8 @@ class S3Server:
             # Each bucket is a collection that takes 7 volumes as it grows;
             # the suite's buckets share one server (volumes are not preallocated).
             f"-volume.port={v}", f"-volume.port.grpc={vg}", "-volume.max=400",
-            f"-filer.port={f}", f"-filer.port.grpc={fg}", f"-filer.localSocket={self.workdir / 'filer.sock'}",
+            f"-filer.port={f}", f"-filer.port.grpc={fg}", f"-filer.localSocket={self.tmp / 'filer.sock'}",
+            f"-s3.localSocket={self.tmp / 's3.sock'}",
         ]  # fmt: skip
         self.log = self.workdir / "weed.log"
         self.proc: subprocess.Popen | None = None
@@ -97,7 +106,7 @@ class S3Server:
 
     def start(self, timeout: float = 60.0) -> S3Server:
         out = open(self.log, "ab")
-        self.proc = subprocess.Popen(self.args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.workdir)
+        self.proc = subprocess.Popen(self.args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.workdir, env={**os.environ, "TMPDIR": str(self.tmp)})
         out.close()
         # The gateway answers before the filer behind it can make buckets.
         deadline = time.monotonic() + timeout
@@ -161,6 +170,9 @@ class S3Server:
     def close(self) -> None:
         self.stop()
         shutil.rmtree(self.workdir, ignore_errors=True)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        for path in self.grpc_sockets:
+            path.unlink(missing_ok=True)
 
     def __enter__(self) -> S3Server:
         return self.start()
