@@ -48,9 +48,6 @@ $(CHROMIUM_STAMP): | $(PY)
 demo: install  ## Set up, then run the main job: the sharded GPT on 2 processes x 2 devices (fsdp=2, tensor=2).
 	$(VENV)/bin/meshrun run -n 2 --devices-per-proc 2 examples/gpt.py --fsdp 2 --tensor 2 --steps 150 --eval-every 50
 
-# The Rust tests build in the release profile: they then share every
-# dependency `make install` already compiled, instead of compiling them all
-# again unoptimized.
 # The Python suite runs its files over TEST_WORKERS processes
 # (pytest-xdist, a file to a process at a time): much of it waits on
 # timeouts, other processes and the network, and a file's module fixtures
@@ -60,6 +57,9 @@ demo: install  ## Set up, then run the main job: the sharded GPT on 2 processes 
 TEST_WORKERS ?= 2
 PYTEST_SPREAD := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
+# The Rust tests build in the release profile: they then share every
+# dependency `make install` already compiled, instead of compiling them all
+# again unoptimized.
 test: install $(CHROMIUM_STAMP)  ## Set up, then run the Rust and Python test suites.
 	cargo test --workspace --release --quiet
 	$(VENV)/bin/pytest $(PYTEST_SPREAD)

@@ -135,9 +135,9 @@ def test_a_commit_held_for_20_s_holds_back_no_report_and_fails_no_rank(s3server,
 def test_a_save_under_way_when_the_program_raises_is_committed_before_the_failure(s3server, s3_bucket, tmp_path):
     """The program reports step 3 with its state and raises at once, while
     a proxy holds its shards' upload until the traceback is in the rank's
-    log. The rank lets the save
-    finish before it reports the failure (the failure stops the group):
-    step 3 is committed in attempt 1 and the restart resumes from it."""
+    log. The rank lets the save finish before it reports the failure (the
+    failure stops the group): step 3 is committed in attempt 1 and the
+    restart resumes from it."""
     from s3fakes import HoldingProxy
 
     runs, name = tmp_path / "runs", "raised"

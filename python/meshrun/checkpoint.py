@@ -38,6 +38,7 @@ import shutil
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -243,9 +244,10 @@ def _settle_writes(limit_s: float) -> None:
     keeps what they raised to themselves: the program has failed, and a
     save it reported before is still worth committing (the controller stops
     the group as soon as it hears of the failure)."""
+    deadline = time.monotonic() + limit_s
     for thread in (_writer, _memory_writer):
         if thread is not None:
-            thread.join(limit_s)
+            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def _join_writers() -> None:

@@ -296,37 +296,9 @@ async fn session(
                                 continue;
                             }
                         };
-                        let adopted = match pool {
-                            Some(pool) => pool.adopt(&w, &extra).await,
-                            None => None,
-                        };
-                        let worker = match adopted {
-                            Some(spare) => {
-                                let pid = spare.child.id().unwrap_or_default();
-                                let cgroup = containment.cgroup_for(w.rank).filter(|cg| {
-                                    cg.adopt(pid)
-                                        .map_err(|e| {
-                                            tracing::warn!(
-                                                rank = w.rank,
-                                                "spare not moved into its cgroup: {e}"
-                                            );
-                                        })
-                                        .is_ok()
-                                });
-                                Some(spawn::watch(
-                                    spare.child,
-                                    w.rank,
-                                    cgroup,
-                                    true,
-                                    &events_tx,
-                                    &lines_tx,
-                                    &containment,
-                                ))
-                            }
-                            None => {
-                                spawn::spawn_worker(&w, &extra, &events_tx, &lines_tx, &containment)
-                            }
-                        };
+                        let worker =
+                            spawn::start(&w, &extra, pool, &events_tx, &lines_tx, &containment)
+                                .await;
                         if let Some(worker) = worker {
                             live.insert(w.rank, worker);
                         }

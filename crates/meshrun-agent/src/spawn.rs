@@ -15,10 +15,45 @@ use super::{DRAIN_GRACE, MAX_LINE_BYTES};
 use crate::cgroup::{self, WorkerCgroup};
 use crate::leftovers::{Contained, Containment};
 use crate::process::exit_info;
+use crate::spares::Spares;
 
 /// The longest a worker's exit waits for its output to be forwarded while
 /// lines still move (the controller far behind): past it the exit goes.
 const DRAIN_LIMIT: Duration = Duration::from_secs(30);
+
+/// Starts rank `w`'s worker: a warm spare of `pool` when it holds one
+/// for the rank (moved into the rank's cgroup), else a new process.
+pub(super) async fn start(
+    w: &WorkerLaunch,
+    extra_env: &[(String, String)],
+    pool: Option<&Spares>,
+    events: &mpsc::UnboundedSender<FromAgent>,
+    lines: &mpsc::Sender<FromAgent>,
+    containment: &Arc<Containment>,
+) -> Option<Contained> {
+    let adopted = match pool {
+        Some(pool) => pool.adopt(w, extra_env).await,
+        None => None,
+    };
+    let Some(spare) = adopted else {
+        return spawn_worker(w, extra_env, events, lines, containment);
+    };
+    let pid = spare.child.id().unwrap_or_default();
+    let cgroup = containment.cgroup_for(w.rank).filter(|cg| {
+        cg.adopt(pid)
+            .map_err(|e| tracing::warn!(rank = w.rank, "spare not moved into its cgroup: {e}"))
+            .is_ok()
+    });
+    Some(watch(
+        spare.child,
+        w.rank,
+        cgroup,
+        true,
+        events,
+        lines,
+        containment,
+    ))
+}
 
 /// Starts one worker as the leader of its own process group, in a cgroup
 /// of its own where there are cgroups, and returns it; a worker that
