@@ -35,7 +35,7 @@ def test_a_killed_controller_leaves_an_interrupted_run_that_can_be_continued(run
     proc = start(["-n", "2", "--tee", "none", "-q", str(SCRIPTS / "plain_sleeper.py")], runs_dir=runs, name="k")
     pids: list[int] = []
     try:
-        wait_for(lambda: all((run_dir / f"ready-{r}").exists() for r in (0, 1)), 60, "both workers to start")
+        wait_for(lambda: proc.poll() is not None or all((run_dir / f"ready-{r}").exists() for r in (0, 1)), 60, "both workers to start")
         pids = worker_pids(run_dir)
         assert len(pids) == 2
         proc.send_signal(signal.SIGKILL)

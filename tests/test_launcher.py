@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import secrets
@@ -190,7 +191,7 @@ def test_signal_to_meshrun_stops_the_whole_tree(runs, sig, code):
     proc = start(["-n", "2", "--hosts", "2", str(SCRIPTS / "sleeper.py")], runs_dir=runs, name="sig")
     run_dir = runs / "sig"
     try:
-        wait_for(lambda: all((run_dir / f"ready-{r}").exists() for r in (0, 1)), 90, "both ranks to start")
+        wait_for(lambda: proc.poll() is not None or all((run_dir / f"ready-{r}").exists() for r in (0, 1)), 90, "both ranks to start")
         proc.send_signal(sig)
         t0 = time.monotonic()
         _, err = proc.communicate(timeout=20)
@@ -209,13 +210,34 @@ def test_killed_controller_takes_its_workers_along(runs):
     proc = start(["-n", "2", str(SCRIPTS / "sleeper.py")], runs_dir=runs, name="orphan")
     run_dir = runs / "orphan"
     try:
-        wait_for(lambda: all((run_dir / f"ready-{r}").exists() for r in (0, 1)), 90, "both ranks to start")
+        wait_for(lambda: proc.poll() is not None or all((run_dir / f"ready-{r}").exists() for r in (0, 1)), 90, "both ranks to start")
         proc.kill()
         proc.communicate(timeout=10)
     finally:
         stop(proc)
     assert_none_left(run_dir, timeout=10)
 
+
+
+def test_the_coordinators_port_is_held_from_launch_until_jax_binds_it(runs):
+    """Between the launch and rank 0's `jax.distributed.initialize()`, the
+    coordinator's port is refused to any other process (a port probe, a
+    server's bind), and JAX still binds it: before, another process could
+    take it in that window and rank 0 crashed."""
+    proc = start(["-n", "2", "--tee", "none", str(SCRIPTS / "coordinator_port.py")], runs_dir=runs, name="port")
+    run_dir = runs / "port"
+    try:
+        wait_for(lambda: proc.poll() is not None or (run_dir / "coordinator").exists(), 90, "rank 0 to say where its coordinator listens")
+        host, port = (run_dir / "coordinator").read_text().rsplit(":", 1)
+        with socket.socket() as other, pytest.raises(OSError) as refused:
+            other.bind((host, int(port)))
+        assert refused.value.errno == errno.EADDRINUSE
+        (run_dir / "go").touch()
+        wait_for(lambda: proc.poll() is not None or all((run_dir / f"ready-{r}").exists() for r in (0, 1)), 90, "both ranks to join")
+        assert proc.poll() is None
+    finally:
+        stop(proc)
+    assert_none_left(run_dir)
 
 
 def test_workers_report_metrics_to_rank0_file(runs, tmp_path):
@@ -260,7 +282,7 @@ def test_wrong_token_is_refused_while_the_run_goes_on(runs):
     proc = start(["-n", "1", str(SCRIPTS / "sleeper.py")], runs_dir=runs, name="guarded")
     run_dir = runs / "guarded"
     try:
-        wait_for(lambda: (run_dir / "ready-0").exists(), 90, "the run to start")
+        wait_for(lambda: proc.poll() is not None or (run_dir / "ready-0").exists(), 90, "the run to start")
         addr = json.loads((run_dir / "run.json").read_text())["attempts"][-1]["control"]["bind"]
         with pytest.raises(_native.ControlError):
             _native.WorkerClient(addr, "ab" * 32, 0, 1, False)
@@ -283,7 +305,7 @@ def test_a_workers_credential_cannot_join_as_a_host_or_speak_as_another_rank(run
     proc = start(["-n", "2", "--tee", "none", str(SCRIPTS / "hold_credential.py")], runs_dir=runs, name="held", env={"MESHRUN_TOKEN": token})
     run_dir = runs / "held"
     try:
-        wait_for(lambda: all((run_dir / f"cred-{r}.json").exists() for r in (0, 1)), 90, "both workers to start")
+        wait_for(lambda: proc.poll() is not None or all((run_dir / f"cred-{r}.json").exists() for r in (0, 1)), 90, "both workers to start")
         held = [json.loads((run_dir / f"cred-{r}.json").read_text()) for r in (0, 1)]
         assert not any(h["token_here"] for h in held), held
         keys = [h["key"] for h in held]

@@ -27,7 +27,7 @@ def test_stop_saves_a_checkpoint_then_ends_the_run(runs):
     proc = start(["-n", "2", "--checkpoint-every", "1000", LOOP], runs_dir=runs, name="s")
     run_dir = runs / "s"
     try:
-        wait_for(reported(run_dir, 3), 60, "training")
+        wait_for(lambda: proc.poll() is not None or reported(run_dir, 3)(), 60, "training")
         asked = stop_cmd(runs, "s")
         out, err = proc.communicate(timeout=60)
     finally:
@@ -49,7 +49,7 @@ def test_stop_now_ends_the_run_as_stopped_without_a_checkpoint(runs):
     proc = start(["-n", "2", "--checkpoint-every", "1000", LOOP], runs_dir=runs, name="n")
     run_dir = runs / "n"
     try:
-        wait_for(reported(run_dir, 3), 60, "training")
+        wait_for(lambda: proc.poll() is not None or reported(run_dir, 3)(), 60, "training")
         asked = stop_cmd(runs, "n", "--now")
         out, err = proc.communicate(timeout=60)
     finally:
@@ -78,7 +78,7 @@ def test_sigterm_to_meshrun_is_still_an_interruption_by_sigterm(runs):
     proc = start(["-n", "2", str(SCRIPTS / "sleeper.py")], runs_dir=runs, name="sig")
     run_dir = runs / "sig"
     try:
-        wait_for(lambda: all((run_dir / f"ready-{r}").exists() for r in (0, 1)), 90, "both ranks to start")
+        wait_for(lambda: proc.poll() is not None or all((run_dir / f"ready-{r}").exists() for r in (0, 1)), 90, "both ranks to start")
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=60)
     finally:
@@ -133,7 +133,7 @@ def test_stop_with_a_wrong_token_is_refused(runs):
     run_dir = runs / "w"
     token = run_dir / "token"
     try:
-        wait_for(reported(run_dir, 2), 60, "training")
+        wait_for(lambda: proc.poll() is not None or reported(run_dir, 2)(), 60, "training")
         real = token.read_text()
         token.write_text("00" * 32)
         try:

@@ -59,7 +59,7 @@ def test_a_peer_killed_under_a_collective_leaves_no_traceback_of_meshrun(runs):
     proc = start(["-n", "2", "--tee", "none", str(SCRIPTS / "peer_dies.py")], runs_dir=runs, name="peer")
     run_dir = runs / "peer"
     try:
-        wait_for(lambda: (run_dir / "waiting-1").exists() and (run_dir / "paused-0").exists(), 120, "both ranks at step 5")
+        wait_for(lambda: proc.poll() is not None or ((run_dir / "waiting-1").exists() and (run_dir / "paused-0").exists()), 120, "both ranks at step 5")
         events = read_jsonl(run_dir / "events.jsonl")
         worker = next(e["pid"] for e in events if e["event"] == "worker_started" and e["rank"] == 1)
         agent = next(e["pid"] for e in events if e["event"] == "agent_joined")

@@ -12,6 +12,7 @@
 
 mod beats;
 pub mod cgroup;
+mod coordinator_port;
 mod error;
 pub mod join;
 mod last_words;
@@ -181,10 +182,10 @@ async fn session(
 ) -> Result<(Ended, Option<u32>), AgentError> {
     let net = |what| move |source| AgentError::Net { what, source };
     let gpus = Inventory::discover().map(|inv| inv.ids).unwrap_or_default();
-    let free_port = std::net::TcpListener::bind(SocketAddr::new(host_ip, 0))
-        .and_then(|l| l.local_addr())
-        .map_err(net("cannot find a free port"))?
-        .port();
+    // Held until the session ends: see `coordinator_port`.
+    let coordinator_port =
+        coordinator_port::reserve(host_ip).map_err(net("cannot find a free port"))?;
+    let free_port = coordinator_port.port;
     // Other hosts' agents bring their memory checkpoints' replicas here.
     let memory_root = memory::memory_root(&cfg.scratch);
     let replicas = tokio::net::TcpListener::bind(SocketAddr::new(host_ip, 0))
