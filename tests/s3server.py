@@ -10,12 +10,13 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from ports import free_ports
 
 ACCESS_KEY = "meshrun-test-key"
 SECRET_KEY = "meshrun-test-secret"
@@ -26,19 +27,6 @@ def weed_binary() -> str | None:
     """The ``weed`` of the virtualenv this Python runs in, else on PATH."""
     here = Path(sys.executable).parent / "weed"
     return str(here) if here.exists() else shutil.which("weed")
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 class S3Server:
@@ -53,7 +41,7 @@ class S3Server:
         self.data = self.workdir / "data"
         self.data.mkdir(parents=True, exist_ok=True)
         self.host = host
-        s3, s3g, m, mg, v, vg, f, fg = _free_ports(8)
+        s3, s3g, m, mg, v, vg, f, fg = free_ports(8)
         self.port, self.filer_port = s3, f
         # SeaweedFS keeps its glog files in the system's temporary folder:
         # here a short one of the server's own (a unix socket's path has at

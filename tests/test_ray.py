@@ -29,6 +29,7 @@ import pytest
 from conftest import HELLO, MESHRUN, ROOT, SCRIPTS, alive, assert_none_left, cli, meshrun, read_jsonl, start, stop, wait_for
 from errors_page import covers, exits, says
 from nshosts import NsHosts, nshosts_unavailable
+from ports import free_port
 
 DIGITS = str(ROOT / "examples" / "digits_dp.py")
 RAY = Path(sys.executable).parent / "ray"
@@ -77,12 +78,6 @@ class TwoNodes:
     #: The other node's address (namespace host 0).
     node_ip: str
     hosts: NsHosts
-
-
-def free_port(ip: str) -> int:
-    with socket.socket() as s:
-        s.bind((ip, 0))
-        return s.getsockname()[1]
 
 
 # Runs argv with SIGTERM (which stops a `ray start --block` and its node)
