@@ -21,6 +21,10 @@ figures: start-up, compilation including tracing, restore, first steps).
             checkpoint (step 5), new interpreters (``--warm-spares off``)
   memory    a memory checkpoint every step (``--memory-checkpoint-every
             1``) and warm spares (the default with ``--max-failures``)
+  executables  the memory path, with the executables and abstract shapes
+            the first attempt traced and compiled loaded by the restart
+            (``meshrun.jit``/``meshrun.eval_shape``; the other paths run
+            the GPT with ``--compile-each-attempt``)
   cache off the durable path without the compilation cache
             (``--with-cache-off``)
 
@@ -28,7 +32,7 @@ Every round gets a scratch folder of its own (the compilation cache lives
 there), so no round finds another's entries. Rounds alternate; the table
 gives medians. ``--model small`` runs a 2-layer, 32-wide GPT instead.
 
-    python bench/recovery.py [--rounds 3] [--model demo|small] [--with-cache-off] [--json OUT]
+    python bench/recovery.py [--rounds 3] [--model demo|small] [--modes M...] [--with-cache-off] [--json OUT]
 """
 
 from __future__ import annotations
@@ -52,10 +56,12 @@ MESHRUN = Path(sys.executable).parent / "meshrun"
 
 
 SMALL = ["--batch-size", "8", "--seq-len", "32", "--d-model", "32", "--layers", "2", "--heads", "4"]
+# meshrun's options, then the program's.
 MODES = {
-    "durable": ["--warm-spares", "off"],
-    "memory": ["--memory-checkpoint-every", "1"],
-    "cache off": ["--warm-spares", "off"],
+    "durable": (["--warm-spares", "off"], ["--compile-each-attempt"]),
+    "memory": (["--memory-checkpoint-every", "1"], ["--compile-each-attempt"]),
+    "executables": (["--memory-checkpoint-every", "1"], []),
+    "cache off": (["--warm-spares", "off"], ["--compile-each-attempt"]),
 }
 
 
@@ -64,8 +70,9 @@ def one_round(runs: Path, name: str, mode: str, steps: int, model: list[str]) ->
     if mode == "cache off":
         env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
     run_dir = runs / name
-    cmd = [str(MESHRUN), "run", "-n", "2", "--devices-per-proc", "2", "--platform", "cpu", "--tee", "none", "--runs-dir", str(runs), "--name", name, *MODES[mode]]
-    cmd += ["--max-failures", "1", "--checkpoint-every", "5", str(ROOT / "examples" / "gpt.py"), "--fsdp", "2", "--tensor", "2", "--steps", str(steps), "--eval-every", "100000", *model]
+    ours, program = MODES[mode]
+    cmd = [str(MESHRUN), "run", "-n", "2", "--devices-per-proc", "2", "--platform", "cpu", "--tee", "none", "--runs-dir", str(runs), "--name", name, *ours]
+    cmd += ["--max-failures", "1", "--checkpoint-every", "5", str(ROOT / "examples" / "gpt.py"), "--fsdp", "2", "--tensor", "2", "--steps", str(steps), "--eval-every", "100000", *model, *program]
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         events = lambda kind: [e for e in jsonl(run_dir / "events.jsonl") if e["event"] == kind]  # noqa: E731
@@ -104,9 +111,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1000, help="the run's length (it is stopped after the restart's first step)")
     parser.add_argument("--model", choices=("demo", "small"), default="demo")
     parser.add_argument("--with-cache-off", action="store_true", help="also the durable path without the compilation cache")
+    parser.add_argument("--modes", nargs="+", choices=list(MODES), help="only these paths")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    modes = ["durable", "memory"] + (["cache off"] if args.with_cache_off else [])
+    modes = args.modes or ["durable", "memory", "executables"] + (["cache off"] if args.with_cache_off else [])
     model = SMALL if args.model == "small" else []
     rounds: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
     with tempfile.TemporaryDirectory() as tmp:
@@ -122,9 +130,9 @@ def main() -> None:
         x = med[m]
         rows.append((m, f"stopped {x['stopped']:.2f} s, relaunched {x['relaunch']:.2f} s, first step {x['step']:.2f} s, steps lost {x['steps_lost']:.0f}; "
                         f"restart: start-up {x['restart_startup']:.2f}, compile {x['restart_compile']:.2f}, restore {x['restart_restore']:.2f}, steps {x['restart_step']:.2f}, other {x['restart_other']:.2f} s"))
-    result = {"model": args.model, "rounds": rounds, "median": med, "speedup": med["durable"]["step"] / med["memory"]["step"]}
-    summary = (f"SIGKILL to first step after restart ({args.model} GPT): {med['memory']['step']:.2f} s with memory checkpoints and warm spares, "
-               f"{med['durable']['step']:.2f} s from storage with new interpreters ({result['speedup']:.2f}x)")
+    base = modes[0]
+    result = {"model": args.model, "rounds": rounds, "median": med, "speedup_over": base, "speedup": {m: med[base]["step"] / med[m]["step"] for m in modes}}
+    summary = f"SIGKILL to first step after restart ({args.model} GPT): " + ", ".join(f"{m} {med[m]['step']:.2f} s ({result['speedup'][m]:.2f}x {base})" for m in modes)
     publish("Recovery (medians, seconds after the SIGKILL)", ("path", "timeline"), rows, summary, result, args.json)
 
 

@@ -26,6 +26,7 @@ resumes where it stopped, with exactly the batches it would have seen.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import math
@@ -158,6 +159,7 @@ def main() -> None:
     parser.add_argument("--sample-log", type=Path, help="append every step's record ids to DIR/rank-R.jsonl (for checking exact resumption)")
     parser.add_argument("--params-digest", type=Path, help="write the SHA-256 of the final parameters here")
     parser.add_argument("--step-times", type=Path, help="write rank 0's per-step wall times (JSON) here")
+    parser.add_argument("--compile-each-attempt", action="store_true", help="trace and compile in every attempt (no travelling executables; for comparison)")
     # Only for launching by hand without meshrun (bench/step_parity.py compares the two).
     parser.add_argument("--coordinator", help="explicit jax.distributed coordinator address")
     parser.add_argument("--num-processes", type=int)
@@ -172,24 +174,30 @@ def main() -> None:
     cfg = Config(seq_len=args.seq_len, d_model=args.d_model, layers=args.layers, heads=args.heads)
     train_path, val_path = build_corpus(Path(args.data_dir))
 
-    graphdef, _ = nnx.split(nnx.eval_shape(lambda: GPT(cfg, nnx.Rngs(args.seed))))
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(args.lr, b2=0.99, weight_decay=0.01))
 
+    def init_model():
+        return nnx.split(GPT(cfg, nnx.Rngs(args.seed)))
+
     def init_params():
-        return nnx.split(GPT(cfg, nnx.Rngs(args.seed)))[1]
+        return init_model()[1]
 
     # Shapes and shardings first; the arrays are then either created directly
     # in their shards (no process holds the model whole) or, on a restart,
     # read from the newest checkpoint into those shards without creating
-    # them at all.
-    abstract = {"params": jax.eval_shape(init_params)}
-    abstract["opt"] = jax.eval_shape(tx.init, abstract["params"])
+    # them at all. meshrun.eval_shape and meshrun.jit are JAX's, but what
+    # they trace and compile is kept for a restart, which loads it instead.
+    travel = not args.compile_each_attempt
+    eval_shape = meshrun.eval_shape if travel else jax.eval_shape
+    jit = functools.partial(meshrun.jit, travel=travel)
+    graphdef, abstract_params = eval_shape(init_model)
+    abstract = {"params": abstract_params, "opt": eval_shape(tx.init, abstract_params)}
     param_shardings = sharding.shardings_for(abstract["params"], RULES, mesh)
     opt_shardings = sharding.shardings_for(abstract["opt"], RULES, mesh)
     ckpt = None if args.describe or not ctx.run_dir else meshrun.get_checkpoint()
     if ckpt is None:
-        params = jax.jit(init_params, out_shardings=param_shardings)()
-        opt_state = jax.jit(tx.init, out_shardings=opt_shardings)(params)
+        params = jit(init_params, out_shardings=param_shardings)()
+        opt_state = jit(tx.init, out_shardings=opt_shardings)(params)
     if args.describe:
         if rank == 0:
             print(sharding.describe({"params": params, "opt": opt_state}), flush=True)
@@ -207,13 +215,13 @@ def main() -> None:
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
-    train_step = jax.jit(
+    train_step = jit(
         train_step,
         in_shardings=(param_shardings, opt_shardings, batch_sharding),
         out_shardings=(param_shardings, opt_shardings, replicated),
         donate_argnums=(0, 1),
     )
-    eval_loss = jax.jit(loss_fn, in_shardings=(param_shardings, batch_sharding), out_shardings=replicated)
+    eval_loss = jit(loss_fn, in_shardings=(param_shardings, batch_sharding), out_shardings=replicated)
 
     B, T = args.batch_size, args.seq_len
     # Resume: parameters, optimizer state and the loader's position, from the

@@ -117,6 +117,16 @@ def soak(tmp_path: Path, data_dir: str, gpt_reference, kills: int, steps: int, s
           f"{len(events(run_dir, 'checkpoint_discarded'))} uncommitted checkpoint folders removed")
     if memory:
         assert sum(redone) <= kills, f"seed {seed}: {sum(redone)} steps redone over {kills} restarts: {redone}"
+    # Every restart loaded the train step attempt 1 compiled (meshrun.jit):
+    # rank 0's word precedes its report of a step, which the soak waits
+    # for before each kill; the last attempt was not killed, so both
+    # ranks' words are in.
+    steps = {(e["attempt"], e["rank"]): e for e in events(run_dir, "executable") if e["name"].endswith(".train_step")}
+    last = kills + 1
+    assert steps[(1, 0)]["outcome"] == "compiled", steps
+    for attempt, rank in [(a, 0) for a in range(2, last)] + [(last, 0), (last, 1)]:
+        assert steps[(attempt, rank)]["outcome"] == "loaded", f"seed {seed}: attempt {attempt} rank {rank}: {steps.get((attempt, rank))}"
+    assert not [e for e in events(run_dir, "executable") if e["outcome"] == "stale"]
 
 
 def test_sigkill_soak_with_memory_checkpoints(tmp_path, gpt_data, gpt_reference):

@@ -14,7 +14,7 @@ import runpy
 import sys
 import traceback
 
-from meshrun import _cluster, _connection, _goodput, _metrics_file, _runtime, context
+from meshrun import _cluster, _connection, _executable_checks, _goodput, _metrics_file, _runtime, context
 from meshrun._native import ENV
 
 
@@ -53,6 +53,9 @@ def main(argv: list[str]) -> None:
     _goodput.user_code_starts()
     try:
         _run(kind, target, args)
+        # A loaded executable still being checked: the program's results
+        # stand only once it is (see meshrun._executable_checks).
+        _executable_checks.settle()
     except SystemExit as exc:
         code = _runtime.exit_code(exc)
         if code == 0:

@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any
 
-from meshrun import _jax_private
+from meshrun import _executables, _jax_private
 from meshrun._native import ENV
 
 
@@ -180,7 +180,10 @@ def make_initialize_agree() -> None:
             # JAX will not ask meshrun's ClusterEnv, whose hook waits for
             # the coordinator, so wait here.
             wait_for_coordinator(coordinator())
-        return original(*bound.args, **bound.kwargs)
+        joined = original(*bound.args, **bound.kwargs)
+        # A restart's executables load while the program goes on.
+        _executables.prefetch()
+        return joined
 
     initialize._meshrun_agrees = True  # type: ignore[attr-defined]
     jax.distributed.initialize = initialize
@@ -212,6 +215,7 @@ def warn_if_not_joined() -> None:
         return
     try:
         import jax
+
         joined = jax.distributed.is_initialized()
         used = _jax_private.backends_are_initialized()
     except Exception:  # another JAX's internals; this runs on failure paths too: never raise

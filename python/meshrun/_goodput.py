@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -88,12 +89,20 @@ def counts_as(part: str) -> Callable[[F], F]:
     return wrap
 
 
+def compile_span(start_time: float, end_time: float) -> None:
+    """Counts as compiling what replaced it: loading a travelling
+    executable (unix seconds)."""
+    _compile_span(COMPILE_EVENTS[-1], start_time, end_time)
+
+
 def _compile_span(event: str, start_time: float, end_time: float, **_: Any) -> None:
     """Adds a compile span, merging it with the spans it overlaps (an outer
     trace is reported after the inner ones it contains). The parameters are
-    named as in JAX's listener protocol."""
+    named as in JAX's listener protocol. Only the main thread's count: a
+    program traced again in the background (a travelling executable's
+    check) overlaps training."""
     global _compile
-    if event not in COMPILE_EVENTS or end_time <= start_time:
+    if event not in COMPILE_EVENTS or end_time <= start_time or threading.current_thread() is not threading.main_thread():
         return
     keep = []
     for s, e in _spans:

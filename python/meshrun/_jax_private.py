@@ -15,9 +15,13 @@ with each supported JAX.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
+import io
 import os
 import sys
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 from meshrun._native import ENV
@@ -275,3 +279,93 @@ def cache_from_every_process() -> None:
     cache_write._meshrun = True  # type: ignore[attr-defined]
     compiler._cache_write = cache_write
     _on(name)
+
+
+# While meshrun compiles a travelling function (meshrun._executables), the
+# executables JAX loads from its persistent cache, with the cache's bytes.
+_recording = threading.local()
+
+
+def cache_reads_kept() -> None:
+    """Keeps the persistent cache's own bytes of what JAX loads from it,
+    while a travelling function compiles. On CPU an executable JAX loaded
+    from its cache cannot be serialized again whole: another process that
+    loads it fails at its first run ("Function ... not found"), its kernels
+    missing. The cache's bytes are the executable as first compiled, which
+    loads. Wraps ``jax._src.compilation_cache.get_executable_and_time``
+    (the same shape in 0.10 to 0.12)."""
+    name = "cache_reads_kept"
+    loses = "a restart compiles a travelling function (meshrun.jit) whose first compile was read from the compilation cache"
+    try:
+        from jax._src import compilation_cache as cache
+    except ImportError as e:
+        _off(name, f"a private JAX module is gone ({e})", loses)
+        return
+    original = getattr(cache, "get_executable_and_time", None)
+    if original is not None and getattr(original, "_meshrun", False):
+        return
+    have = _parameters(original) if original is not None else None
+    parts = [getattr(cache, n, None) for n in ("_get_cache", "decompress_executable", "extract_executable_and_time")]
+    if original is None or have is None or have[:3] != ["cache_key", "compile_options", "backend"] or None in parts:
+        _off(name, "jax._src.compilation_cache's reader is not of the shape meshrun knows", loses)
+        return
+    read: Any = original
+    store: Any = cache
+
+    @functools.wraps(read)
+    def get_executable_and_time(cache_key: str, compile_options: Any, backend: Any, *args: Any, **kwargs: Any) -> Any:
+        found = read(cache_key, compile_options, backend, *args, **kwargs)
+        hits = getattr(_recording, "hits", None)
+        if hits is not None and found[0] is not None:
+            with contextlib.suppress(Exception):  # no bytes: the executable is not kept, said by the caller
+                raw = store.extract_executable_and_time(store.decompress_executable(store._get_cache(backend).get(cache_key)))[0]
+                hits.append((found[0], raw))
+        return found
+
+    get_executable_and_time._meshrun = True  # type: ignore[attr-defined]
+    cache.get_executable_and_time = get_executable_and_time
+    _on(name)
+
+
+@contextlib.contextmanager
+def cache_reads() -> Iterator[list[tuple[Any, bytes]]]:
+    """The executables (and their cache bytes) JAX reads from its
+    persistent cache in this thread while the block runs."""
+    hits: list[tuple[Any, bytes]] = []
+    _recording.hits = hits
+    try:
+        yield hits
+    finally:
+        _recording.hits = None
+
+
+def serialize(compiled: Any, hits: list[tuple[Any, bytes]]) -> tuple[bytes, Any, Any]:
+    """``jax.experimental.serialize_executable.serialize``, with an
+    executable read from the persistent cache written as the cache's bytes
+    (see :func:`cache_reads_kept`). Raises ``ValueError`` when one was
+    read from the cache and its bytes are not at hand."""
+    import jax
+    from jax.experimental import serialize_executable as se
+
+    if not hits:
+        return se.serialize(compiled)
+    kept = {id(exe): raw for exe, raw in hits}
+    used = []
+
+    class Pickler(se._JaxPjrtPickler):
+        def persistent_id(self, obj: Any) -> Any:
+            if id(obj) in kept:
+                used.append(id(obj))
+                return ("exec", kept[id(obj)])
+            return super().persistent_id(obj)
+
+    # What serialize() does, with this pickler.
+    unloaded = getattr(compiled._executable, "_unloaded_executable", None)
+    if unloaded is None or compiled._params.const_args:
+        raise ValueError("this compilation cannot be serialized")
+    args_info_flat, in_tree = jax.tree_util.tree_flatten(compiled.args_info)
+    with io.BytesIO() as file:
+        Pickler(file).dump((unloaded, args_info_flat, compiled._no_kwargs))
+        if not used:
+            raise ValueError("it was read from JAX's compilation cache, whose bytes of it are not at hand")
+        return file.getvalue(), in_tree, compiled.out_tree

@@ -46,10 +46,10 @@ from typing import Any
 
 import numpy as np
 
-from meshrun import _connection, _goodput, _native, _values
+from meshrun import _connection, _executable_checks, _goodput, _native, _values
 from meshrun._native import ENV
 from meshrun.context import get_context
-from meshrun.errors import CheckpointError, ConfigError, StorageError
+from meshrun.errors import CheckpointError, ConfigError, StaleExecutableError, StorageError
 
 __all__ = ["Checkpoint", "get_checkpoint", "restore", "save", "save_directory", "wait", "wait_committed"]
 
@@ -273,6 +273,8 @@ def save(step: int, state: Any, *, metrics: dict[str, Any] | None = None, extra:
     root = _root()
     ctx = get_context()
     wait()
+    # Nothing an executable still being checked computed is saved.
+    _executable_checks.settle()
     shards = _owned_shards(state, ctx.rank)
     _last_saved, _settled = step, None
     info = None
@@ -331,6 +333,13 @@ def save_memory(step: int, state: Any, *, metrics: dict[str, Any] | None = None,
     info = _info(state, metrics, extra) if ctx.rank == 0 else None
 
     def write() -> None:
+        # Kept only once an executable loaded for this attempt is known to
+        # be the program's (checked in the background; the main thread
+        # trains on, and raises if it is not).
+        try:
+            _executable_checks.settle()
+        except StaleExecutableError:
+            return
         try:
             written = _native.write_shards(folder, step, ctx.rank, shards)
         except Exception as exc:  # noqa: BLE001
@@ -354,6 +363,7 @@ def save_directory(step: int, folder: str, *, metrics: dict[str, Any] | None = N
     root = _root()
     ctx = get_context()
     wait()
+    _executable_checks.settle()
     _last_saved, _settled = step, None
     client = _connection.client()
     try:

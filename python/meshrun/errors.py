@@ -11,8 +11,19 @@ from meshrun._native import (
     DataError,
     MeshrunError,
     RunFailedError,
+    StaleExecutableError,
     StorageError,
     TrainingFailedError,
 )
 
-__all__ = ["CheckpointError", "ConfigError", "ControlError", "DataError", "MeshrunError", "RunFailedError", "StorageError", "TrainingFailedError"]
+__all__ = [
+    "CheckpointError",
+    "ConfigError",
+    "ControlError",
+    "DataError",
+    "MeshrunError",
+    "RunFailedError",
+    "StaleExecutableError",
+    "StorageError",
+    "TrainingFailedError",
+]

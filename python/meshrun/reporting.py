@@ -231,6 +231,9 @@ def report(
     at = _step_of(step, metrics)
     client = _connection.client()
     if client is not None:
+        # Earlier steps whose values are computed go first: a save below may
+        # wait (for the last one's copy, or a loaded executable's check).
+        _send_ready(wait=False)
         client.step_reached(at, arrived)
         _profile.at_report(client, at)
     _note_state(at, checkpoint is not None)

@@ -15,6 +15,7 @@ pub mod boxes;
 pub mod commit;
 pub mod directory;
 pub mod error;
+pub mod executable;
 pub mod manifest;
 pub mod read;
 pub mod resume;

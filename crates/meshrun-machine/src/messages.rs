@@ -218,6 +218,19 @@ impl Machine {
                 part: files.map_or(Part::Shards(leaves), Part::Files),
                 extra,
             }),
+            FromWorker::Executable {
+                name,
+                outcome,
+                reason,
+                seconds,
+            } => self.record(Event::Executable {
+                attempt: self.attempt(),
+                rank,
+                name,
+                outcome,
+                reason,
+                seconds,
+            }),
             FromWorker::SaveFailed { step, error } => {
                 self.push(Action::Abandon { step });
                 self.record(Event::CheckpointFailed {

@@ -2,6 +2,7 @@
 //! engine error reaches Python through a function of this file, variant by
 //! variant, so a new variant has to be placed here.
 
+use meshrun_ckpt::executable::ExecutableError;
 use meshrun_ckpt::CkptError;
 use meshrun_core::CoreError;
 use meshrun_data::DataError as LoaderError;
@@ -63,6 +64,13 @@ create_exception!(
     "A file or folder of the run could not be read or written (permissions, a full disk)."
 );
 
+create_exception!(
+    meshrun,
+    StaleExecutableError,
+    MeshrunError,
+    "An executable loaded from an earlier attempt (`meshrun.jit`) is not what this attempt's program compiles to; it was removed, and the next attempt compiles."
+);
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add("MeshrunError", py.get_type::<MeshrunError>())?;
@@ -73,6 +81,10 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DataError", py.get_type::<DataError>())?;
     m.add("CheckpointError", py.get_type::<CheckpointError>())?;
     m.add("StorageError", py.get_type::<StorageError>())?;
+    m.add(
+        "StaleExecutableError",
+        py.get_type::<StaleExecutableError>(),
+    )?;
     Ok(())
 }
 
@@ -154,5 +166,17 @@ pub fn data_to_py(err: &LoaderError) -> PyErr {
         | LoaderError::Changed(_)
         | LoaderError::RowGroupTooLarge { .. } => DataError::new_err(text),
         LoaderError::Store(_) => StorageError::new_err(text),
+    }
+}
+
+/// A travelling executable: a key that is not meshrun's is a programming
+/// error (`ValueError`); a file that cannot be read or is damaged is a
+/// `StorageError` (the caller compiles instead).
+pub fn executable_to_py(err: &ExecutableError) -> PyErr {
+    match err {
+        ExecutableError::BadKey { .. } => pyo3::exceptions::PyValueError::new_err(err.to_string()),
+        ExecutableError::Damaged { .. }
+        | ExecutableError::Read { .. }
+        | ExecutableError::Write { .. } => StorageError::new_err(err.to_string()),
     }
 }

@@ -7,6 +7,7 @@ mod config;
 mod convert;
 mod data;
 mod errors;
+mod executable;
 mod run;
 mod signals;
 mod usage;
@@ -64,6 +65,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DEFAULTS", defaults)?;
     m.add_function(wrap_pyfunction!(checkpoint::save_errors_continue, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint::storage_roundtrip, m)?)?;
+    m.add_function(wrap_pyfunction!(executable::store_executable, m)?)?;
+    m.add_function(wrap_pyfunction!(executable::load_executable, m)?)?;
+    m.add_function(wrap_pyfunction!(executable::remove_executable, m)?)?;
+    m.add_function(wrap_pyfunction!(executable::list_executables, m)?)?;
     errors::register(m)?;
     Ok(())
 }

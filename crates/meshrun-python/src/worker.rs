@@ -215,6 +215,26 @@ impl WorkerClient {
         self.0.save_failed(step, error);
     }
 
+    /// Says what became of one of this rank's jitted functions:
+    /// `outcome` is `loaded`, `compiled` or `stale`.
+    #[pyo3(signature = (name, outcome, seconds, reason=None))]
+    fn executable(
+        &self,
+        name: String,
+        outcome: &str,
+        seconds: f64,
+        reason: Option<String>,
+    ) -> PyResult<()> {
+        let outcome =
+            serde_json::from_value(serde_json::Value::String(outcome.into())).map_err(|_| {
+                PyValueError::new_err(format!(
+                    "outcome {outcome:?} is not one of 'loaded', 'compiled', 'stale'"
+                ))
+            })?;
+        self.0.executable(name, outcome, reason, seconds);
+        Ok(())
+    }
+
     /// Sends an uncaught exception and waits until it is on the wire.
     fn report_failure(&self, py: Python<'_>, kind: String, message: String, traceback: String) {
         py.detach(|| {

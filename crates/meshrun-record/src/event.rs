@@ -143,6 +143,21 @@ pub enum Event {
         /// The step was asked for (`--resume-from`), not the newest.
         requested: bool,
     },
+    /// A rank's jitted function (`meshrun.jit`): its executable was
+    /// loaded from the run's host folder (`loaded`) or compiled, and why
+    /// one there was not used (`reason`: none for this key, another mesh
+    /// or JAX, damaged). `stale`: a loaded executable whose program, traced
+    /// again in the background, turned out not to be the one it was
+    /// compiled from (the attempt then fails before it saves).
+    Executable {
+        attempt: u32,
+        rank: u32,
+        name: String,
+        outcome: ExecutableOutcome,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+        seconds: f64,
+    },
     /// Every host holds memory checkpoint `step` (and, with more than one
     /// host, its buddy the replica).
     MemoryCheckpointCommitted {
@@ -278,6 +293,15 @@ pub enum Event {
     Other,
 }
 
+/// What became of a rank's jitted function at its first call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExecutableOutcome {
+    Loaded,
+    Compiled,
+    Stale,
+}
+
 impl Event {
     /// The attempt an event belongs to, when it names one.
     pub fn attempt(&self) -> Option<u32> {
@@ -310,7 +334,8 @@ impl Event {
             | Event::HostWaitingLeft { attempt, .. }
             | Event::Growing { attempt, .. }
             | Event::AttemptEnded { attempt, .. }
-            | Event::FrameRejected { attempt, .. } => Some(*attempt),
+            | Event::FrameRejected { attempt, .. }
+            | Event::Executable { attempt, .. } => Some(*attempt),
             Event::WorkerFailed(f) => Some(f.attempt),
             Event::RunEnded { attempt, .. } => *attempt,
             Event::AgentJoined { .. }

@@ -438,6 +438,22 @@ impl WorkerClient {
             .send(Outgoing::Msg(FromWorker::SaveFailed { step, error }));
     }
 
+    /// Says what became of one of this rank's jitted functions.
+    pub fn executable(
+        &self,
+        name: String,
+        outcome: meshrun_record::event::ExecutableOutcome,
+        reason: Option<String>,
+        seconds: f64,
+    ) {
+        let _ = self.tx.send(Outgoing::Msg(FromWorker::Executable {
+            name,
+            outcome,
+            reason,
+            seconds,
+        }));
+    }
+
     /// Sends the user's exception and waits (up to `timeout`) until it has
     /// been written, since the process may be killed right after.
     pub fn report_failure(

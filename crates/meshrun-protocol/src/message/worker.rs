@@ -94,6 +94,15 @@ pub enum FromWorker {
         step: u64,
         error: String,
     },
+    /// What became of one of this rank's jitted functions (`meshrun.jit`)
+    /// at its first call: see `meshrun_record::event::Event::Executable`.
+    Executable {
+        name: String,
+        outcome: meshrun_record::event::ExecutableOutcome,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+        seconds: f64,
+    },
     /// Worker to controller: this rank wrote its shards of memory
     /// checkpoint `step` into its host's memory; `extra` as for
     /// [`FromWorker::CheckpointWritten`] (rank 0's).

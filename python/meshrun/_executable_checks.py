@@ -1,0 +1,103 @@
+"""Checks of what a restart loaded instead of tracing (see
+:mod:`meshrun._executables`): each traces its function again in a
+background thread, once the attempt's first step has run, and compares
+the program with the one the stored result was made from.
+
+Until every check is done, memory checkpoints wait (in their writer
+thread) and durable saves wait (:func:`settle`); a mismatch removes the
+stored file and fails the attempt at the next call of a travelling
+function, before anything it computed is saved.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from meshrun import _native
+from meshrun.errors import StaleExecutableError, StorageError
+
+
+class Check:
+    def __init__(self, what: str, folder: str, key: str, expected: str, program: Callable[[], str], say: Callable[[str], None]) -> None:
+        self.what, self.folder, self.key, self.expected, self.program, self.say = what, folder, key, expected, program, say
+        self.stale: str | None = None
+        self.done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="meshrun-check", daemon=True)
+        self._started = False
+
+    def start(self) -> None:
+        if not self._started:
+            self._started = True
+            self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            seen = self.program()
+        except Exception as exc:  # noqa: BLE001
+            seen = f"(tracing it again failed: {exc!r})"
+        if seen != self.expected:
+            self.stale = (
+                f"{self.what} was loaded from an earlier attempt of this run, but this attempt's program traces to another "
+                f"(it depends on more than its arguments' shapes: a value in a closure, say); the stored one was removed and "
+                f"the next attempt compiles it. Pass meshrun.jit(..., travel=False) to compile it in every attempt"
+            )
+            with contextlib.suppress(StorageError):  # else the next attempt finds it stale again
+                _native.remove_executable(self.folder, self.key)
+            self.say(self.stale)
+        self.done.set()
+
+
+_checks: list[Check] = []
+_lock = threading.Lock()
+
+
+def add(check: Check) -> None:
+    """Queues a check; it starts with :func:`start_all`."""
+    with _lock:
+        _checks.append(check)
+
+
+def start_all() -> None:
+    with _lock:
+        for c in _checks:
+            c.start()
+
+
+def after_first_step(output: Any) -> None:
+    """Starts the checks once `output` (of the first step) is computed, so
+    that the step runs at full speed."""
+
+    def wait_then_start() -> None:
+        # Donated to the next call by then (deleted): computed, as good.
+        with contextlib.suppress(Exception):
+            output.block_until_ready()
+        start_all()
+
+    threading.Thread(target=wait_then_start, name="meshrun-first-step", daemon=True).start()
+
+
+def verifying() -> bool:
+    """Whether a loaded result is still to be checked."""
+    with _lock:
+        return any(not c.done.is_set() for c in _checks)
+
+
+def raise_if_stale() -> None:
+    with _lock:
+        for c in _checks:
+            if c.stale is not None:
+                raise StaleExecutableError(c.stale)
+
+
+def settle() -> None:
+    """Waits for every check (starting any not yet started); raises if one
+    found a stale result."""
+    start_all()
+    with _lock:
+        pending = list(_checks)
+    for c in pending:
+        c.done.wait()
+    raise_if_stale()
