@@ -13,6 +13,7 @@ every such test names a row. The tests themselves sit beside their feature:
   Train's names, folder checkpoints and the leaves a state may hold:
   test_from_ray.py;
 - meshes and sharding rules: test_sharding.py;
+- travelling executables: test_executables.py;
 - data: test_data.py.
 
 A test registers its rows with ``errors_page.covers`` when its file is

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import numpy as np
 from conftest import ROOT, SCRIPTS
+from errors_page import covers, raises, says
 
+import meshrun
 from meshrun import _native
 
 KEYS = str(SCRIPTS / "travel_keys.py")
@@ -70,6 +72,7 @@ def test_an_executable_made_for_another_mesh_or_jax_or_damaged_is_compiled_again
     assert first_call(tmp_path, "4", 2.0)["outcomes"] == [["loaded", None]]
 
 
+@covers("jit-stale")
 def test_a_loaded_executable_whose_program_changed_is_found_stale_and_removed(tmp_path):
     """The key cannot see a closure: `scale` changes the program, not the
     key. The loaded executable computes with the old value; its check says
@@ -77,7 +80,7 @@ def test_a_loaded_executable_whose_program_changed_is_found_stale_and_removed(tm
     first = first_call(tmp_path, "2x2", 2.0)
     changed = first_call(tmp_path, "2x2", 3.0)
     assert changed["outcomes"] == [["loaded", None]]
-    assert changed["stale"] is not None and "traces to another" in changed["stale"], changed
+    says("jit-stale", changed["stale"])
     assert np.array_equal(changed["y"], first["y"])  # what the check is for
     after = first_call(tmp_path, "2x2", 3.0)
     assert after["outcomes"] == [["compiled", "no executable of this function for these arguments yet"]]
@@ -99,3 +102,11 @@ def test_an_executable_jax_read_from_its_compilation_cache_travels_whole(tmp_pat
     restarted = first_call(tmp_path / "b", "2x2", 2.0, cache)
     assert restarted["outcomes"] == [["loaded", None]]
     assert np.array_equal(restarted["y"], fresh["y"])
+
+
+@covers("jit-static-arguments", "jit-argument-type")
+def test_what_a_travelling_function_cannot_take_is_said(tmp_path, monkeypatch):
+    raises("jit-static-arguments", lambda: meshrun.jit(lambda x, n: x * n, static_argnums=1))
+    monkeypatch.setenv("MESHRUN_SCRATCH", str(tmp_path))
+    raises("jit-argument-type", lambda: meshrun.jit(lambda x: x)("a"))
+    assert not any(tmp_path.iterdir()), "nothing is kept for a call that was refused"
