@@ -151,7 +151,7 @@ bench-ckpt: install  ## Checkpoint save/restore of a 1 GiB sharded pytree agains
 bench-ckpt-s3: install  ## Checkpoint save/restore of a 1 GiB sharded pytree in S3 (a SeaweedFS server on loopback) against TensorStore's s3 kvstore, and the raw object bandwidth.
 	$(PY) bench/ckpt_s3.py --rounds 3 --json bench/out/ckpt_s3.json
 
-bench-recovery: install  ## SIGKILL of one GPT worker to the first step after the automatic restart: from storage with new interpreters, against memory checkpoints with warm spares.
+bench-recovery: install  ## SIGKILL of one GPT worker to the first step after the automatic restart: from storage with new interpreters, against memory checkpoints with warm spares, compiling or loading the first attempt's executables.
 	$(PY) bench/recovery.py --rounds 3 --json bench/out/recovery.json
 
 bench-vs-ray: install  ## meshrun (local and on Ray) against Ray Train's JaxTrainer on one Ray cluster, and the cost of a report call.

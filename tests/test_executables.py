@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from conftest import ROOT, SCRIPTS
+from conftest import ROOT, SCRIPTS, read_jsonl
+from conftest import meshrun as meshrun_run
 from errors_page import covers, raises, says
 
 import meshrun
@@ -110,3 +111,29 @@ def test_what_a_travelling_function_cannot_take_is_said(tmp_path, monkeypatch):
     monkeypatch.setenv("MESHRUN_SCRATCH", str(tmp_path))
     raises("jit-argument-type", lambda: meshrun.jit(lambda x: x)("a"))
     assert not any(tmp_path.iterdir()), "nothing is kept for a call that was refused"
+
+
+def test_an_attempt_that_loaded_a_stale_executable_fails_and_the_next_compiles_from_storage(runs):
+    """Attempt 2 loads attempt 1's executable, compiled for another value of
+    the closure; its check finds it stale, the attempt fails with
+    StaleExecutableError, and attempt 3 compiles and starts from storage
+    (here: from the start), not from the memory checkpoints attempt 2 kept
+    while it was being checked."""
+    done = meshrun_run(["-n", "2", "--platform", "cpu", "--tee", "none", "--max-failures", "2", "--memory-checkpoint-every", "1", str(SCRIPTS / "stale_closure.py")], runs_dir=runs)
+    assert done.code == 0, done.stderr
+    events = read_jsonl(done.run_dir / "events.jsonl")
+    outcomes = sorted((e["attempt"], e["rank"], e["outcome"]) for e in events if e["event"] == "executable")
+    assert outcomes == [(1, 0, "compiled"), (1, 1, "compiled"), (2, 0, "loaded"), (2, 0, "stale"), (2, 1, "loaded"), (2, 1, "stale"), (3, 0, "compiled"), (3, 1, "compiled")], outcomes
+    failed = [e for e in events if e["event"] == "worker_failed"]
+    assert [f["attempt"] for f in failed] == [1, 2] and failed[1]["cause"]["exception"] == "StaleExecutableError", failed
+    # Memory held steps of attempts 1 and 2 (attempt 2's unchecked)...
+    assert [e for e in events if e["event"] == "memory_checkpoint_committed" and e["attempt"] in (1, 2)]
+    # ...which attempt 3 did not take.
+    assert 3 not in [e["attempt"] for e in events if e["event"] in ("resuming_from_memory", "resuming")]
+    # Attempt 3 trained every step with its own scale: v = 1, 4, 13, ...
+    last = [r for r in read_jsonl(done.run_dir / "metrics.jsonl") if r["attempt"] == 3]
+    v = 0.0
+    for r in last:
+        v = v * 3 + 1
+        assert r["metrics"]["v"] == v, last
+    assert [r["step"] for r in last] == list(range(1, 13))

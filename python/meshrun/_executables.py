@@ -147,11 +147,14 @@ def _short(value: Any) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
-def _deserialize(payload: bytes) -> Any:
+def _deserialize(payload: bytes, device_ids: list[int] | None) -> Any:
+    import jax
     from jax.experimental.serialize_executable import deserialize_and_load
 
     exe, in_tree, out_tree = pickle.loads(payload)
-    return deserialize_and_load(exe, in_tree, out_tree)
+    by_id = {d.id: d for d in jax.devices()}
+    devices = None if device_ids is None else [by_id[i] for i in device_ids]
+    return deserialize_and_load(exe, in_tree, out_tree, execution_devices=devices)
 
 
 def _load(folder: str, key: str, now: dict[str, Any], shardings: Any) -> tuple[Any, dict[str, Any] | None, str]:
@@ -167,7 +170,7 @@ def _load(folder: str, key: str, now: dict[str, Any], shardings: Any) -> tuple[A
     if why is not None:
         return None, meta, why
     try:
-        return _deserialize(found[1]), meta, ""
+        return _deserialize(found[1], meta.get("execution_devices")), meta, ""
     except Exception as exc:  # noqa: BLE001  (JAX's own errors for bytes it cannot load)
         return None, meta, f"JAX could not load it: {type(exc).__name__}: {exc}"
 
@@ -197,12 +200,11 @@ def prefetch() -> None:
 
     def load_all() -> None:
         for key, future in mine.items():
-            start = time.time()
             try:
                 compiled, meta, why = _load(folder, key, now, None)
             except BaseException as exc:  # noqa: BLE001  (its first call compiles it, saying why)
                 compiled, meta, why = None, None, f"loading it failed: {type(exc).__name__}: {exc}"
-            future.set_result((compiled, meta, why, start, time.time()))
+            future.set_result((compiled, meta, why))
 
     threading.Thread(target=load_all, name="meshrun-prefetch", daemon=True).start()
 
@@ -280,8 +282,9 @@ class Jitted:
         start = time.time()
         ahead = _prefetched.pop(key, None)
         if ahead is not None:
-            compiled, meta, why, began, _ = ahead.result()
-            start = min(start, began)
+            # What the first call waits for counts (the goodput is the
+            # main thread's); the load's own span overlapped the program.
+            compiled, meta, why = ahead.result()
             if compiled is not None and meta is not None and meta.get("shardings") != shardings:
                 compiled, why = None, _differs(meta, {**now, "shardings": shardings})
         else:
@@ -302,6 +305,7 @@ class Jitted:
         # Kept before its first step runs (a tenth of a second or two to
         # serialize): any step that ran, a restart can load.
         meta = {**now, "shardings": shardings, "program": _program_digest(lowered), "name": self.name, "kind": "jit", "process": rank}
+        meta["execution_devices"] = _jax_private.execution_device_ids(compiled)
         _store(folder, key, meta, compiled, hits)
         return compiled, False
 

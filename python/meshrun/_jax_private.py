@@ -369,3 +369,15 @@ def serialize(compiled: Any, hits: list[tuple[Any, bytes]]) -> tuple[bytes, Any,
         if not used:
             raise ValueError("it was read from JAX's compilation cache, whose bytes of it are not at hand")
         return file.getvalue(), in_tree, compiled.out_tree
+
+
+def execution_device_ids(compiled: Any) -> list[int] | None:
+    """The ids of the devices a compiled function runs on, in order (what
+    loading it again must be given: JAX's default is every device, wrong
+    for a function placed on fewer); None where JAX does not say."""
+    unloaded = getattr(getattr(compiled, "_executable", None), "_unloaded_executable", None)
+    devices = getattr(unloaded, "device_list", None)
+    try:
+        return None if devices is None else [d.id for d in devices]
+    except TypeError:
+        return None

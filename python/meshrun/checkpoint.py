@@ -49,7 +49,7 @@ import numpy as np
 from meshrun import _connection, _executable_checks, _goodput, _native, _values
 from meshrun._native import ENV
 from meshrun.context import get_context
-from meshrun.errors import CheckpointError, ConfigError, StaleExecutableError, StorageError
+from meshrun.errors import CheckpointError, ConfigError, StorageError
 
 __all__ = ["Checkpoint", "get_checkpoint", "restore", "save", "save_directory", "wait", "wait_committed"]
 
@@ -333,13 +333,9 @@ def save_memory(step: int, state: Any, *, metrics: dict[str, Any] | None = None,
     info = _info(state, metrics, extra) if ctx.rank == 0 else None
 
     def write() -> None:
-        # Kept only once an executable loaded for this attempt is known to
-        # be the program's (checked in the background; the main thread
-        # trains on, and raises if it is not).
-        try:
-            _executable_checks.settle()
-        except StaleExecutableError:
-            return
+        # Not held for an executable still being checked: an attempt that
+        # fails on a stale one restarts from storage (meshrun_machine's
+        # Run), whose saves do wait.
         try:
             written = _native.write_shards(folder, step, ctx.rank, shards)
         except Exception as exc:  # noqa: BLE001

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use meshrun_plan::RunPlan;
-use meshrun_record::FailureRecord;
+use meshrun_record::{Cause, FailureRecord};
 
 use crate::OutcomeStatus;
 
@@ -163,6 +163,13 @@ impl Run {
         if let Some(m) = end.memory_committed {
             self.memory_step = Some(m);
         }
+        if end.failure.as_ref().is_some_and(ran_a_stale_executable) {
+            // Memory checkpoints are kept while a loaded executable is
+            // still being checked; this attempt's may hold what a stale
+            // one computed (and the older ones are released). Durable
+            // saves wait for the check: the restart reads storage.
+            self.memory_step = None;
+        }
         if let Some(h) = end.hosts_launched {
             self.previous_hosts = Some(h);
         }
@@ -208,6 +215,13 @@ impl Run {
     pub fn max_failures(&self) -> u32 {
         self.max_failures
     }
+}
+
+/// The attempt failed because an executable it loaded (`meshrun.jit`)
+/// turned out not to be its program's: Python's
+/// `meshrun.StaleExecutableError`, named in the binding's `errors.rs`.
+fn ran_a_stale_executable(failure: &FailureRecord) -> bool {
+    matches!(&failure.cause, Cause::Exception { exception, .. } if exception == "StaleExecutableError")
 }
 
 #[cfg(test)]

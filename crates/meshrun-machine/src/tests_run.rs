@@ -243,3 +243,33 @@ fn memory_wins_a_tie_with_the_durable_checkpoint_and_an_older_one_is_not_taken()
     let _ = run.ended(failed(2));
     assert_eq!(run.memory_step(None), Some(7));
 }
+
+#[test]
+fn an_attempt_that_ran_a_stale_executable_restarts_from_storage_not_memory() {
+    let mut run = with_max_failures(3);
+    let mut end = failed(1);
+    end.memory_committed = Some(7);
+    let _ = run.ended(end);
+    let stale = |attempt, exception: &str| Ended {
+        status: OutcomeStatus::Failed,
+        failure: Some(failure(
+            attempt,
+            Cause::Exception {
+                exception: exception.into(),
+                message: "train_step was loaded from an earlier attempt of this run, but ..."
+                    .into(),
+                traceback: String::new(),
+            },
+        )),
+        memory_committed: Some(9),
+        hosts_launched: None,
+    };
+    // Another exception keeps the memory step it committed.
+    let _ = run.ended(stale(2, "ValueError"));
+    assert_eq!(run.memory_step(Some(5)), Some(9));
+    // Steps 8 and 9 may be what the stale executable computed.
+    let after = run.ended(stale(3, "StaleExecutableError"));
+    assert!(matches!(after, After::Restart { .. }), "{after:?}");
+    assert_eq!(run.memory_step(Some(5)), None);
+    assert_eq!(run.memory_step(None), None);
+}
