@@ -101,6 +101,8 @@ def one_round(runs: Path, name: str, mode: str, steps: int, model: list[str]) ->
         # Steps rank 0 had reported before the kill that the restart redid.
         "steps_lost": last - (first["step"] - 1),
         "warm": all(e.get("warm", False) for e in events("worker_started") if e["attempt"] == 2),
+        # Ranks whose restarted train step was loaded, not compiled.
+        "loaded": sum(1 for e in events("executable") if e["attempt"] == 2 and e["name"].endswith(".train_step") and e["outcome"] == "loaded"),
         **{f"restart_{k}": v for k, v in parts.items()},
     }
 
@@ -123,7 +125,7 @@ def main() -> None:
             order = modes if i % 2 == 0 else modes[::-1]
             for mode in order:
                 rounds[mode].append(one_round(runs, f"{mode.replace(' ', '-')}-{i}", mode, args.steps, model))
-    keys = [k for k in rounds[modes[0]][0] if k not in ("resumed_at_step", "warm")]
+    keys = [k for k in rounds[modes[0]][0] if k not in ("resumed_at_step", "warm", "loaded")]
     med = {m: {k: statistics.median(r[k] for r in rs) for k in keys} for m, rs in rounds.items()}
     rows = []
     for m in modes:

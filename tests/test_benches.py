@@ -65,12 +65,14 @@ def test_ckpt_s3_bench_short(tmp_path):
 def test_recovery_bench_short(tmp_path):
     result, text = run_bench(tmp_path, "recovery.py", "--rounds", "1", "--model", "small")
     assert "first step" in text
-    for label in ("durable", "memory"):
+    for label in ("durable", "memory", "executables"):
         m = result["median"][label]
         assert 0 < m["detect"] <= m["stopped"] <= m["relaunch"] < m["step"]
-    memory = result["rounds"]["memory"][0]
-    assert memory["warm"] and memory["steps_lost"] == 0, memory
+    for label in ("memory", "executables"):
+        memory = result["rounds"][label][0]
+        assert memory["warm"] and memory["steps_lost"] == 0, memory
     assert not result["rounds"]["durable"][0]["warm"]
+    assert [result["rounds"][m][0]["loaded"] for m in ("durable", "memory", "executables")] == [0, 0, 2]
 
 
 def test_vs_ray_bench_short(tmp_path):
