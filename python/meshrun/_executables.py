@@ -227,7 +227,7 @@ class Jitted:
         self._kwargs = {k: repr(v) for k, v in sorted(jit_kwargs.items()) if k not in _PLACED}
         self._placement = {k: _placement(jit_kwargs[k]) for k in _PLACED if k in jit_kwargs}
         self._jit = jax.jit(fun, **jit_kwargs)
-        self._compiled: dict[str, Any] = {}
+        self._compiled: dict[Any, Any] = {}
         #: What the first call of each signature did: ``("loaded", None)``,
         #: or ``("compiled", why none was loaded)``.
         self.outcomes: list[tuple[str, str | None]] = []
@@ -243,11 +243,13 @@ class Jitted:
         if kwargs or not self.travel or folder is None:
             return self._jit(*args, **kwargs)
         leaves, tree = jax.tree.flatten(args)
-        described = [_leaf(x) for x in leaves]
-        signature = _digest([_tree_text(tree), [d[0] for d in described]])
-        compiled = self._compiled.get(signature)
+        # Every call: a cheap key of the signature (objects, no text).
+        seen = (tree, tuple(_cheap(x) for x in leaves))
+        compiled = self._compiled.get(seen)
         if compiled is not None:
             return compiled(*args)
+        described = [_leaf(x) for x in leaves]
+        signature = _digest([_tree_text(tree), [d[0] for d in described]])
         compiled, loaded = self._first_call(folder, signature, args, described)
         try:
             out = compiled(*args)
@@ -263,7 +265,7 @@ class Jitted:
             _event(self.name, "compiled", 0.0, why)
             compiled, loaded = self._jit.lower(*args).compile(), False
             out = compiled(*args)
-        self._compiled[signature] = compiled
+        self._compiled[seen] = compiled
         if loaded:
             first = jax.tree.leaves(out)
             if first:
@@ -316,6 +318,10 @@ class Jitted:
 
     def _stale(self, why: str) -> None:
         _event(self.name, "stale", 0.0, why)
+
+
+def _cheap(x: Any) -> tuple[Any, ...]:
+    return (getattr(x, "shape", None), getattr(x, "dtype", type(x)), getattr(x, "weak_type", None), getattr(x, "sharding", None))
 
 
 def _abstract(x: Any) -> Any:
