@@ -84,3 +84,41 @@ def test_other_ranks_do_not_repeat_the_warning():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("off:") and "warning" not in done.stderr
+
+
+@pytest.mark.short
+def test_the_cache_reader_is_wrapped_with_this_jaxs_parameters():
+    """meshrun.jit keeps the cache's bytes of an executable JAX read from
+    its persistent cache (serialized again on CPU, it lacks its kernels)."""
+    from jax._src import compilation_cache
+
+    before = list(inspect.signature(compilation_cache.get_executable_and_time).parameters)
+    _jax_private.cache_reads_kept()
+    assert _jax_private.hook_status()["cache_reads_kept"] == "on"
+    assert compilation_cache.get_executable_and_time._meshrun
+    assert list(inspect.signature(compilation_cache.get_executable_and_time).parameters) == before
+
+
+def test_an_executable_read_from_the_cache_travels_whole(tmp_path):
+    """With this JAX: a run whose first compile is a cache hit keeps an
+    executable that a new process loads and runs."""
+    import json
+    from pathlib import Path
+
+    script = str(Path(__file__).resolve().parents[1] / "scripts" / "travel_keys.py")
+    cache = tmp_path / "cache"
+
+    def call(scratch: Path) -> dict:
+        env = {"MESHRUN_SCRATCH": str(scratch), "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+        env.update(JAX_COMPILATION_CACHE_DIR=str(cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+        import os
+
+        done = subprocess.run([sys.executable, script, "2x2", "2.0"], capture_output=True, text=True, timeout=120, env={**os.environ, **env})
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    fresh = call(tmp_path / "a")
+    call(tmp_path / "b")  # a cache hit, kept
+    loaded = call(tmp_path / "b")
+    assert loaded["outcomes"] == [["loaded", None]]
+    assert loaded["y"] == fresh["y"]
