@@ -37,6 +37,7 @@ class Check:
             self._thread.start()
 
     def _run(self) -> None:
+        global _stale
         try:
             seen = self.program()
         except Exception:  # noqa: BLE001
@@ -53,11 +54,14 @@ class Check:
             with contextlib.suppress(StorageError):  # else the next attempt finds it stale again
                 _native.remove_executable(self.folder, self.key)
             self.say(self.stale)
+            _stale = self.stale
         self.done.set()
 
 
 _checks: list[Check] = []
 _lock = threading.Lock()
+# The first stale verdict: read at every call of a travelling function.
+_stale: str | None = None
 
 
 def add(check: Check) -> None:
@@ -86,10 +90,8 @@ def after_first_step(output: Any) -> None:
 
 
 def raise_if_stale() -> None:
-    with _lock:
-        for c in _checks:
-            if c.stale is not None:
-                raise StaleExecutableError(c.stale)
+    if _stale is not None:
+        raise StaleExecutableError(_stale)
 
 
 def settle() -> None:

@@ -250,11 +250,11 @@ class Jitted:
             return compiled(*args)
         described = [_leaf(x) for x in leaves]
         signature = _digest([_tree_text(tree), [d[0] for d in described]])
-        compiled, loaded = self._first_call(folder, signature, args, described)
+        compiled, check = self._first_call(folder, signature, args, described)
         try:
             out = compiled(*args)
         except Exception as exc:
-            if not loaded:
+            if check is None:
                 raise
             # Loaded, yet JAX cannot run it (it failed before running: the
             # arguments are intact): compiled here instead, and not kept.
@@ -263,10 +263,12 @@ class Jitted:
                 _native.remove_executable(folder, self._key(signature))
             self.outcomes.append(("compiled", why))
             _event(self.name, "compiled", 0.0, why)
-            compiled, loaded = self._jit.lower(*args).compile(), False
+            compiled, check = self._jit.lower(*args).compile(), None
             out = compiled(*args)
         self._compiled[seen] = compiled
-        if loaded:
+        if check is not None:
+            # Only an executable that ran is checked.
+            checks.add(check)
             first = jax.tree.leaves(out)
             if first:
                 checks.after_first_step(first[0])
@@ -274,7 +276,8 @@ class Jitted:
                 checks.start_all()
         return out
 
-    def _first_call(self, folder: str, signature: str, args: Any, described: list[Any]) -> tuple[Any, bool]:
+    def _first_call(self, folder: str, signature: str, args: Any, described: list[Any]) -> tuple[Any, checks.Check | None]:
+        """The executable, and its check when it was loaded."""
         import jax
 
         rank = jax.process_index()
@@ -297,8 +300,7 @@ class Jitted:
             self.outcomes.append(("loaded", None))
             _event(self.name, "loaded", took, None)
             abstract = jax.tree.map(_abstract, args)
-            checks.add(checks.Check(self.name, folder, key, meta["program"], lambda: _program_digest(self._jit.lower(*abstract)), self._stale))
-            return compiled, True
+            return compiled, checks.Check(self.name, folder, key, meta["program"], lambda: _program_digest(self._jit.lower(*abstract)), self._stale)
         lowered = self._jit.lower(*args)
         with _jax_private.cache_reads() as hits:
             compiled = lowered.compile()
@@ -309,7 +311,7 @@ class Jitted:
         meta = {**now, "shardings": shardings, "program": _program_digest(lowered), "name": self.name, "kind": "jit", "process": rank}
         meta["execution_devices"] = _jax_private.execution_device_ids(compiled)
         _store(folder, key, meta, compiled, hits)
-        return compiled, False
+        return compiled, None
 
     def _key(self, signature: str) -> str:
         import jax
