@@ -91,6 +91,10 @@ def one_round(runs: Path, name: str, mode: str, steps: int, model: list[str]) ->
     stopped = max(e["time"] for e in events("worker_exited") if e["attempt"] == 1)
     relaunch = max(e["time"] for e in events("worker_started") if e["attempt"] == 2)
     last = max((r["step"] or 0) for r in jsonl(run_dir / "metrics.jsonl") if r["attempt"] == 1 and r["time"] <= killed)
+    # The newest step saved on every rank before the kill: rank 0 reports a
+    # step before the save of that step commits, so a kill between the two
+    # redoes one step by design.
+    saved = [e["step"] for e in events("memory_checkpoint_committed") + events("checkpoint_committed") if e["attempt"] == 1 and e["time"] <= killed]
     parts = json.loads((run_dir / "goodput.json").read_text())["attempts"][1]["seconds"]
     return {
         "detect": detect - killed,
@@ -98,8 +102,10 @@ def one_round(runs: Path, name: str, mode: str, steps: int, model: list[str]) ->
         "relaunch": relaunch - killed,
         "step": first["time"] - killed,
         "resumed_at_step": first["step"],
-        # Steps rank 0 had reported before the kill that the restart redid.
-        "steps_lost": last - (first["step"] - 1),
+        # Steps rank 0 had reported before the kill that the restart redid
+        # (none when the ranks saved a step rank 0 reported after the kill).
+        "steps_lost": max(0, last - (first["step"] - 1)),
+        "saved_before_kill": max(saved, default=0),
         "warm": all(e.get("warm", False) for e in events("worker_started") if e["attempt"] == 2),
         # Ranks whose restarted train step was loaded, not compiled.
         "loaded": sum(1 for e in events("executable") if e["attempt"] == 2 and e["name"].endswith(".train_step") and e["outcome"] == "loaded"),

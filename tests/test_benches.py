@@ -70,7 +70,11 @@ def test_recovery_bench_short(tmp_path):
         assert 0 < m["detect"] <= m["stopped"] <= m["relaunch"] < m["step"]
     for label in ("memory", "executables"):
         memory = result["rounds"][label][0]
-        assert memory["warm"] and memory["steps_lost"] == 0, memory
+        # Resumed from the newest step every rank had saved when the kill
+        # came (a save commits after rank 0 reports its step: at most that
+        # one step is redone).
+        assert memory["warm"] and memory["resumed_at_step"] - 1 >= memory["saved_before_kill"], memory
+        assert memory["steps_lost"] <= 1, memory
     assert not result["rounds"]["durable"][0]["warm"]
     assert [result["rounds"][m][0]["loaded"] for m in ("durable", "memory", "executables")] == [0, 0, 2]
 
