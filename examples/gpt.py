@@ -160,12 +160,20 @@ def main() -> None:
     parser.add_argument("--params-digest", type=Path, help="write the SHA-256 of the final parameters here")
     parser.add_argument("--step-times", type=Path, help="write rank 0's per-step wall times (JSON) here")
     parser.add_argument("--compile-each-attempt", action="store_true", help="trace and compile in every attempt (no travelling executables; for comparison)")
+    parser.add_argument("--xla-cpu-ynn", action="store_true", help="keep XLA's experimental YNNPACK fusions on CPU (off by default here: see below)")
     # Only for launching by hand without meshrun (bench/step_parity.py compares the two).
     parser.add_argument("--coordinator", help="explicit jax.distributed coordinator address")
     parser.add_argument("--num-processes", type=int)
     parser.add_argument("--process-id", type=int)
     args = parser.parse_args()
 
+    if not args.xla_cpu_ynn and "ynn_fusion_type" not in os.environ.get("XLA_FLAGS", ""):
+        # XLA's CPU backend hands dots to YNNPACK graphs (an experimental
+        # fusion) that each executable builds on its first run: with this
+        # model on 2-core x86 machines that first run took 0.3 s longer
+        # (so did every restart's), and steady steps were about 5% slower.
+        # XLA reads the flag when the backend starts, after this line.
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_experimental_ynn_fusion_type=").strip()
     if args.coordinator:
         jax.distributed.initialize(args.coordinator, args.num_processes, args.process_id)
     ctx = meshrun.init()
