@@ -11,7 +11,7 @@ BUILD_STAMP := $(VENV)/.meshrun-built
 CHROMIUM_STAMP := $(VENV)/.chromium
 RUST_SOURCES := $(shell find crates -name '*.rs' -o -name 'Cargo.toml') Cargo.toml $(wildcard Cargo.lock) pyproject.toml
 
-.PHONY: help install demo test test-fast test-rust test-python test-kubeflow test-maxtext lint bench-smoke bench-startup bench-step-parity bench-data bench-ckpt bench-ckpt-s3 bench-recovery bench-vs-ray bench-hosts bench-elastic soak partition fuzz load bench-scale clean
+.PHONY: help install demo test test-fast test-rust test-python test-kubeflow test-maxtext lint bench-smoke bench-startup bench-step-parity bench-data bench-ckpt bench-ckpt-s3 bench-recovery bench-inplace bench-vs-ray bench-hosts bench-elastic soak partition fuzz load bench-scale clean
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -153,6 +153,9 @@ bench-ckpt-s3: install  ## Checkpoint save/restore of a 1 GiB sharded pytree in 
 
 bench-recovery: install  ## SIGKILL of one GPT worker to the first step after the automatic restart: from storage with new interpreters, against memory checkpoints with warm spares, compiling or loading the first attempt's executables.
 	$(PY) bench/recovery.py --rounds 3 --json bench/out/recovery.json
+
+bench-inplace: install  ## What JAX's fault-tolerance mode does on CPU when one of three processes is killed: survivors going on alone, and a replacement under the dead id (every JAX of the compat cells that is built).
+	$(PY) bench/inplace.py --rounds 3 --python $(VENV)/bin/python $(wildcard .compat/py3.12-jax0.11/bin/python .compat/py3.12-jax0.12/bin/python) --json bench/out/inplace.json
 
 bench-vs-ray: install  ## meshrun (local and on Ray) against Ray Train's JaxTrainer on one Ray cluster, and the cost of a report call.
 	$(PY) bench/vs_ray.py --rounds 3 --json bench/out/vs_ray.json

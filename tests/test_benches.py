@@ -79,6 +79,18 @@ def test_recovery_bench_short(tmp_path):
     assert [result["rounds"][m][0]["loaded"] for m in ("durable", "memory", "executables")] == [0, 0, 2]
 
 
+def test_inplace_bench_short(tmp_path):
+    result, text = run_bench(tmp_path, "inplace.py", "--rounds", "1")
+    assert "Survivors under jax_enable_recoverability on CPU" in text
+    (label,) = [k for k in result["rounds"] if k.endswith(" shrink")]
+    shrink = result["rounds"][label][0]
+    # The survivors of a SIGKILL went on alone, every step's sum right.
+    assert shrink["ok"] and shrink["wrong_sums"] == 0, shrink
+    assert 0 < shrink["first_error"] <= shrink["step"], shrink
+    (label,) = [k for k in result["rounds"] if k.endswith(" replace")]
+    assert result["rounds"][label][0]["joined"] is not None, "the replacement joined under the dead process's id"
+
+
 def test_vs_ray_bench_short(tmp_path):
     result, text = run_bench(tmp_path, "vs_ray.py", "--rounds", "1", "--programs", "steps", "--report-calls", "200")
     assert "JaxTrainer / meshrun on Ray end to end" in text
