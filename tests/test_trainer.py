@@ -129,6 +129,37 @@ def fails_in_first_attempt():
     meshrun.report({"step": 1, "attempt": ctx.attempt})
 
 
+def travels_across_attempts():
+    import jax.numpy as jnp
+
+    ctx = meshrun.get_context()
+
+    def affine(x):
+        return x * 2.0 + 1.0
+
+    y = meshrun.jit(affine)(jnp.arange(4.0))
+    if ctx.attempt == 1 and ctx.rank == 1:
+        raise RuntimeError("first attempt fails after its first call")
+    meshrun.report({"step": 1, "attempt": ctx.attempt, "y": float(y.sum())})
+
+
+@pytest.mark.slow
+def test_a_function_s_meshrun_jit_travels_to_the_next_attempt(tmp_path):
+    """A train function's `meshrun.jit` is kept by the first attempt and
+    loaded by the restart, as a script's is (the function arrives by
+    cloudpickle, named as in its module)."""
+    result = meshrun.Trainer(
+        travels_across_attempts,
+        scaling_config=meshrun.ScalingConfig(num_workers=2),
+        run_config=meshrun.RunConfig(name="travels", storage_path=str(tmp_path / "runs"), tee="none", failure_config=meshrun.FailureConfig(max_failures=1)),
+    ).fit()
+    assert result.status == "succeeded", result.error
+    assert result.metrics["attempt"] == 2 and result.metrics["y"] == 16.0
+    events = [json.loads(line) for line in (tmp_path / "runs" / "travels" / "events.jsonl").read_text().splitlines()]
+    outcomes = sorted((e["attempt"], e["rank"], e["outcome"]) for e in events if e["event"] == "executable" and e["name"].endswith("affine"))
+    assert outcomes == [(1, 0, "compiled"), (1, 1, "compiled"), (2, 0, "loaded"), (2, 1, "loaded")], outcomes
+
+
 @pytest.mark.slow
 def test_failure_config_restarts_a_function(tmp_path):
     result = meshrun.Trainer(

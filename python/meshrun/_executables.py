@@ -327,9 +327,13 @@ def _cheap(x: Any) -> tuple[Any, ...]:
 
 
 def _abstract(x: Any) -> Any:
+    """``x`` as the check re-traces it: as ``lower`` saw it. An uncommitted
+    array (``jnp.arange(4.0)``) lowers without a sharding; giving it its
+    default device's would trace another program and find it stale."""
     import jax
 
-    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None), weak_type=getattr(x, "weak_type", False))
+    sharding = getattr(x, "sharding", None) if getattr(x, "committed", True) else None
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding, weak_type=getattr(x, "weak_type", False))
 
 
 def _program_digest(lowered: Any) -> str:
