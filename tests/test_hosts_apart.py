@@ -315,6 +315,13 @@ def test_a_joined_host_that_lost_its_memory_restores_from_its_buddy_over_the_net
         held = list((hosts.scratch(1) / "memory").iterdir())
         assert len(held) == 1 and controller.poll() is None, f"the run ended before the kill (host 1's memory holds {held})"
         (memory,) = held
+        # Host 1's workers kept their executables; host 0 took a replica
+        # of them after a memory commit.
+        (executables,) = (hosts.scratch(1) / "runs").glob("*/executables")
+        kept_count = len(list(executables.glob("*.xla")))
+        assert kept_count, "host 1's workers kept no executables"
+        replica = hosts.scratch(0) / "runs" / memory.name / "replica-of-1" / "executables"
+        wait_for(lambda: controller.poll() is not None or len(list(replica.glob("*.xla"))) == kept_count, 60, "host 0's replica of host 1's executables")
         try:
             # Host 0 keeps host 1's replica of the newest step committed
             # everywhere until a newer one is (the agents release older
@@ -323,6 +330,8 @@ def test_a_joined_host_that_lost_its_memory_restores_from_its_buddy_over_the_net
             freeze_agent_and_kill_worker(agent, worker)
             for kept in memory.iterdir():
                 shutil.rmtree(kept)
+            # ...and its executables, as a host restarted on another machine.
+            shutil.rmtree(executables)
         finally:
             os.kill(agent, signal.SIGCONT)
         out, err = controller.communicate(timeout=900)
@@ -344,6 +353,10 @@ def test_a_joined_host_that_lost_its_memory_restores_from_its_buddy_over_the_net
     (resumed,) = resumed
     assert resumed["sources"][0] == "this host's memory"
     assert resumed["sources"][1].startswith(f"the buddy's replica ({hosts.addr(0)}:"), resumed
+    assert f"; executables: {kept_count} from the buddy ({hosts.addr(0)}:" in resumed["sources"][1], resumed
+    # So the restarted host loaded its train step instead of compiling it.
+    steps = sorted((e["attempt"], e["rank"], e["outcome"]) for e in events("executable") if e["name"].endswith(".train_step"))
+    assert steps == [(1, 0, "compiled"), (1, 1, "compiled"), (2, 0, "loaded"), (2, 1, "loaded")], steps
     assert all(e["replicated"] for e in events("memory_checkpoint_committed"))
     warm = {e["rank"]: e.get("warm", False) for e in events("worker_started") if e["attempt"] == 2}
     assert warm == {0: True, 1: True}, f"the restart did not go to the spares: {warm}"

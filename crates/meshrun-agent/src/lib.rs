@@ -14,6 +14,7 @@ mod beats;
 pub mod cgroup;
 mod coordinator_port;
 mod error;
+mod executables;
 pub mod join;
 mod last_words;
 pub mod leftovers;
@@ -199,6 +200,7 @@ async fn session(
         replicas,
         cfg.token.clone(),
         memory_root.clone(),
+        cfg.scratch.clone(),
     ));
     let _serving = AbortOnDrop(serving);
     conn.send(&FromAgent::AgentHello {
@@ -227,6 +229,7 @@ async fn session(
     let mut refill = None;
     // The launched attempt's memory tier on this host.
     let mut mem: Option<memory::HostMemory> = None;
+    let offered = Arc::new(executables::Offered::default());
     let mut heartbeat = tokio::time::interval(HEARTBEAT_EVERY);
     let mut step_times: Option<steps::StepReader> = None;
     let mut worker_beats: Option<beats::BeatReader> = None;
@@ -323,12 +326,17 @@ async fn session(
                     buddy,
                 } => {
                     let m = memory::HostMemory::new(&memory_root, &run_id, s.host().unwrap_or(0));
+                    let places = ExecutablePlaces {
+                        own: run_executables(&cfg.scratch, &run_id),
+                        run: meshrun_record::names::scratch_run(&cfg.scratch, &run_id),
+                    };
                     tokio::spawn(prepare_memory(
                         m,
                         step,
                         buddy,
                         cfg.token.clone(),
                         run_id,
+                        places,
                         events_tx.clone(),
                     ));
                 }
@@ -338,12 +346,14 @@ async fn session(
                     buddy,
                 } => {
                     if let Some(m) = mem.clone() {
+                        let executables = (run_executables(&cfg.scratch, &run_id), offered.clone());
                         tokio::spawn(commit_memory(
                             m,
                             manifest,
                             buddy,
                             cfg.token.clone(),
                             run_id,
+                            executables,
                             events_tx.clone(),
                         ));
                     }
@@ -472,14 +482,30 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// The folder of a run's travelling executables in the host's scratch.
+fn run_executables(scratch: &std::path::Path, run_id: &str) -> std::path::PathBuf {
+    meshrun_ckpt::executable::dir(&meshrun_record::names::scratch_run(scratch, run_id))
+}
+
+/// Where a host's executables are: its workers' folder, and the run's
+/// folder in the host's scratch (which may hold the host's own replica,
+/// when it now runs where its buddy did).
+struct ExecutablePlaces {
+    own: std::path::PathBuf,
+    run: std::path::PathBuf,
+}
+
 /// Commits this host's part of a memory checkpoint, sends the replica to
-/// the buddy, and says so.
+/// the buddy with the executables it lacks, and says so. The executables
+/// go before the word: the run may end once every host has given it, and
+/// a keeper must not be writing into a run's folder it has removed.
 async fn commit_memory(
     m: memory::HostMemory,
     manifest: meshrun_ckpt::manifest::Manifest,
     buddy: Option<String>,
     token: Token,
     run_id: String,
+    executables: (std::path::PathBuf, Arc<executables::Offered>),
     events: mpsc::UnboundedSender<FromAgent>,
 ) {
     let step = manifest.step;
@@ -497,6 +523,12 @@ async fn commit_memory(
             },
         },
     };
+    if let (true, Some(addr)) = (replicated, &buddy) {
+        let (dir, offered) = &executables;
+        if let Err(e) = executables::offer(addr, &token, &run_id, m.host(), dir, offered).await {
+            tracing::warn!(step, "the executables' replica: {e}");
+        }
+    }
     let _ = events.send(FromAgent::MemoryHeld {
         step,
         bytes,
@@ -513,6 +545,7 @@ async fn prepare_memory(
     buddy: Option<String>,
     token: Token,
     run_id: String,
+    places: ExecutablePlaces,
     events: mpsc::UnboundedSender<FromAgent>,
 ) {
     let own = {
@@ -537,6 +570,24 @@ async fn prepare_memory(
                 Err(e) => (None, Some(format!("{missing}; {e}")), 0),
             },
         },
+    };
+    // Before the word: the workers start once every host has given it.
+    let restored = executables::restore(
+        &m,
+        &places.run,
+        buddy.as_deref(),
+        &token,
+        &run_id,
+        &places.own,
+    )
+    .await;
+    let source = match (source, restored) {
+        (Some(s), Ok(Some(from))) => Some(format!("{s}; executables: {from}")),
+        (source, Err(e)) => {
+            tracing::warn!(step, "the executables' replica: {e}");
+            source
+        }
+        (source, _) => source,
     };
     let _ = events.send(FromAgent::MemoryPrepared {
         step,

@@ -24,6 +24,10 @@ use meshrun_protocol::{Frame, ReplicaReply, ReplicaRequest};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+use meshrun_record::names::scratch_run;
+
+use crate::executables;
+
 /// Where memory checkpoints live when `MESHRUN_MEMORY_DIR` does not say.
 pub const MEMORY_ENV: &str = meshrun_protocol::env::MEMORY_DIR;
 
@@ -31,7 +35,7 @@ pub const MEMORY_ENV: &str = meshrun_protocol::env::MEMORY_DIR;
 const PIECE_BYTES: usize = 512 * 1024;
 
 /// A peer that stops answering mid-transfer is given up on after this.
-const PEER_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const PEER_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// `MESHRUN_MEMORY_DIR`, else `/dev/shm/meshrun-UID` (shared memory: it
 /// outlives the worker and never touches a disk), else the scratch
@@ -47,7 +51,7 @@ pub fn memory_root(scratch: &Path) -> PathBuf {
 }
 
 /// A name that is one plain path component: what a peer may name.
-fn plain(name: &str) -> bool {
+pub(crate) fn plain(name: &str) -> bool {
     !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\\', '\0'])
 }
 
@@ -66,13 +70,18 @@ impl HostMemory {
         }
     }
 
+    /// This host's rank among the run's hosts.
+    pub(crate) fn host(&self) -> u32 {
+        self.host
+    }
+
     /// The folder this host's workers write into (`MESHRUN_MEMORY_DIR` of
     /// a worker).
     pub fn own(&self) -> PathBuf {
         self.run.join(format!("host-{}", self.host))
     }
 
-    fn replica(run: &Path, of: u32) -> PathBuf {
+    pub(crate) fn replica(run: &Path, of: u32) -> PathBuf {
         run.join(format!("replica-of-{of}"))
     }
 
@@ -179,7 +188,7 @@ fn drop_steps(dir: &Path, step: u64) {
 }
 
 /// The plain files of a folder, by name, with their sizes.
-fn files(dir: &Path) -> Result<Vec<(String, u64)>, String> {
+pub(crate) fn files(dir: &Path) -> Result<Vec<(String, u64)>, String> {
     let entries =
         std::fs::read_dir(dir).map_err(|e| format!("cannot read '{}': {e}", dir.display()))?;
     let mut out = Vec::new();
@@ -195,7 +204,7 @@ fn files(dir: &Path) -> Result<Vec<(String, u64)>, String> {
     Ok(out)
 }
 
-async fn dial(addr: &str, token: &Token) -> Result<Connection, String> {
+pub(crate) async fn dial(addr: &str, token: &Token) -> Result<Connection, String> {
     let addr: SocketAddr = addr
         .parse()
         .map_err(|e| format!("bad buddy address '{addr}': {e}"))?;
@@ -209,7 +218,7 @@ async fn dial(addr: &str, token: &Token) -> Result<Connection, String> {
 }
 
 /// Sends the files of `dir`, in order, as raw frames.
-async fn send_files<M: Frame>(
+pub(crate) async fn send_files<M: Frame>(
     conn: &mut Connection,
     dir: &Path,
     names: &[(String, u64)],
@@ -237,7 +246,7 @@ async fn send_files<M: Frame>(
 }
 
 /// Receives `names` as raw frames into `dir` (created afresh).
-async fn receive_files<M: Frame>(
+pub(crate) async fn receive_files<M: Frame>(
     conn: &mut Connection,
     dir: &Path,
     names: &[(String, u64)],
@@ -345,27 +354,29 @@ pub async fn fetch_replica(
 }
 
 /// Takes replicas from other hosts' agents and gives them back, for as
-/// long as the agent's session lasts.
-pub async fn serve(listener: TcpListener, token: Token, root: PathBuf) {
+/// long as the agent's session lasts: memory checkpoints under `root` (the
+/// memory tier), executables under `scratch` (the host's disk).
+pub async fn serve(listener: TcpListener, token: Token, root: PathBuf, scratch: PathBuf) {
     loop {
         let Ok((stream, peer)) = listener.accept().await else {
             return;
         };
         let token = token.clone();
         let root = root.clone();
+        let scratch = scratch.clone();
         tokio::spawn(async move {
             let Ok(mut conn) = auth::accept(stream, &token).await else {
                 tracing::warn!(%peer, "replica connection refused: it did not prove the run token");
                 return;
             };
-            if let Err(e) = answer(&mut conn, &root).await {
+            if let Err(e) = answer(&mut conn, &root, &scratch).await {
                 tracing::warn!(%peer, "replica transfer failed: {e}");
             }
         });
     }
 }
 
-async fn answer(conn: &mut Connection, root: &Path) -> Result<(), String> {
+async fn answer(conn: &mut Connection, root: &Path, scratch: &Path) -> Result<(), String> {
     match conn
         .recv_timeout::<ReplicaRequest>(PEER_TIMEOUT)
         .await
@@ -435,7 +446,20 @@ async fn answer(conn: &mut Connection, root: &Path) -> Result<(), String> {
                 }
             }
         }
-        ReplicaRequest::ReplicaPut { run_id, .. } | ReplicaRequest::ReplicaGet { run_id, .. } => {
+        ReplicaRequest::ExecutablesOffer {
+            run_id,
+            host,
+            files,
+        } if plain(&run_id) => {
+            executables::take(conn, &scratch_run(scratch, &run_id), host, files).await
+        }
+        ReplicaRequest::ExecutablesGet { run_id, host } if plain(&run_id) => {
+            executables::give(conn, &scratch_run(scratch, &run_id), host).await
+        }
+        ReplicaRequest::ReplicaPut { run_id, .. }
+        | ReplicaRequest::ReplicaGet { run_id, .. }
+        | ReplicaRequest::ExecutablesOffer { run_id, .. }
+        | ReplicaRequest::ExecutablesGet { run_id, .. } => {
             Err(format!("refused the run id {run_id:?}"))
         }
         ReplicaRequest::Raw(_) => Err("file bytes before a request".into()),
@@ -485,7 +509,12 @@ mod tests {
 
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
-        tokio::spawn(serve(listener, token.clone(), b_root.clone()));
+        tokio::spawn(serve(
+            listener,
+            token.clone(),
+            b_root.clone(),
+            tmp.path().join("b-scratch"),
+        ));
         send_replica(&addr, &token, "run1", &a, 7).await.unwrap();
         let held = b_root.join("run1/replica-of-0/step-7/rank-0.safetensors");
         assert_eq!(std::fs::read(&held).unwrap(), data);
@@ -537,7 +566,12 @@ mod tests {
         let a = HostMemory::new(&a_root, "run1", 0);
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
-        tokio::spawn(serve(listener, token.clone(), b_root.clone()));
+        tokio::spawn(serve(
+            listener,
+            token.clone(),
+            b_root.clone(),
+            tmp.path().join("b-scratch"),
+        ));
         for step in [7, 8] {
             let tmpdir = tmp_dir(&a.own(), step);
             std::fs::create_dir_all(&tmpdir).unwrap();

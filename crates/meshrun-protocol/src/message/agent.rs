@@ -233,6 +233,17 @@ pub enum ReplicaRequest {
         host: u32,
         step: u64,
     },
+    /// Agent to agent: `host` holds these travelling executables (file
+    /// name, size); the keeper answers with those it lacks
+    /// ([`ReplicaReply::ExecutablesWanted`]), which then follow in raw
+    /// frames, in order.
+    ExecutablesOffer {
+        run_id: String,
+        host: u32,
+        files: Vec<(String, u64)>,
+    },
+    /// Agent to agent: send back every executable kept for `host`.
+    ExecutablesGet { run_id: String, host: u32 },
     /// Bytes of a file in transfer (never JSON: see `frame`).
     #[serde(skip)]
     Raw(bytes::Bytes),
@@ -250,6 +261,13 @@ pub enum ReplicaReply {
         step: u64,
         files: Vec<(String, u64)>,
     },
+    /// The offered executables the keeper lacks (none: nothing follows).
+    ExecutablesWanted { files: Vec<String> },
+    /// The wanted executables were taken (or refused, with `error`).
+    ExecutablesTaken { error: Option<String> },
+    /// The executables kept for the host asked for follow, as these (name,
+    /// size) in raw frames, in order.
+    ExecutablesFiles { files: Vec<(String, u64)> },
     /// Bytes of a file in transfer (never JSON: see `frame`).
     #[serde(skip)]
     Raw(bytes::Bytes),
