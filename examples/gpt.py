@@ -171,7 +171,7 @@ def main() -> None:
         # XLA's CPU backend hands dots to YNNPACK graphs (an experimental
         # fusion) that each executable builds on its first run: with this
         # model on 2-core x86 machines that first run took 0.3 s longer
-        # (so did every restart's), and steady steps were about 5% slower.
+        # (so did every restart's), and steady steps were about 2% slower.
         # XLA reads the flag when the backend starts, after this line.
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_experimental_ynn_fusion_type=").strip()
     if args.coordinator:
