@@ -102,6 +102,22 @@ impl Offered {
     }
 }
 
+/// Sends `request` to the buddy; gives the connection and its first answer.
+async fn ask(
+    buddy: &str,
+    token: &Token,
+    request: &ReplicaRequest,
+) -> Result<(Connection, ReplicaReply), String> {
+    let mut conn = dial(buddy, token).await?;
+    conn.send(request)
+        .await
+        .map_err(|e| format!("the buddy at {buddy}: {e}"))?;
+    match conn.recv_timeout::<ReplicaReply>(PEER_TIMEOUT).await {
+        Ok(reply) => Ok((conn, reply)),
+        Err(e) => Err(format!("no word from the buddy at {buddy}: {e}")),
+    }
+}
+
 /// Offers the buddy this host's executables in `dir` and sends those it
 /// lacks; gives how many were sent.
 pub async fn offer(
@@ -116,18 +132,15 @@ pub async fn offer(
     if held.is_empty() || offered.all_with(buddy, &held) {
         return Ok(0);
     }
-    let mut conn = dial(buddy, token).await?;
-    conn.send(&ReplicaRequest::ExecutablesOffer {
+    let offer = ReplicaRequest::ExecutablesOffer {
         run_id: run_id.to_string(),
         host,
         files: held.clone(),
-    })
-    .await
-    .map_err(|e| format!("the buddy at {buddy}: {e}"))?;
-    let wanted = match conn.recv_timeout::<ReplicaReply>(PEER_TIMEOUT).await {
-        Ok(ReplicaReply::ExecutablesWanted { files }) => files,
-        Ok(_) => return Err(format!("the buddy at {buddy} answered out of turn")),
-        Err(e) => return Err(format!("no word from the buddy at {buddy}: {e}")),
+    };
+    let (mut conn, ReplicaReply::ExecutablesWanted { files: wanted }) =
+        ask(buddy, token, &offer).await?
+    else {
+        return Err(format!("the buddy at {buddy} answered out of turn"));
     };
     // In the order offered: the order the keeper expects them in.
     let sending: Vec<_> = held
@@ -225,17 +238,14 @@ pub async fn restore(
     let Some(buddy) = buddy else {
         return Ok(None);
     };
-    let mut conn = dial(buddy, token).await?;
-    conn.send(&ReplicaRequest::ExecutablesGet {
+    let get = ReplicaRequest::ExecutablesGet {
         run_id: run_id.to_string(),
         host: mem.host(),
-    })
-    .await
-    .map_err(|e| format!("the buddy at {buddy}: {e}"))?;
-    let names = match conn.recv_timeout::<ReplicaReply>(PEER_TIMEOUT).await {
-        Ok(ReplicaReply::ExecutablesFiles { files }) => files,
-        Ok(_) => return Err(format!("the buddy at {buddy} answered out of turn")),
-        Err(e) => return Err(format!("no word from the buddy at {buddy}: {e}")),
+    };
+    let (mut conn, ReplicaReply::ExecutablesFiles { files: names }) =
+        ask(buddy, token, &get).await?
+    else {
+        return Err(format!("the buddy at {buddy} answered out of turn"));
     };
     if names.is_empty() {
         return Ok(None);
