@@ -115,9 +115,16 @@ def test_fsdp_memory_is_a_quarter_plus_replicated_leftovers():
     assert largest <= (table.total_bytes - replicated) / 4 + replicated
     assert largest == table.bytes_per_device
     assert largest < table.total_bytes / 2
+    # By part: what each device holds of the parameters, from their own
+    # shards, and of the optimizer's state (Adam's two moments and more).
+    params_held = max(sum(s.data.nbytes for leaf in jax.tree.leaves(params) for s in leaf.addressable_shards if s.device == d) for d in jax.devices())
+    assert list(table.by_part) == ["opt", "params"] or list(table.by_part) == ["params", "opt"], table.by_part
+    assert table.by_part["params"] == params_held
+    assert table.by_part["opt"] == table.bytes_per_device - params_held >= 2 * params_held
     text = str(table)
     assert "blocks/0/attn/q/kernel" in text and "('fsdp', 'tensor')" in text
     assert "total per device" in text
+    assert f"params {params_held:,} bytes" in text
     assert math.isclose(table.total_bytes, sum(x.nbytes for x in jax.tree.leaves(tree)))
 
 

@@ -195,6 +195,18 @@ class Description:
     def total_bytes(self) -> int:
         return sum(math.prod(r.shape) * np.dtype(r.dtype).itemsize for r in self.rows)
 
+    @property
+    def by_part(self) -> dict[str, int]:
+        """Bytes per device of each top-level part of the tree, in order:
+        ``{"params": ..., "opt": ...}`` for ``describe({"params": p, "opt": o})``
+        (the parameters against the optimizer's state, which under Adam
+        holds twice as much)."""
+        parts: dict[str, int] = {}
+        for r in self.rows:
+            part = r.path.split("/", 1)[0]
+            parts[part] = parts.get(part, 0) + r.bytes_per_device
+        return parts
+
     def __str__(self) -> str:
         head = ("path", "shape", "dtype", "spec", "bytes/device")
         body = [(r.path, str(r.shape), r.dtype, r.spec, f"{r.bytes_per_device:,}") for r in self.rows]
@@ -204,6 +216,8 @@ class Description:
             f"total per device: {self.bytes_per_device:,} bytes "
             f"(of which replicated: {self.replicated_bytes_per_device:,}); whole tree: {self.total_bytes:,} bytes"
         )
+        if len(self.by_part) > 1:
+            lines.append("per device by part: " + ", ".join(f"{k} {v:,} bytes" for k, v in self.by_part.items()))
         return "\n".join(lines)
 
 
