@@ -571,16 +571,11 @@ async fn prepare_memory(
             },
         },
     };
-    // Before the word: the workers start once every host has given it.
-    let restored = executables::restore(
-        &m,
-        &places.run,
-        buddy.as_deref(),
-        &token,
-        &run_id,
-        &places.own,
-    )
-    .await;
+    // Before the word: the workers start once every host has given it. A
+    // buddy that could not give the memory back is not asked again (an
+    // unreachable one would hold the restart up to the peer timeout).
+    let ask = buddy.as_deref().filter(|_| source.is_some());
+    let restored = executables::restore(&m, &places.run, ask, &token, &run_id, &places.own).await;
     let source = match (source, restored) {
         (Some(s), Ok(Some(from))) => Some(format!("{s}; executables: {from}")),
         (source, Err(e)) => {
