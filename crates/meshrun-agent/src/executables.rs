@@ -19,7 +19,8 @@ use meshrun_channel::Connection;
 use meshrun_protocol::token::Token;
 use meshrun_protocol::{ReplicaReply, ReplicaRequest};
 
-use crate::memory::{dial, files, plain, receive_files, send_files, HostMemory, PEER_TIMEOUT};
+use crate::memory::HostMemory;
+use crate::transfer::{dial, files, plain, receive_files, send_files, PEER_TIMEOUT};
 
 /// Numbers the transfer folders, so that two transfers never share one.
 static TRANSFER: AtomicU64 = AtomicU64::new(0);
@@ -266,19 +267,25 @@ mod tests {
         std::fs::write(dir.join(name), vec![7u8; bytes]).unwrap();
     }
 
-    #[tokio::test]
-    async fn executables_go_to_the_buddy_once_and_come_back_to_a_host_without_them() {
-        let tmp = tempfile::tempdir().unwrap();
+    /// A keeper agent's replica server, its memory and scratch under `dir`.
+    async fn keeper(dir: &Path) -> (String, Token, tokio::task::JoinHandle<()>) {
         let token = Token::generate().unwrap();
-        let keeper_scratch = tmp.path().join("keeper-scratch");
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let serving = tokio::spawn(crate::memory::serve(
             listener,
             token.clone(),
-            tmp.path().join("keeper-memory"),
-            keeper_scratch.clone(),
+            dir.join("keeper-memory"),
+            dir.join("keeper-scratch"),
         ));
+        (addr, token, serving)
+    }
+
+    #[tokio::test]
+    async fn executables_go_to_the_buddy_once_and_come_back_to_a_host_without_them() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (addr, token, serving) = keeper(tmp.path()).await;
+        let keeper_scratch = tmp.path().join("keeper-scratch");
 
         let workers = tmp.path().join("host-1-executables");
         exe(&workers, "aa.xla", 700_000);
@@ -337,15 +344,7 @@ mod tests {
     #[tokio::test]
     async fn a_keeper_refuses_names_that_are_not_executables() {
         let tmp = tempfile::tempdir().unwrap();
-        let token = Token::generate().unwrap();
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        let serving = tokio::spawn(crate::memory::serve(
-            listener,
-            token.clone(),
-            tmp.path().join("keeper-memory"),
-            tmp.path().join("keeper-scratch"),
-        ));
+        let (addr, token, serving) = keeper(tmp.path()).await;
         let mut conn = dial(&addr, &token).await.unwrap();
         conn.send(&ReplicaRequest::ExecutablesOffer {
             run_id: "run".into(),

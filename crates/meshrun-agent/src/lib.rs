@@ -28,6 +28,7 @@ mod spawn;
 mod spawn_problem;
 mod steps;
 mod stopping;
+mod transfer;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
