@@ -21,6 +21,14 @@ saves parameters, optimizer state and the loader's position every 25 steps;
 a failed attempt restarts from the newest checkpoint, a preempted run
 (SIGTERM) saves at the next step, and ``meshrun run --name gpt ...`` again
 resumes where it stopped, with exactly the batches it would have seen.
+
+``--size`` picks a model (``tiny``, the default, up to ``large``: 152M
+parameters, whose parameters and Adam state take 1.70 GiB), and
+``--fit-memory SIZE`` picks the mesh whose predicted peak fits SIZE per
+device (see docs/fitting.md):
+
+    meshrun run -n 4 --memory-per-proc 2GiB examples/gpt.py --size large \
+        --fit-memory 2GiB --steps 5 --batch-size 4 --seq-len 64
 """
 
 from __future__ import annotations
@@ -46,7 +54,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import meshrun
-from meshrun import data, sharding
+from meshrun import data, planning, sharding
 
 RULES = [
     (r"attn/(q|k|v)/kernel", P("fsdp", "tensor")),
@@ -59,6 +67,18 @@ RULES = [
     (r"lm_head/kernel", P("fsdp", None)),
 ]
 BATCH = P(("data", "fsdp"))
+
+
+#: --size: (d_model, layers, heads, learning rate). Parameters at --seq-len 128, and with
+#: Adam's two moments (float32) the bytes of the training state:
+#: tiny 0.88M (10 MiB), small 10.9M (125 MiB), medium 57.2M (655 MiB),
+#: large 152M (1.70 GiB).
+SIZES = {
+    "tiny": (128, 4, 4, 2e-3),
+    "small": (384, 6, 6, 1e-3),
+    "medium": (768, 8, 12, 6e-4),
+    "large": (1024, 12, 16, 3e-4),
+}
 
 
 @dataclass(frozen=True)
@@ -139,15 +159,66 @@ def build_corpus(out: Path) -> tuple[Path, Path]:
     return train, val
 
 
+def activation_bytes(cfg: Config) -> int:
+    """Bytes one sequence keeps for the backward pass (float32): per layer
+    and token the block's inputs and outputs (about 16 x d_model values,
+    the MLP's hidden ones included) and each head's attention row; then the
+    logits and their softmax."""
+    t = cfg.seq_len
+    per_layer = t * (16 * cfg.d_model + cfg.heads * t)
+    return 4 * (cfg.layers * per_layer + 3 * t * cfg.vocab)
+
+
+def resident_bytes() -> int:
+    """This process's resident set now (Linux), 0 where unknown."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def fit_mesh(args: argparse.Namespace, cfg: Config, abstract_params, tx, rank: int):
+    """--fit-memory: the first mesh, by least communication, whose predicted
+    peak per device fits; the plans are printed by rank 0."""
+    devices = jax.device_count()
+    plans = planning.plan(
+        abstract_params,
+        RULES,
+        args.fit_memory,
+        optimizer=tx,
+        devices=devices,
+        global_batch=args.batch_size,
+        activations_per_example=activation_bytes(cfg),
+        # On CPU the device's memory is the process's: what it holds before
+        # the state (the interpreter, JAX, the corpus) counts against it.
+        runtime=resident_bytes() // jax.local_device_count() if jax.default_backend() == "cpu" else 0,
+        layers=cfg.layers,
+    )
+    chosen = next((p for p in plans if p.fits and args.batch_size % (p.data * p.fsdp) == 0), None)
+    if rank == 0:
+        print(f"gpt: meshes of {devices} device(s) for {args.fit_memory} per device:\n{planning.table(plans)}", flush=True)
+    if chosen is None:
+        advice = "; ".join(plans[-1].lowered_by()) if plans else ""
+        raise SystemExit(f"gpt: no mesh of {devices} device(s) fits {args.fit_memory} per device; {advice}")
+    if rank == 0:
+        print(f"gpt: chose {chosen}", flush=True)
+    return sharding.make_mesh(data=chosen.data, fsdp=chosen.fsdp, tensor=chosen.tensor)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--batch-size", type=int, default=16, help="global batch size (sequences)")
     parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--d-model", type=int, default=128)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--size", choices=list(SIZES), default="tiny", help="model preset: d_model, layers, heads (each may be given apart)")
+    parser.add_argument("--d-model", type=int)
+    parser.add_argument("--layers", type=int)
+    parser.add_argument("--heads", type=int)
+    parser.add_argument("--fit-memory", metavar="SIZE", help="pick the mesh whose predicted peak fits SIZE (such as 2GiB) per device; --data/--fsdp/--tensor are then ignored")
+    parser.add_argument("--lr", type=float, help="learning rate (default: the --size preset's)")
     parser.add_argument("--data", type=int, default=-1, help="mesh data axis (-1: the rest)")
     parser.add_argument("--fsdp", type=int, default=1)
     parser.add_argument("--tensor", type=int, default=1)
@@ -178,17 +249,22 @@ def main() -> None:
         jax.distributed.initialize(args.coordinator, args.num_processes, args.process_id)
     ctx = meshrun.init()
     rank, nprocs = jax.process_index(), jax.process_count()
-    mesh = sharding.make_mesh(data=args.data, fsdp=args.fsdp, tensor=args.tensor)
-    cfg = Config(seq_len=args.seq_len, d_model=args.d_model, layers=args.layers, heads=args.heads)
+    d_model, layers, heads, lr = SIZES[args.size]
+    cfg = Config(seq_len=args.seq_len, d_model=args.d_model or d_model, layers=args.layers or layers, heads=args.heads or heads)
     train_path, val_path = build_corpus(Path(args.data_dir))
 
-    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(args.lr, b2=0.99, weight_decay=0.01))
+    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(args.lr or lr, b2=0.99, weight_decay=0.01))
 
     def init_model():
         return nnx.split(GPT(cfg, nnx.Rngs(args.seed)))
 
     def init_params():
         return init_model()[1]
+
+    if args.fit_memory:
+        mesh = fit_mesh(args, cfg, jax.eval_shape(init_model)[1], tx, rank)
+    else:
+        mesh = sharding.make_mesh(data=args.data, fsdp=args.fsdp, tensor=args.tensor)
 
     # Shapes and shardings first; the arrays are then either created directly
     # in their shards (no process holds the model whole) or, on a restart,
@@ -202,14 +278,22 @@ def main() -> None:
     abstract = {"params": abstract_params, "opt": eval_shape(tx.init, abstract_params)}
     param_shardings = sharding.shardings_for(abstract["params"], RULES, mesh)
     opt_shardings = sharding.shardings_for(abstract["opt"], RULES, mesh)
-    ckpt = None if args.describe or not ctx.run_dir else meshrun.get_checkpoint()
+    target = jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+        abstract,
+        {"params": param_shardings, "opt": opt_shardings},
+    )
+    # Before anything is allocated: under meshrun, what the state needs per
+    # device goes to the controller, which explains an out-of-memory end with it.
+    described = sharding.describe(target)
+    if args.describe:
+        if rank == 0:
+            print(described, flush=True)
+        return
+    ckpt = None if not ctx.run_dir else meshrun.get_checkpoint()
     if ckpt is None:
         params = jit(init_params, out_shardings=param_shardings)()
         opt_state = jit(tx.init, out_shardings=opt_shardings)(params)
-    if args.describe:
-        if rank == 0:
-            print(sharding.describe({"params": params, "opt": opt_state}), flush=True)
-        return
 
     batch_sharding = NamedSharding(mesh, BATCH)
     replicated = NamedSharding(mesh, P())
@@ -237,11 +321,6 @@ def main() -> None:
     # shardings, whatever layout saved them).
     first_step, loader_state = 0, None
     if ckpt is not None:
-        target = jax.tree.map(
-            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-            abstract,
-            {"params": param_shardings, "opt": opt_shardings},
-        )
         restored = meshrun.restore(target, ckpt)
         params, opt_state = restored["params"], restored["opt"]
         first_step, loader_state = ckpt.step, ckpt.extra["loader"]

@@ -29,7 +29,7 @@ from errors_page import covers, exits
 
 # meshrun-protocol's PROTOCOL_VERSION: this test speaks the handshake
 # itself. The run's own record says which it speaks (checked below).
-VERSION = 11
+VERSION = 12
 PATTERN = b"Noise_NNpsk0_25519_ChaChaPoly_BLAKE2s"
 PROLOGUE = b"meshrun control protocol, version"
 

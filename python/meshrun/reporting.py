@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from meshrun import _cluster, _connection, _goodput, _profile, _values, checkpoint as ckpt
+from meshrun import _cluster, _connection, _device_memory, _goodput, _profile, _values, checkpoint as ckpt
 from meshrun.context import get_context
 from meshrun.errors import ConfigError, MeshrunError
 
@@ -236,6 +236,7 @@ def report(
         _send_ready(wait=False)
         client.step_reached(at, arrived)
         _profile.at_report(client, at)
+        _device_memory.at_report(client)
     _note_state(at, checkpoint is not None)
     saving = preempting = False
     if checkpoint is not None:

@@ -21,6 +21,7 @@ Works with plain pytrees and with Flax NNX state (``nnx.split``/``nnx.state``).
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
+from meshrun import _connection
+from meshrun._native import ENV
 from meshrun.errors import ConfigError
 
 __all__ = [
@@ -223,14 +226,21 @@ class Description:
 
 def describe(tree: Any) -> Description:
     """Tabulates the leaves of ``tree`` (arrays, or shape structs with a
-    sharding): path, shape, dtype, spec and the bytes each device holds."""
+    sharding): path, shape, dtype, spec and the bytes each device holds.
+
+    In a meshrun worker, the totals also go to the controller: should this
+    rank run out of memory, the failure says what its state needs per
+    device and which mesh would fit (describe the state's shapes before
+    creating it, and the advice is there even if creating it fails)."""
     rows = []
+    mesh = None
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
         shape = tuple(getattr(leaf, "shape", ()))
         dtype = np.dtype(getattr(leaf, "dtype", np.float32))
         sharding = getattr(leaf, "sharding", None)
         shard_shape = sharding.shard_shape(shape) if sharding is not None else shape
         spec = getattr(sharding, "spec", P())
+        mesh = mesh or getattr(sharding, "mesh", None)
         rows.append(
             Row(
                 path=_path_str(path),
@@ -241,4 +251,30 @@ def describe(tree: Any) -> Description:
                 replicated=shard_shape == shape,
             )
         )
-    return Description(rows)
+    description = Description(rows)
+    _tell_controller(description, tree, mesh)
+    return description
+
+
+def _tell_controller(description: Description, tree: Any, mesh: Any) -> None:
+    """Sends what the state needs per device (and, under a memory limit,
+    which mesh would fit) to the controller, for an out-of-memory summary."""
+    # Here, not at the top: planning builds on this module.
+    from meshrun import planning
+
+    client = _connection.client()
+    if client is None or mesh is None:
+        return
+    sizes = {str(k): int(v) for k, v in dict(mesh.shape).items()}
+    limit = os.environ.get(ENV["memory_per_proc"])
+    fits = ""
+    if limit:
+        per_device = int(limit) // max(jax.local_device_count(), 1)
+        fits = planning.what_fits(tree, per_device, math.prod(sizes.values()), sizes)
+    client.state_need(
+        description.bytes_per_device,
+        description.total_bytes,
+        list(description.by_part.items()),
+        " ".join(f"{k}={v}" for k, v in sizes.items()),
+        fits,
+    )

@@ -65,6 +65,10 @@ class ScalingConfig:
     resources_per_worker: dict[str, float] | None = None
     #: CPUs per worker (set from ``resources_per_worker``).
     cpus_per_worker: float | None = None
+    #: Memory each worker may use: bytes, or a size such as ``"2GiB"``. Its
+    #: host memory (a cgroup limit) on CPU, its GPU's memory on CUDA; a
+    #: worker past it is reported as out of memory (docs/fitting.md).
+    memory_per_worker: int | str | None = None
 
 
 @dataclass

@@ -92,21 +92,16 @@ impl Hierarchy {
         Ok(hierarchy)
     }
 
+    /// The cgroup worker cgroups are made in.
+    pub fn base(&self) -> &Path {
+        &self.base
+    }
+
     /// Makes a new, empty cgroup for the worker of `rank`.
     pub fn create(&self, rank: u32) -> Result<WorkerCgroup, CgroupError> {
-        let pid = std::process::id();
-        let mut tries = 0;
-        loop {
-            let n = NEXT.fetch_add(1, Ordering::Relaxed);
-            let dir = self.base.join(format!("{PREFIX}{pid}-{n}-rank{rank}"));
-            tries += 1;
-            match fs::create_dir(&dir) {
-                Ok(()) => return Ok(WorkerCgroup { dir }),
-                // Left by an earlier process with this pid: take the next.
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && tries < 1000 => {}
-                Err(source) => return Err(CgroupError::Create { path: dir, source }),
-            }
-        }
+        new_dir(&self.base, rank)
+            .map(|dir| WorkerCgroup { dir })
+            .map_err(|(path, source)| CgroupError::Create { path, source })
     }
 
     /// Ends and removes the worker cgroups whose maker is gone: their
@@ -138,6 +133,33 @@ impl Hierarchy {
             );
         }
     }
+}
+
+/// Makes a new, empty cgroup folder for the worker of `rank` in `base`
+/// (of either version), named after this process.
+pub(crate) fn new_dir(base: &Path, rank: u32) -> Result<PathBuf, (PathBuf, io::Error)> {
+    let pid = std::process::id();
+    let mut tries = 0;
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let dir = base.join(format!("{PREFIX}{pid}-{n}-rank{rank}"));
+        tries += 1;
+        match fs::create_dir(&dir) {
+            Ok(()) => return Ok(dir),
+            // Left by an earlier process with this pid: take the next.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && tries < 1000 => {}
+            Err(source) => return Err((dir, source)),
+        }
+    }
+}
+
+/// Ends and removes the worker cgroups in `base` (of either version) whose
+/// maker is gone.
+pub(crate) fn remove_stale_in(base: &Path) {
+    Hierarchy {
+        base: base.to_path_buf(),
+    }
+    .remove_stale();
 }
 
 /// One worker's cgroup.

@@ -23,6 +23,7 @@ use nix::sys::signal::Signal;
 
 use crate::cgroup::{Hierarchy, WorkerCgroup};
 use crate::process::{self, signal_group, signal_process};
+use crate::worker_memory::{MemoryControl, WorkerMemory};
 use crate::Spares;
 
 /// How long killed leftovers get to disappear before their cgroup is left
@@ -35,6 +36,8 @@ const POLL: Duration = Duration::from_millis(10);
 #[derive(Debug)]
 pub struct Containment {
     cgroups: Option<Hierarchy>,
+    /// How workers' memory is limited and counted.
+    memory: MemoryControl,
     subreaper: bool,
     /// pid -> rank of every worker not yet reaped: the agent's own
     /// children, which only their `Child` handle may wait for.
@@ -49,6 +52,7 @@ pub struct Containment {
 pub struct Contained {
     pub pid: u32,
     pub cgroup: Option<Arc<WorkerCgroup>>,
+    pub memory: Option<Arc<WorkerMemory>>,
 }
 
 /// Processes a worker left behind, which have been ended.
@@ -71,6 +75,8 @@ impl Containment {
                 None
             }
         };
+        let memory = MemoryControl::detect(cgroups.as_ref().map(Hierarchy::base));
+        tracing::debug!("workers' memory: {memory:?}");
         let subreaper = cgroups.is_none()
             && own_process
             && process::become_subreaper()
@@ -78,6 +84,7 @@ impl Containment {
                 .is_ok();
         Containment {
             cgroups,
+            memory,
             subreaper,
             workers: Mutex::new(HashMap::new()),
             spares,
@@ -91,6 +98,17 @@ impl Containment {
             .create(rank)
             .map_err(|e| tracing::warn!(rank, "worker not put in a cgroup: {e}"))
             .ok()
+    }
+
+    /// The memory of the next worker (in `cgroup`, its cgroup v2 if any),
+    /// limited to `limit` bytes when given; why the limit cannot be set.
+    pub fn memory_for(
+        &self,
+        rank: u32,
+        limit: Option<u64>,
+        cgroup: Option<&WorkerCgroup>,
+    ) -> Result<WorkerMemory, String> {
+        self.memory.for_worker(rank, limit, cgroup)
     }
 
     /// A worker was spawned: its pid is the agent's child until reaped.
@@ -157,6 +175,9 @@ impl Containment {
             if let Some(cgroup) = &w.cgroup {
                 remove_when_empty(cgroup).await;
             }
+            if let Some(memory) = &w.memory {
+                memory_removed(memory).await;
+            }
         }
         if self.subreaper {
             self.end_orphans(true).await;
@@ -215,6 +236,19 @@ async fn remove_when_empty(cgroup: &WorkerCgroup) {
             return;
         }
         cgroup.kill();
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Removes a worker's v1 memory cgroup once its processes are gone (they
+/// were killed with the worker's containment).
+pub(crate) async fn memory_removed(memory: &WorkerMemory) {
+    let deadline = tokio::time::Instant::now() + GONE_WITHIN;
+    while !memory.remove() {
+        if tokio::time::Instant::now() >= deadline {
+            tracing::warn!("a worker's memory cgroup still holds processes; it is left for a later run to remove");
+            return;
+        }
         tokio::time::sleep(POLL).await;
     }
 }

@@ -29,6 +29,7 @@ mod spawn_problem;
 mod steps;
 mod stopping;
 mod transfer;
+mod worker_memory;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -234,6 +235,7 @@ async fn session(
     let mut heartbeat = tokio::time::interval(HEARTBEAT_EVERY);
     let mut step_times: Option<steps::StepReader> = None;
     let mut worker_beats: Option<beats::BeatReader> = None;
+    let mut memory_sampler = worker_memory::Sampler::default();
     let tell = |news: News| {
         if let Some(say) = cfg.news {
             say(&news);
@@ -317,6 +319,7 @@ async fn session(
                         attempt,
                         ranks: live.keys().copied().collect(),
                     });
+                    memory_sampler = worker_memory::Sampler::default();
                     step_times = Some(steps::StepReader::new(scratch.steps_dir()));
                     worker_beats = Some(beats::BeatReader::new(scratch.beats_dir()));
                     run = Some(scratch);
@@ -437,6 +440,18 @@ async fn session(
                 // Its workers' heartbeats are the host's too.
                 let beats = worker_beats.as_mut().map(beats::BeatReader::moved);
                 s.handle(Input::Tick { beats, now_ns: steps::unix_ns() });
+                if !live.is_empty() && memory_sampler.due() && !send_failed {
+                    let samples = live
+                        .iter()
+                        .filter_map(|(rank, w)| w.memory.as_ref()?.sample(*rank));
+                    let ranks = memory_sampler.moved(samples);
+                    if !ranks.is_empty()
+                        && sink.send(&FromAgent::WorkerMemory { ranks }).await.is_err()
+                    {
+                        send_failed = true;
+                        s.handle(Input::SendFailed);
+                    }
+                }
             }
         }
     };

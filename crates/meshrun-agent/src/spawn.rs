@@ -16,6 +16,7 @@ use crate::cgroup::{self, WorkerCgroup};
 use crate::leftovers::{Contained, Containment};
 use crate::process::exit_info;
 use crate::spares::Spares;
+use crate::worker_memory::WorkerMemory;
 
 /// The longest a worker's exit waits for its output to be forwarded while
 /// lines still move (the controller far behind): past it the exit goes.
@@ -35,7 +36,7 @@ pub(super) async fn start(
         Some(pool) => pool.adopt(w, extra_env).await,
         None => None,
     };
-    let Some(spare) = adopted else {
+    let Some(mut spare) = adopted else {
         return spawn_worker(w, extra_env, events, lines, containment);
     };
     let pid = spare.child.id().unwrap_or_default();
@@ -44,10 +45,22 @@ pub(super) async fn start(
             .map_err(|e| tracing::warn!(rank = w.rank, "spare not moved into its cgroup: {e}"))
             .is_ok()
     });
+    let memory = match containment.memory_for(w.rank, memory_limit(w), cgroup.as_ref()) {
+        Ok(memory) => memory,
+        Err(error) => {
+            // The spare is the agent's child: it ends with its cgroup.
+            let _ = spare.child.start_kill();
+            no_memory_limit(w.rank, error, cgroup, events);
+            return None;
+        }
+    };
+    if let Err(e) = memory.started(pid, true) {
+        tracing::warn!(rank = w.rank, "spare not moved into its memory cgroup: {e}");
+    }
     Some(watch(
         spare.child,
         w.rank,
-        cgroup,
+        (cgroup, Some(memory)),
         true,
         events,
         lines,
@@ -96,12 +109,20 @@ pub(super) fn spawn_worker(
         cmd
     };
     let mut cgroup = containment.cgroup_for(w.rank);
-    let spawned = match cgroup.as_ref().map(|cg| spawn_in(command(), cg)) {
-        None => command().spawn(),
-        Some(Ok(child)) => Ok(child),
+    let limit = memory_limit(w);
+    let memory = match containment.memory_for(w.rank, limit, cgroup.as_ref()) {
+        Ok(memory) => memory,
+        Err(error) => {
+            no_memory_limit(w.rank, error, cgroup, events);
+            return None;
+        }
+    };
+    let spawned = match spawn_in(command(), cgroup.as_ref(), &memory) {
+        Ok(child) => Ok(child),
         // Joining may have failed, or the program may be missing: once
-        // more without the cgroup tells which.
-        Some(Err(first)) => {
+        // more without the cgroup tells which. Not where the limit needs
+        // the cgroups: the worker would run unlimited.
+        Err(first) if cgroup.is_some() && limit.is_none() => {
             if let Some(cg) = cgroup.take() {
                 cg.try_remove();
             }
@@ -109,7 +130,11 @@ pub(super) fn spawn_worker(
                 tracing::warn!(rank = w.rank, "worker not put in its cgroup: {first}");
             })
         }
+        Err(e) => Err(e),
     };
+    if spawned.is_err() {
+        memory.remove();
+    }
     let child = match spawned {
         Ok(child) => child,
         Err(e) => {
@@ -121,15 +146,51 @@ pub(super) fn spawn_worker(
             return None;
         }
     };
+    if let Err(e) = memory.started(child.id().unwrap_or_default(), false) {
+        tracing::warn!(rank = w.rank, "worker's memory not counted: {e}");
+    }
     Some(watch(
         child,
         w.rank,
-        cgroup,
+        (cgroup, Some(memory)),
         false,
         events,
         lines,
         containment,
     ))
+}
+
+/// The memory limit the worker was launched with: on CPU its cgroup's
+/// (on CUDA the limit is its GPU's, which its bootstrap sets in XLA).
+fn memory_limit(w: &WorkerLaunch) -> Option<u64> {
+    let var = |name: &str| {
+        w.env
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    };
+    if var("JAX_PLATFORMS") == Some("cuda") {
+        return None;
+    }
+    var(meshrun_protocol::env::MEMORY_PER_PROC).and_then(|v| v.parse().ok())
+}
+
+/// A limit was asked for that this host cannot set: the worker is not
+/// started, and why is said (the same on every attempt).
+fn no_memory_limit(
+    rank: u32,
+    error: String,
+    cgroup: Option<WorkerCgroup>,
+    events: &mpsc::UnboundedSender<FromAgent>,
+) {
+    if let Some(cg) = cgroup {
+        cg.try_remove();
+    }
+    let _ = events.send(FromAgent::SpawnFailed {
+        rank,
+        error,
+        problem: SpawnProblem::NoMemoryLimit,
+    });
 }
 
 /// What this host lacks to start `w`. Hosts share no filesystem unless
@@ -163,7 +224,7 @@ fn missing_here(w: &WorkerLaunch) -> Option<(String, SpawnProblem)> {
 pub(super) fn watch(
     mut child: tokio::process::Child,
     rank: u32,
-    cgroup: Option<WorkerCgroup>,
+    (cgroup, memory): (Option<WorkerCgroup>, Option<WorkerMemory>),
     warm: bool,
     events: &mpsc::UnboundedSender<FromAgent>,
     lines: &mpsc::Sender<FromAgent>,
@@ -175,6 +236,7 @@ pub(super) fn watch(
     let worker = Contained {
         pid,
         cgroup: cgroup.map(Arc::new),
+        memory: memory.map(Arc::new),
     };
     let contained = worker.clone();
     let containment = Arc::clone(containment);
@@ -197,9 +259,14 @@ pub(super) fn watch(
             },
         };
         containment.reaped(pid);
+        // Before its cgroup goes with what it left.
+        let memory = contained.memory.as_ref().map(|m| m.end());
         // Before draining: a leftover holding the output pipe would
         // otherwise keep it open for the whole grace.
         let ended = containment.end(&contained).await;
+        if let Some(m) = &contained.memory {
+            crate::leftovers::memory_removed(m).await;
+        }
         if !ended.pids.is_empty() {
             let _ = events.send(FromAgent::LeftoversEnded {
                 rank,
@@ -211,7 +278,7 @@ pub(super) fn watch(
         for task in [out, err].into_iter().flatten() {
             drain(task, &moved, limit).await;
         }
-        let _ = events.send(FromAgent::WorkerExited { rank, exit });
+        let _ = events.send(FromAgent::WorkerExited { rank, exit, memory });
     });
     worker
 }
@@ -237,22 +304,37 @@ async fn drain(
     }
 }
 
-/// Spawns `cmd` so that the child joins `cgroup` before it execs: nothing
-/// the worker forks can start outside it.
+/// Spawns `cmd` so that the child joins its cgroups (v2, and v1 memory)
+/// before it execs: nothing the worker forks can start outside them.
 fn spawn_in(
     mut cmd: tokio::process::Command,
-    cgroup: &WorkerCgroup,
+    cgroup: Option<&WorkerCgroup>,
+    memory: &WorkerMemory,
 ) -> std::io::Result<tokio::process::Child> {
-    let procs = cgroup.opener()?;
-    let fd = procs.as_raw_fd();
-    #[allow(unsafe_code)]
-    // SAFETY: the closure runs between fork and exec and only makes one
-    // write(2) on `fd`, which stays open until `spawn` has returned.
-    unsafe {
-        cmd.pre_exec(move || cgroup::join(fd));
+    let procs = cgroup.map(WorkerCgroup::opener).transpose()?;
+    let memory_procs = memory.opener()?;
+    let fds: Vec<i32> = procs
+        .iter()
+        .chain(memory_procs.iter())
+        .map(AsRawFd::as_raw_fd)
+        .collect();
+    if !fds.is_empty() {
+        #[allow(unsafe_code)]
+        // SAFETY: the closure runs between fork and exec and only makes one
+        // write(2) on each fd, which stay open until `spawn` has returned;
+        // iterating a Vec allocated before the fork allocates nothing.
+        unsafe {
+            cmd.pre_exec(move || {
+                for fd in &fds {
+                    cgroup::join(*fd)?;
+                }
+                Ok(())
+            });
+        }
     }
     let child = cmd.spawn();
     drop(procs);
+    drop(memory_procs);
     child
 }
 

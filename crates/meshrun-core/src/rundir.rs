@@ -11,6 +11,7 @@ pub use meshrun_record::read::lock_is_held;
 pub use meshrun_record::{unix_time, utc_rfc3339};
 
 use meshrun_protocol::token::Token;
+use meshrun_record::memory::MemoryRecord;
 use meshrun_record::{names, EventLine, Goodput, MetricsRecord, RunRecord};
 use nix::fcntl::{Flock, FlockArg};
 use serde::Serialize;
@@ -41,6 +42,8 @@ pub struct RunDir {
     metrics: BufWriter<File>,
     /// `lag.jsonl`, opened at its first line.
     lag: Option<BufWriter<File>>,
+    /// `memory.jsonl`, opened at its first line.
+    memory: Option<BufWriter<File>>,
 }
 
 impl RunDir {
@@ -89,6 +92,7 @@ impl RunDir {
                 events,
                 metrics,
                 lag: None,
+                memory: None,
             }),
             Err(e) => {
                 if fresh {
@@ -178,7 +182,23 @@ impl RunDir {
         writeln!(out, "{text}").map_err(CoreError::io("cannot append to", path))
     }
 
+    /// Appends one line to `memory.jsonl`; buffered like metrics.
+    pub fn memory(&mut self, record: &MemoryRecord) -> Result<(), CoreError> {
+        let path = self.root.join(names::MEMORY);
+        let out = match &mut self.memory {
+            Some(out) => out,
+            None => self.memory.insert(BufWriter::new(append(&path)?)),
+        };
+        let text = serde_json::to_string(record).expect("memory lines serialize");
+        writeln!(out, "{text}").map_err(CoreError::io("cannot append to", path))
+    }
+
     pub fn flush(&mut self) -> Result<(), CoreError> {
+        if let Some(memory) = &mut self.memory {
+            memory
+                .flush()
+                .map_err(CoreError::io("cannot flush", self.root.join(names::MEMORY)))?;
+        }
         if let Some(lag) = &mut self.lag {
             lag.flush()
                 .map_err(CoreError::io("cannot flush", self.root.join(names::LAG)))?;

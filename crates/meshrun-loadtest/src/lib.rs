@@ -37,6 +37,7 @@ pub fn spec(
         devices_per_proc: None,
         gpus_per_proc: None,
         cpus_per_proc: None,
+        memory_per_proc: None,
         platform: PlatformChoice::Cpu,
         name: Some(name.into()),
         runs_dir: runs_dir.to_path_buf(),

@@ -245,7 +245,7 @@ async fn attempt(
                     for (rank, task) in live.drain() {
                         task.abort();
                         let exit = ExitInfo { code: None, signal: Some(15) };
-                        sink.send(&FromAgent::WorkerExited { rank, exit }).await.map_err(err)?;
+                        sink.send(&FromAgent::WorkerExited { rank, exit, memory: None }).await.map_err(err)?;
                     }
                 }
                 ToAgent::Shutdown { again, .. } => return Ok(again),
@@ -372,7 +372,11 @@ async fn worker(
                 code: Some(1),
                 signal: None,
             };
-            let _ = agent.send(FromAgent::WorkerExited { rank, exit });
+            let _ = agent.send(FromAgent::WorkerExited {
+                rank,
+                exit,
+                memory: None,
+            });
             return;
         }
         if attempt > 1 && step == scenario.checkpoint_at {
@@ -429,7 +433,11 @@ async fn worker(
                 code: Some(0),
                 signal: None,
             };
-            let _ = agent.send(FromAgent::WorkerExited { rank, exit });
+            let _ = agent.send(FromAgent::WorkerExited {
+                rank,
+                exit,
+                memory: None,
+            });
             return;
         }
     }

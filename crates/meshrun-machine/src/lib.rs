@@ -29,6 +29,7 @@ mod launching;
 mod links;
 mod memory;
 mod messages;
+mod oom;
 mod outcome;
 pub mod outgoing;
 mod peer_loss;
@@ -52,6 +53,8 @@ mod tests_exits;
 mod tests_hosts;
 #[cfg(test)]
 mod tests_memory;
+#[cfg(test)]
+mod tests_oom;
 #[cfg(test)]
 mod tests_start;
 #[cfg(test)]

@@ -3,6 +3,7 @@
 use std::time::Instant;
 
 use meshrun_protocol::{FromAgent, FromWorker, ToAgent, ToWorker};
+use meshrun_record::failure::OomHow;
 use meshrun_record::{Cause, Event, ExitInfo};
 
 use super::{Action, Conn, Machine};
@@ -53,7 +54,7 @@ impl Machine {
                     how,
                 });
             }
-            FromAgent::WorkerExited { rank, exit } if owns(rank) => {
+            FromAgent::WorkerExited { rank, exit, memory } if owns(rank) => {
                 let failed = self.failure.is_some();
                 let (stopped, by_meshrun) = self.ranks.update(rank, |state| {
                     state.exit = Some(exit);
@@ -81,8 +82,15 @@ impl Machine {
                     exit,
                     stopped_by_meshrun: by_meshrun,
                 });
+                if let Some(memory) = memory {
+                    self.memory_at_exit(rank, memory);
+                }
                 if !exit.success() && !stopped {
-                    self.fail(now, rank, Cause::Exit { exit });
+                    let cause = match memory {
+                        Some(m) if m.oom_killed => self.out_of_memory(rank, OomHow::Killed, m),
+                        _ => Cause::Exit { exit },
+                    };
+                    self.fail(now, rank, cause);
                 }
             }
             // About a rank that is not this host's (or not in the attempt).
@@ -97,6 +105,7 @@ impl Machine {
             // probes, output lines, step times).
             FromAgent::Heartbeat
             | FromAgent::WorkerBeats { .. }
+            | FromAgent::WorkerMemory { .. }
             | FromAgent::StorageChecked { .. }
             | FromAgent::MemoryHeld { .. }
             | FromAgent::MemoryPrepared { .. }
@@ -276,6 +285,12 @@ impl Machine {
                 self.release_preempt_waiters((step - 1).max(unsaved.unwrap_or(0)));
             }
             FromWorker::Failure {
+                message, traceback, ..
+            } if crate::oom::reads_as_out_of_memory(&message) => {
+                let cause = self.allocation_failed(rank, message, traceback);
+                self.exception(now, rank, cause);
+            }
+            FromWorker::Failure {
                 kind,
                 message,
                 traceback,
@@ -288,6 +303,9 @@ impl Machine {
                     traceback,
                 },
             ),
+            FromWorker::StateNeed { need } => {
+                self.ranks.update(rank, |state| state.need = Some(need));
+            }
             FromWorker::ExitRequested {
                 code,
                 argument,
@@ -311,6 +329,7 @@ impl Machine {
             | FromWorker::Raw(_)
             | FromWorker::WorkerHello { .. }
             | FromWorker::Bye
+            | FromWorker::DeviceMemory { .. }
             | FromWorker::PreemptSave { .. } => {}
         }
     }

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use meshrun_record::memory::StateNeed;
 use meshrun_record::{ExitInfo, Timing};
 
 use super::Conn;
@@ -42,6 +43,8 @@ pub(super) struct RankState {
     pub finished: Option<(Instant, Option<u64>)>,
     /// It had finished before the attempt failed: the summary says so.
     pub finished_before_failure: bool,
+    /// What its program's state needs per device, as it described it.
+    pub need: Option<StateNeed>,
 }
 
 impl RankState {

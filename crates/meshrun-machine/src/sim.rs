@@ -25,6 +25,7 @@ pub fn plan(nprocs: u32) -> RunPlan {
         devices_per_proc: 1,
         gpus_per_proc: 0,
         cpus_per_proc: None,
+        memory_per_proc: None,
         tee: Tee::Rank0,
         entry: Entry::Script {
             path: "train.py".into(),
@@ -173,6 +174,7 @@ impl Sim {
                 code: Some(code),
                 signal: None,
             },
+            memory: None,
         });
     }
 

@@ -60,7 +60,12 @@ impl Machine {
             Some(first) => {
                 if first.rank == rank
                     && matches!(first.cause, Cause::Exit { .. })
-                    && matches!(cause, Cause::Exception { .. } | Cause::SystemExit { .. })
+                    && matches!(
+                        cause,
+                        Cause::Exception { .. }
+                            | Cause::SystemExit { .. }
+                            | Cause::OutOfMemory { .. }
+                    )
                 {
                     first.cause = cause;
                 }

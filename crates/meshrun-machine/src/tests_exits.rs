@@ -12,6 +12,7 @@ fn ended(sim: &mut Sim, rank: u32, code: Option<i32>, signal: Option<i32>) {
     sim.agent(FromAgent::WorkerExited {
         rank,
         exit: ExitInfo { code, signal },
+        memory: None,
     });
 }
 

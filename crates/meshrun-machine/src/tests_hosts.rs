@@ -375,6 +375,7 @@ fn a_silent_host_whose_ranks_all_ended_is_no_deadline_in_the_past() {
                 code: Some(0),
                 signal: None,
             },
+            memory: None,
         },
     });
     for _ in 0..30 {

@@ -233,6 +233,7 @@ fn apply(sim: &mut Sim, per_host: u32, op: Op) {
                         code: Some(i32::from(!ok)),
                         signal: None,
                     },
+                    memory: None,
                 },
             });
         }

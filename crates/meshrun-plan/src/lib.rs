@@ -27,6 +27,7 @@ pub mod error;
 pub mod gpu;
 pub mod launch;
 pub mod launcher_env;
+pub mod memory_limit;
 pub mod retention;
 pub mod worker_env;
 
@@ -127,6 +128,9 @@ pub struct RunSpec {
     /// CPUs each worker asks Ray for (Ray's `resources_per_worker`;
     /// default 1). A positive number, checked by the Python layer.
     pub cpus_per_proc: Option<f64>,
+    /// The memory each worker may use (`--memory-per-proc`; see
+    /// [`memory_limit`]).
+    pub memory_per_proc: Option<memory_limit::MemoryLimit>,
     pub platform: PlatformChoice,
     pub name: Option<String>,
     pub runs_dir: PathBuf,
@@ -210,6 +214,9 @@ pub struct RunPlan {
     /// CPUs per worker in a Ray bundle (default 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpus_per_proc: Option<f64>,
+    /// The memory each worker may use (see [`memory_limit`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_per_proc: Option<memory_limit::MemoryLimit>,
     pub tee: Tee,
     pub entry: Entry,
     pub cwd: PathBuf,

@@ -14,6 +14,7 @@ pub(crate) fn spec(dir: &Path) -> RunSpec {
         devices_per_proc: None,
         gpus_per_proc: None,
         cpus_per_proc: None,
+        memory_per_proc: None,
         platform: PlatformChoice::Cpu,
         name: Some("t".into()),
         runs_dir: dir.join("runs"),

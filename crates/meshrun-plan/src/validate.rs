@@ -192,6 +192,7 @@ impl RunSpec {
             platform,
             devices_per_proc: self.devices_per_proc.unwrap_or(1),
             cpus_per_proc: self.cpus_per_proc,
+            memory_per_proc: self.memory_per_proc,
             gpus_per_proc: match platform {
                 Platform::Cuda => self.gpus_per_proc.unwrap_or(1),
                 Platform::Cpu => 0,

@@ -174,6 +174,9 @@ pub fn worker_env(
     if let Some(n) = plan.checkpoint_every {
         env.push((env::CHECKPOINT_EVERY.into(), n.to_string()));
     }
+    if let Some(limit) = plan.memory_per_proc {
+        env.push((env::MEMORY_PER_PROC.into(), limit.0.to_string()));
+    }
     match plan.platform {
         Platform::Cpu => env.push((
             "XLA_FLAGS".into(),

@@ -38,6 +38,9 @@ pub const MEMORY_DIR: &str = "MESHRUN_MEMORY_DIR";
 pub const ON_SAVE_ERROR: &str = "MESHRUN_ON_SAVE_ERROR";
 pub const METRICS_FILE: &str = "MESHRUN_METRICS_FILE";
 pub const CHECKPOINT_EVERY: &str = "MESHRUN_CHECKPOINT_EVERY";
+/// The memory the worker may use, in bytes (`--memory-per-proc`): its
+/// cgroup's limit on CPU, its share of its GPU on CUDA.
+pub const MEMORY_PER_PROC: &str = "MESHRUN_MEMORY_PER_PROC";
 /// The physical GPU ids the worker was given.
 pub const GPUS: &str = "MESHRUN_GPUS";
 /// The host's scratch folder (its compilation cache, the runs' host-local
@@ -78,6 +81,7 @@ pub const ALL: &[(&str, &str)] = &[
     ("memory_every", MEMORY_EVERY),
     ("memory_dir", MEMORY_DIR),
     ("on_save_error", ON_SAVE_ERROR),
+    ("memory_per_proc", MEMORY_PER_PROC),
     ("metrics_file", METRICS_FILE),
     ("checkpoint_every", CHECKPOINT_EVERY),
     ("gpus", GPUS),

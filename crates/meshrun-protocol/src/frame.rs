@@ -20,7 +20,7 @@ use crate::message::{
 /// Bumped whenever a message or the wire format changes incompatibly.
 /// It is also bound into the handshake, so peers of two versions cannot
 /// open a connection at all.
-pub const PROTOCOL_VERSION: u8 = 11;
+pub const PROTOCOL_VERSION: u8 = 12;
 
 /// No honest frame is near this: a log line is cut at 64 KiB, a metrics
 /// record is small. Anything larger is an attack or a bug.

@@ -9,6 +9,7 @@
 use std::net::IpAddr;
 use std::path::PathBuf;
 
+use meshrun_plan::memory_limit::MemoryLimit;
 use meshrun_plan::{choices, Elastic, Observe, Retention};
 use meshrun_plan::{Entry, FailurePolicy, PlatformChoice, RayTarget, RunSpec};
 use pyo3::prelude::*;
@@ -87,6 +88,31 @@ impl<'py> Config<'py> {
             return Err(self.wrong(field, Some(&value), "a number of seconds"));
         }
         value.extract().map(Some)
+    }
+
+    /// A memory size: bytes as an int, or text such as `"2GiB"`; None.
+    fn size(&self, field: &str) -> PyResult<Option<MemoryLimit>> {
+        let Some(value) = self.get(field)? else {
+            return Ok(None);
+        };
+        let read = if value.is_instance_of::<PyBool>() {
+            None
+        } else if let Ok(n) = value.extract::<u64>() {
+            Some(MemoryLimit::from_bytes(n, &n.to_string()))
+        } else if let Ok(text) = value.extract::<String>() {
+            Some(MemoryLimit::parse(&text))
+        } else {
+            None
+        };
+        match read {
+            Some(Ok(limit)) => Ok(Some(limit)),
+            Some(Err(e)) => Err(ConfigError::new_err(format!("{}.{field}: {e}", self.class))),
+            None => Err(self.wrong(
+                field,
+                Some(&value),
+                "a number of bytes or a size such as \"2GiB\"",
+            )),
+        }
     }
 
     /// A string, or None.
@@ -303,6 +329,7 @@ pub fn run_spec(
             .get("cpus_per_worker")?
             .map(|v| v.extract::<f64>())
             .transpose()?,
+        memory_per_proc: s.size("memory_per_worker")?,
         platform,
         name: r.text("name")?,
         runs_dir: if remote {

@@ -217,6 +217,31 @@ impl WorkerClient {
 
     /// Says what became of one of this rank's jitted functions:
     /// `outcome` is `loaded`, `compiled` or `stale`.
+    /// What the program's state needs per device (from
+    /// `sharding.describe`): `per_device` and `total` bytes, `parts` as
+    /// `(name, bytes)`, the `mesh` as words, and what would `fits`.
+    fn state_need(
+        &self,
+        per_device: u64,
+        total: u64,
+        parts: Vec<(String, u64)>,
+        mesh: String,
+        fits: String,
+    ) {
+        self.0.state_need(meshrun_record::memory::StateNeed {
+            per_device,
+            parts,
+            total,
+            mesh,
+            fits,
+        });
+    }
+
+    /// Bytes in use on the worker's first device, and their peak.
+    fn device_memory(&self, current: u64, peak: u64) {
+        self.0.device_memory(current, peak);
+    }
+
     #[pyo3(signature = (name, outcome, seconds, reason=None))]
     fn executable(
         &self,

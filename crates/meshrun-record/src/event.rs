@@ -266,6 +266,9 @@ pub enum Event {
     AttemptEnded {
         attempt: u32,
         state: RunState,
+        /// Each rank's memory at the attempt's end, its peak included.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        memory: Vec<crate::memory::RankMemory>,
     },
     Restarting {
         after_attempt: u32,

@@ -5,6 +5,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::memory::{Bytes, StateNeed};
+
 /// How a worker process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExitInfo {
@@ -79,6 +81,83 @@ pub enum Cause {
     /// No step reported within the start timeout while the cluster held
     /// back resources the run asked for (`waiting`, as Ray described it).
     StartTimeout { secs: f64, waiting: String },
+    /// It ran out of memory: the kernel's out-of-memory killer ended it
+    /// (`killed`), or XLA could not allocate (`allocation`, its
+    /// `RESOURCE_EXHAUSTED` with `message` and `traceback`).
+    OutOfMemory {
+        host: u32,
+        how: OomHow,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        limit: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        peak: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        need: Option<StateNeed>,
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        message: String,
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        traceback: String,
+    },
+}
+
+/// How a rank ran out of memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OomHow {
+    Killed,
+    Allocation,
+}
+
+/// The longest piece of XLA's message a headline quotes.
+const QUOTED_CHARS: usize = 160;
+
+fn out_of_memory(
+    host: u32,
+    how: OomHow,
+    limit: Option<u64>,
+    peak: Option<u64>,
+    need: Option<&StateNeed>,
+    message: &str,
+) -> String {
+    let peak = peak.map_or_else(String::new, |p| format!(", its peak {}", Bytes(p)));
+    let mut s = match (how, limit) {
+        (OomHow::Killed, Some(limit)) => format!(
+            "ran out of memory on host {host}: the kernel's out-of-memory killer ended it at \
+             its limit of {}{peak}",
+            Bytes(limit)
+        ),
+        (OomHow::Killed, None) => format!(
+            "ran out of memory on host {host}: the kernel's out-of-memory killer ended it (no \
+             limit was set: the host ran out{peak})"
+        ),
+        (OomHow::Allocation, limit) => {
+            let first = message.lines().next().unwrap_or_default().trim();
+            let quoted: String = first.chars().take(QUOTED_CHARS).collect();
+            let cut = if quoted.len() < first.len() {
+                "..."
+            } else {
+                ""
+            };
+            let limit =
+                limit.map_or_else(String::new, |l| format!(" under its limit of {}", Bytes(l)));
+            format!("ran out of memory on host {host}: XLA could not allocate{limit}{peak} ({quoted}{cut})")
+        }
+    };
+    match need {
+        Some(need) => {
+            s.push_str("; ");
+            s.push_str(&need.words());
+            if !need.fits.is_empty() {
+                s.push_str("; ");
+                s.push_str(&need.fits);
+            }
+        }
+        None => s.push_str(
+            "; what its state needs per device is not known: call \
+             meshrun.sharding.describe(state) in the program to have it said here",
+        ),
+    }
+    s
 }
 
 impl Cause {
@@ -123,6 +202,15 @@ impl Cause {
             Cause::HostUnreachable { host, ip, secs } => {
                 format!("is on host {host} ({ip}), unreachable for {secs:.0} s")
             }
+            Cause::OutOfMemory {
+                host,
+                how,
+                limit,
+                peak,
+                need,
+                message,
+                ..
+            } => out_of_memory(*host, *how, *limit, *peak, need.as_ref(), message),
             Cause::StartTimeout { secs, waiting } => format!(
                 "reported no step in {secs:.0} s while the cluster held back resources: \
                  {waiting}; free them or add nodes, or raise --start-timeout"
@@ -138,7 +226,7 @@ impl Cause {
     pub fn names_host(&self) -> bool {
         matches!(
             self,
-            Cause::AgentLost { .. } | Cause::HostUnreachable { .. }
+            Cause::AgentLost { .. } | Cause::HostUnreachable { .. } | Cause::OutOfMemory { .. }
         )
     }
 }

@@ -12,6 +12,7 @@
 //! - [`metrics`]: the lines of `metrics.jsonl`;
 //! - [`goodput`]: `goodput.json`, where the wall time went;
 //! - [`manifest`]: a checkpoint's `manifest.json`;
+//! - [`memory`]: a rank's memory, its limit, and what its state needs;
 //! - [`lag`]: `lag.jsonl`, when each rank reached each step (stragglers);
 //! - [`saves`]: the checkpoint saves that failed, counted from the events;
 //! - [`read`]: tolerant readers for files that may be half-written (the
@@ -22,6 +23,7 @@ pub mod failure;
 pub mod goodput;
 pub mod lag;
 pub mod manifest;
+pub mod memory;
 pub mod metrics;
 pub mod names;
 #[cfg(feature = "read")]

@@ -11,6 +11,9 @@ pub const EVENTS: &str = "events.jsonl";
 pub const METRICS: &str = "metrics.jsonl";
 /// One [`crate::LagRecord`] per line: when each rank reached each step.
 pub const LAG: &str = "lag.jsonl";
+/// One [`crate::memory::MemoryRecord`] per line: the ranks' memory as
+/// their agents (and workers, for their devices) sent it.
+pub const MEMORY: &str = "memory.jsonl";
 /// Profile captures, `profiles/<time>/rank-R/` (see [`profile_dir`]).
 pub const PROFILES: &str = "profiles";
 /// [`crate::Goodput`], rewritten after every attempt.

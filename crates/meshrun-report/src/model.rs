@@ -68,7 +68,9 @@ pub struct Failure {
 impl Failure {
     fn new(record: &FailureRecord, time: Option<f64>) -> Failure {
         let traceback = match &record.cause {
-            Cause::Exception { traceback, .. } | Cause::SystemExit { traceback, .. } => {
+            Cause::Exception { traceback, .. }
+            | Cause::SystemExit { traceback, .. }
+            | Cause::OutOfMemory { traceback, .. } => {
                 Some(traceback).filter(|t| !t.trim().is_empty()).cloned()
             }
             _ => None,
@@ -309,7 +311,7 @@ impl Run {
                 Event::Resuming { attempt, step, .. } => {
                     resumed.push((*attempt, Some(*step)));
                 }
-                Event::AttemptEnded { attempt, state } => {
+                Event::AttemptEnded { attempt, state, .. } => {
                     let a = self.attempt_mut(*attempt);
                     a.ended = Some(time);
                     a.state = *state;

@@ -438,6 +438,19 @@ impl WorkerClient {
             .send(Outgoing::Msg(FromWorker::SaveFailed { step, error }));
     }
 
+    /// Says what the program's state needs per device.
+    pub fn state_need(&self, need: meshrun_record::memory::StateNeed) {
+        let _ = self.tx.send(Outgoing::Msg(FromWorker::StateNeed { need }));
+    }
+
+    /// Says how many bytes the worker's first device holds, and held at
+    /// most.
+    pub fn device_memory(&self, current: u64, peak: u64) {
+        let _ = self
+            .tx
+            .send(Outgoing::Msg(FromWorker::DeviceMemory { current, peak }));
+    }
+
     /// Says what became of one of this rank's jitted functions.
     pub fn executable(
         &self,

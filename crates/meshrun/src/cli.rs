@@ -7,6 +7,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use meshrun_plan::memory_limit::MemoryLimit;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -223,6 +224,12 @@ pub struct RunArgs {
     /// CPU devices per worker (sets --`xla_force_host_platform_device_count`).
     #[arg(long, value_name = "K")]
     pub devices_per_proc: Option<u32>,
+
+    /// Memory each worker may use, such as 2GiB or 1500MiB: its host memory
+    /// (a cgroup limit) on cpu, its GPU's memory on cuda. A worker past it
+    /// is reported as out of memory, with what its state needs.
+    #[arg(long, value_name = "SIZE", value_parser = parse_memory)]
+    pub memory_per_proc: Option<MemoryLimit>,
 
     /// GPUs per worker; each worker gets its own, never shared.
     #[arg(long, value_name = "G")]
@@ -497,4 +504,8 @@ fn parse_hosts(text: &str) -> Result<HostsArg, String> {
 
 fn parse_profile_steps(text: &str) -> Result<(u64, u64), String> {
     meshrun_plan::parse_profile_steps(text).map_err(|e| e.to_string())
+}
+
+fn parse_memory(text: &str) -> Result<MemoryLimit, String> {
+    MemoryLimit::parse(text).map_err(|e| e.to_string())
 }

@@ -125,6 +125,7 @@ pub fn spec(args: RunArgs, launcher: &Launcher) -> Result<RunSpec, UsageError> {
         devices_per_proc: args.devices_per_proc,
         gpus_per_proc: args.gpus_per_proc,
         cpus_per_proc: None,
+        memory_per_proc: args.memory_per_proc,
         platform: match args.platform {
             PlatformArg::Cpu => PlatformChoice::Cpu,
             PlatformArg::Cuda => PlatformChoice::Cuda,

@@ -14,7 +14,7 @@ use meshrun_record::{names, Event, EventLine, Goodput, MetricsRecord, Part, RunR
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use crate::status_parts::{checkpoints_line, goodput_heading};
+use crate::status_parts::{checkpoints_line, goodput_heading, memory_table};
 use crate::table::{duration_text, number, table};
 
 #[derive(Debug, thiserror::Error)]
@@ -463,6 +463,7 @@ pub fn render_status(run: &RunView) -> String {
         let _ = writeln!(out, "  {line}");
     }
     checkpoints_line(run, &mut out);
+    memory_table(run, r.plan_u64("procs_per_host").unwrap_or(1), &mut out);
     if let Some(g) = &run.goodput {
         // The newest attempt of a live run has not been counted yet.
         let running = r.attempts.last().filter(|_| run.live).map(|a| a.attempt);

@@ -6,10 +6,13 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use std::collections::BTreeMap;
+
+use meshrun_record::memory::{Bytes, MemoryRecord, RankMemory};
 use meshrun_record::{names, read, EventLine, FailedSaves, Goodput};
 
 use crate::runs::RunView;
-use crate::table::duration_text;
+use crate::table::{duration_text, table};
 
 /// The committed checkpoints, and the saves that failed.
 pub fn checkpoints_line(run: &RunView, out: &mut String) {
@@ -84,6 +87,87 @@ pub fn goodput_heading(g: &Goodput, running: Option<u32>, run: Option<Duration>)
         format!("; attempt {n} is counted when it ends")
     });
     format!("over {which}: {wall} wall time{whole}{later}")
+}
+
+/// How many ranks the memory table shows; a larger run shows those with
+/// the highest peaks.
+const MEMORY_ROWS: usize = 16;
+
+/// Each rank's memory in the newest attempt that sent any: now, at most,
+/// and against its limit (host memory; device memory where the backend
+/// counts it).
+pub fn memory_table(run: &RunView, procs_per_host: u64, out: &mut String) {
+    let mut newest: BTreeMap<u32, RankMemory> = BTreeMap::new();
+    let mut attempt = 0;
+    let _ = read::jsonl_each(&run.dir.join(names::MEMORY), |r: MemoryRecord| {
+        if r.attempt > attempt {
+            attempt = r.attempt;
+            newest.clear();
+        }
+        if r.attempt == attempt {
+            for m in r.ranks {
+                newest.insert(m.rank, m);
+            }
+        }
+    });
+    if newest.is_empty() {
+        return;
+    }
+    let mut ranks: Vec<RankMemory> = newest.into_values().collect();
+    let limit = ranks.iter().find_map(|m| m.limit);
+    let _ = writeln!(
+        out,
+        "\nranks' memory  attempt {attempt}, host memory{}",
+        limit.map_or_else(
+            || " (no limit set)".to_string(),
+            |l| format!(", limit {} per worker", Bytes(l))
+        )
+    );
+    let shown_all = ranks.len() <= MEMORY_ROWS;
+    if !shown_all {
+        ranks.sort_by_key(|m| std::cmp::Reverse(m.peak));
+        ranks.truncate(MEMORY_ROWS / 2);
+    }
+    let device = ranks.iter().any(|m| m.device_peak.is_some());
+    let bytes = |b: Option<u64>| b.map_or_else(|| "-".to_string(), |b| Bytes(b).to_string());
+    let rows: Vec<Vec<String>> = ranks
+        .iter()
+        .map(|m| {
+            let mut row = vec![
+                m.rank.to_string(),
+                (u64::from(m.rank) / procs_per_host.max(1)).to_string(),
+                Bytes(m.current).to_string(),
+                Bytes(m.peak).to_string(),
+                #[allow(clippy::cast_precision_loss)]
+                m.limit.map_or_else(
+                    || "-".to_string(),
+                    |l| format!("{:.0}%", 100.0 * m.peak as f64 / l.max(1) as f64),
+                ),
+            ];
+            if device {
+                row.push(bytes(m.device_current));
+                row.push(bytes(m.device_peak));
+            }
+            row
+        })
+        .collect();
+    // An ended run's figures are its last samples.
+    let mut header = vec![
+        "RANK",
+        "HOST",
+        if run.live { "NOW" } else { "LAST" },
+        "PEAK",
+        "OF LIMIT",
+    ];
+    if device {
+        header.extend(["DEVICE NOW", "DEVICE PEAK"]);
+    }
+    for line in table(&header, &rows).lines() {
+        let _ = writeln!(out, "  {line}");
+    }
+    if !shown_all {
+        let _ = writeln!(out, "  (the {} ranks with the highest peaks)", ranks.len());
+    }
 }
 
 #[cfg(test)]

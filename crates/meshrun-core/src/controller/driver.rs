@@ -16,6 +16,7 @@ use tokio::sync::mpsc;
 use super::agents::Agents;
 use super::checkpoints::{Checkpoints, Done, Settled};
 use super::committer::{Committer, Job, Outcome};
+use super::memory_use::MemoryUse;
 use super::output::Output;
 use super::profiles::Captures;
 use super::progress::Progress;
@@ -74,6 +75,8 @@ pub struct Driver<'a> {
     /// on `outcomes` (taken by [`Driver::run`] while it runs).
     committer: Committer,
     outcomes: Option<mpsc::UnboundedReceiver<Outcome>>,
+    /// Each rank's newest memory figures.
+    pub memory: MemoryUse,
 }
 
 impl<'a> Driver<'a> {
@@ -109,6 +112,7 @@ impl<'a> Driver<'a> {
             saves: SaveHealth::default(),
             committer,
             outcomes: Some(outcomes),
+            memory: MemoryUse::default(),
         })
     }
 
@@ -310,7 +314,19 @@ impl<'a> Driver<'a> {
                 let own = times.into_iter().filter(|t| t.0 / pph == host).collect();
                 return self.step_times(own);
             }
-            Net::FromAgent { conn, msg } => Input::FromAgent { conn, msg },
+            Net::FromAgent {
+                conn,
+                msg: FromAgent::WorkerMemory { ranks },
+            } => {
+                let Some(host) = self.machine.agent_heard(conn, Instant::now()) else {
+                    return Ok(());
+                };
+                return self.worker_memory(host, ranks);
+            }
+            Net::FromAgent { conn, msg } => {
+                self.memory_news(&msg)?;
+                Input::FromAgent { conn, msg }
+            }
             Net::AgentLost { conn, error } => Input::AgentLost { conn, error },
             Net::WorkerJoined {
                 conn,
@@ -330,6 +346,17 @@ impl<'a> Driver<'a> {
                     self.worker_joined(conn)?;
                 }
                 return Ok(());
+            }
+            Net::FromWorker {
+                rank,
+                msg: FromWorker::DeviceMemory { current, peak },
+            } => {
+                self.device_memory(rank, current, peak)?;
+                // A sign of life too.
+                Input::FromWorker {
+                    rank,
+                    msg: FromWorker::Heartbeat,
+                }
             }
             Net::FromWorker { rank, msg } => {
                 if let FromWorker::SaveFailed { step, error } = &msg {

@@ -15,6 +15,7 @@ mod checkpoints;
 mod committer;
 mod driver;
 mod joining;
+mod memory_use;
 mod observe;
 mod output;
 mod profiles;

@@ -66,14 +66,18 @@ pub fn render(
         failure.rank,
         failure.cause.headline()
     );
-    let lines: Vec<&str> = match &failure.cause {
-        Cause::Exception { traceback, .. } if !traceback.trim().is_empty() => {
-            traceback.lines().collect()
+    let traceback = match &failure.cause {
+        Cause::Exception { traceback, .. } | Cause::OutOfMemory { traceback, .. } => {
+            Some(traceback).filter(|t| !t.trim().is_empty())
         }
-        _ => tail.iter().map(String::as_str).collect(),
+        _ => None,
+    };
+    let lines: Vec<&str> = match traceback {
+        Some(traceback) => traceback.lines().collect(),
+        None => tail.iter().map(String::as_str).collect(),
     };
     if !lines.is_empty() {
-        let what = if matches!(failure.cause, Cause::Exception { .. }) {
+        let what = if traceback.is_some() {
             "traceback"
         } else {
             "output"

@@ -383,6 +383,7 @@ async fn attempt(
     driver.rundir.event(Event::AttemptEnded {
         attempt,
         state: status.state(),
+        memory: driver.memory.newest(),
     })?;
     let end_unix = unix_time();
     let parts = machine.goodput(status, started_unix, end_unix);

@@ -29,9 +29,7 @@ pub enum FromAgent {
     },
     /// Agent to controller: what it found at the marker's path (`None`
     /// when it matched).
-    StorageChecked {
-        problem: Option<String>,
-    },
+    StorageChecked { problem: Option<String> },
     /// Agent to controller: this host holds memory checkpoint `step` (and
     /// its buddy the replica), or why not.
     MemoryHeld {
@@ -54,28 +52,19 @@ pub enum FromAgent {
     /// steps, as `(rank, step, Unix ns)` on the controller's clock (the
     /// agent applies its estimate of the offset, see `ClockProbe`). One
     /// message per host rather than one per rank and step.
-    StepTimes {
-        times: Vec<(u32, u64, i64)>,
-    },
+    StepTimes { times: Vec<(u32, u64, i64)> },
     /// Agent to controller, once a second: the ranks of this host whose
     /// heartbeat (`names::beat_file`) moved since the last such message.
     /// Workers under an agent beat into a file instead of sending a
     /// heartbeat each: one message per host, not one per rank.
-    WorkerBeats {
-        ranks: Vec<u32>,
-    },
+    WorkerBeats { ranks: Vec<u32> },
     /// Agent to controller: the agent's clock (Unix ns) as it sent this;
     /// answered at once with [`ToAgent::ClockEcho`], from which the agent
     /// estimates how far its host's clock is from the controller's.
-    ClockProbe {
-        sent_ns: i64,
-    },
+    ClockProbe { sent_ns: i64 },
     /// Agent to controller: the stacks a worker wrote on SIGUSR1, read
     /// from the host's scratch space (hosts need not share a filesystem).
-    Stacks {
-        rank: u32,
-        text: String,
-    },
+    Stacks { rank: u32, text: String },
     WorkerStarted {
         rank: u32,
         pid: u32,
@@ -112,6 +101,15 @@ pub enum FromAgent {
     WorkerExited {
         rank: u32,
         exit: ExitInfo,
+        /// Its peak, its limit, and whether the kernel's out-of-memory
+        /// killer ended it, where the agent could read them.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        memory: Option<meshrun_record::memory::MemoryEnd>,
+    },
+    /// Agent to controller, every few seconds while workers run: the
+    /// memory of each of this host's workers that changed.
+    WorkerMemory {
+        ranks: Vec<meshrun_record::memory::RankMemory>,
     },
     /// A second with nothing else to say (no worker beat): the agent is
     /// there.

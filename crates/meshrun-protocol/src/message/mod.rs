@@ -78,6 +78,9 @@ pub enum SpawnProblem {
     /// The interpreter exists but cannot be executed (no permission, not
     /// an executable format).
     NotExecutable,
+    /// `--memory-per-proc` cannot be set on the host (no memory cgroup
+    /// this agent may write).
+    NoMemoryLimit,
 }
 
 impl SpawnProblem {

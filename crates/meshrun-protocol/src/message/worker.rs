@@ -111,6 +111,18 @@ pub enum FromWorker {
         leaves: Vec<meshrun_record::manifest::Leaf>,
         extra: Option<serde_json::Value>,
     },
+    /// What the program's state needs on each device, from its
+    /// `meshrun.sharding.describe`: an out-of-memory failure of this rank
+    /// is explained with it.
+    StateNeed {
+        need: meshrun_record::memory::StateNeed,
+    },
+    /// Bytes in use on the worker's first device and their peak (where
+    /// the backend counts them), sent with reports at most every 2 s.
+    DeviceMemory {
+        current: u64,
+        peak: u64,
+    },
     /// The worker's program finished; its connection closes next.
     Bye,
     /// Bytes of a file in transfer (never JSON: see `frame`).
