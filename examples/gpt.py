@@ -169,27 +169,30 @@ def activation_bytes(cfg: Config) -> int:
     return 4 * (cfg.layers * per_layer + 3 * t * cfg.vocab)
 
 
-def resident_bytes() -> int:
+def resident_bytes(key: str = "VmRSS") -> int:
     """This process's resident set now (Linux), 0 where unknown."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{key}:"):
                 return int(line.split()[1]) * 1024
     except OSError:
         pass
     return 0
 
 
-def fit_mesh(args: argparse.Namespace, cfg: Config, abstract_params, tx, rank: int):
-    """--fit-memory: the first mesh, by least communication, whose predicted
-    peak per device fits; the plans are printed by rank 0."""
-    devices = jax.device_count()
-    plans = planning.plan(
+def peak_resident_bytes() -> int:
+    """The most this process's resident set has been."""
+    return resident_bytes("VmHWM")
+
+
+def plans_for(args: argparse.Namespace, cfg: Config, abstract_params, tx, memory: str | int) -> list[planning.Fit]:
+    """Every mesh of the run's devices, with what the planner predicts."""
+    return planning.plan(
         abstract_params,
         RULES,
-        args.fit_memory,
+        memory,
         optimizer=tx,
-        devices=devices,
+        devices=jax.device_count(),
         global_batch=args.batch_size,
         activations_per_example=activation_bytes(cfg),
         # On CPU the device's memory is the process's: what it holds before
@@ -197,15 +200,18 @@ def fit_mesh(args: argparse.Namespace, cfg: Config, abstract_params, tx, rank: i
         runtime=resident_bytes() // jax.local_device_count() if jax.default_backend() == "cpu" else 0,
         layers=cfg.layers,
     )
+
+
+def fit_mesh(args: argparse.Namespace, plans: list[planning.Fit], rank: int) -> planning.Fit:
+    """--fit-memory: the first mesh, by least communication, whose predicted
+    peak per device fits; the plans are printed by rank 0."""
     chosen = next((p for p in plans if p.fits and args.batch_size % (p.data * p.fsdp) == 0), None)
     if rank == 0:
-        print(f"gpt: meshes of {devices} device(s) for {args.fit_memory} per device:\n{planning.table(plans)}", flush=True)
+        print(f"gpt: meshes of {jax.device_count()} device(s) for {args.fit_memory} per device:\n{planning.table(plans)}", flush=True)
     if chosen is None:
         advice = "; ".join(plans[-1].lowered_by()) if plans else ""
-        raise SystemExit(f"gpt: no mesh of {devices} device(s) fits {args.fit_memory} per device; {advice}")
-    if rank == 0:
-        print(f"gpt: chose {chosen}", flush=True)
-    return sharding.make_mesh(data=chosen.data, fsdp=chosen.fsdp, tensor=chosen.tensor)
+        raise SystemExit(f"gpt: no mesh of {jax.device_count()} device(s) fits {args.fit_memory} per device; {advice}")
+    return chosen
 
 
 def main() -> None:
@@ -262,9 +268,16 @@ def main() -> None:
         return init_model()[1]
 
     if args.fit_memory:
-        mesh = fit_mesh(args, cfg, jax.eval_shape(init_model)[1], tx, rank)
+        plans = plans_for(args, cfg, jax.eval_shape(init_model)[1], tx, args.fit_memory)
+        chosen = fit_mesh(args, plans, rank)
+        mesh = sharding.make_mesh(data=chosen.data, fsdp=chosen.fsdp, tensor=chosen.tensor)
     else:
         mesh = sharding.make_mesh(data=args.data, fsdp=args.fsdp, tensor=args.tensor)
+        if args.size != "tiny" and rank == 0:
+            plans = plans_for(args, cfg, jax.eval_shape(init_model)[1], tx, 1 << 40)
+            chosen = next(p for p in plans if (p.data, p.fsdp, p.tensor) == tuple(mesh.shape.values()))
+    if (args.fit_memory or args.size != "tiny") and rank == 0:
+        print(f"gpt: {chosen}", flush=True)
 
     # Shapes and shardings first; the arrays are then either created directly
     # in their shards (no process holds the model whole) or, on a restart,
@@ -391,6 +404,10 @@ def main() -> None:
             args.params_digest.write_text(digest.hexdigest())
     if rank == 0 and args.step_times:
         args.step_times.write_text(json.dumps(step_times))
+    if args.fit_memory or args.size != "tiny":
+        # What the planner is checked against (docs/fitting.md): the peak of
+        # this process's resident set.
+        print(f"gpt: rank {rank} peak resident set {peak_resident_bytes()} bytes", flush=True)
     if rank == 0:
         where = f"; run files in {ctx.run_dir}" if ctx.run_dir else ""
         print(f"gpt: validation {bpb_start:.3f} -> {bpb:.3f} bits/byte over {args.steps} steps{where}", flush=True)

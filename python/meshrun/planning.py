@@ -36,6 +36,9 @@ __all__ = ["Fit", "bytes_per_device", "parse_size", "plan", "table"]
 GiB = 1 << 30
 MiB = 1 << 20
 
+#: The share of the memory a plan may fill.
+HEADROOM = 0.9
+
 _UNITS = {
     "": 1, "b": 1,
     "k": 10**3, "kb": 10**3, "kib": 1 << 10,
@@ -71,9 +74,14 @@ def _gib(n: int) -> str:
 @dataclass(frozen=True)
 class Fit:
     """One mesh and what each of its devices holds at the peak of a step
-    (bytes). ``gathered``: weights gathered from the other ``fsdp`` shards
-    and kept from the forward to the backward pass; ``runtime``: what the
-    process holds before the state (the interpreter and JAX), per device."""
+    (bytes). ``grads``: the gradients' shards; ``updates``: what the
+    optimizer's update builds before the old values are freed (with optax,
+    about two copies of the gradients: clipped gradients and the update);
+    ``gathered``: weights gathered from the other ``fsdp`` shards and kept
+    from the forward to the backward pass; ``runtime``: what the process
+    holds before the state (the interpreter and JAX), per device. A mesh
+    fits when its peak is within ``HEADROOM`` of the memory: allocators
+    fragment, and counts miss things."""
 
     data: int
     fsdp: int
@@ -81,6 +89,7 @@ class Fit:
     params: int
     opt: int
     grads: int
+    updates: int
     gathered: int
     activations: int
     runtime: int
@@ -99,11 +108,11 @@ class Fit:
     @property
     def peak(self) -> int:
         """The predicted peak per device."""
-        return self.params + self.opt + self.grads + self.gathered + self.activations + self.runtime
+        return self.params + self.opt + self.grads + self.updates + self.gathered + self.activations + self.runtime
 
     @property
     def fits(self) -> bool:
-        return self.peak <= self.memory
+        return self.peak <= self.memory * HEADROOM
 
     def lowered_by(self) -> list[str]:
         """What would lower the peak, largest saving first."""
@@ -224,6 +233,7 @@ def plan(
                 params=p,
                 opt=o,
                 grads=p,
+                updates=2 * p if o_leaves else 0,
                 gathered=whole - p if sizes["fsdp"] > 1 else 0,
                 activations=activations_per_example * -(-global_batch // shards) if global_batch else 0,
                 runtime=runtime,
@@ -236,9 +246,13 @@ def plan(
 
 def table(plans: Sequence[Fit]) -> str:
     """The plans as a table, in their order."""
-    head = ("mesh", "params", "opt", "grads", "gathered", "activations", "runtime", "peak", "fits")
+    head = ("mesh", "params", "opt", "grads", "updates", "gathered", "activations", "runtime", "peak", "fits")
     rows = [
-        (f.mesh, _gib(f.params), _gib(f.opt), _gib(f.grads), _gib(f.gathered), _gib(f.activations), _gib(f.runtime), _gib(f.peak), "yes" if f.fits else "no")
+        (
+            f.mesh,
+            *(_gib(b) for b in (f.params, f.opt, f.grads, f.updates, f.gathered, f.activations, f.runtime, f.peak)),
+            "yes" if f.fits else "no",
+        )
         for f in plans
     ]
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
@@ -259,6 +273,6 @@ def what_fits(state: Any, memory: int, devices: int, current: dict[str, int]) ->
         return ""
     for f in plans:
         if f.fits and (f.data, f.fsdp, f.tensor) != (current.get("data"), current.get("fsdp"), current.get("tensor")):
-            return f"with {f.mesh} the state is {_gib(f.state)} per device (predicted peak {_gib(f.peak)}, state and gathered weights)"
+            return f"with {f.mesh} the state is {_gib(f.state)} per device (predicted peak {_gib(f.peak)} without activations and runtime)"
     return f"no mesh of the {devices} devices fits {_gib(memory)} per device: more devices, or a smaller model or optimizer state"
 

@@ -4,6 +4,7 @@
 
 use std::fmt::Write as _;
 
+use meshrun_record::memory::Bytes;
 use meshrun_record::{Event, RunState};
 use serde_json::Value;
 
@@ -92,6 +93,7 @@ pub fn page(run: &Run) -> String {
     step_charts(&mut s, run);
     throughput(&mut s, run);
     ranks(&mut s, run);
+    memory(&mut s, run);
     goodput(&mut s, run);
     attempts(&mut s, run);
     config(&mut s, run);
@@ -280,6 +282,70 @@ fn throughput(s: &mut String, run: &Run) {
             s,
             "Tokens per second",
             &chart("chart-tokens", "tokens/s", tokens),
+        );
+    }
+    s.push_str("</div></section>");
+}
+
+/// Each rank's memory over the run against its limit, a chart per rank.
+fn memory(s: &mut String, run: &Run) {
+    if run.memory.is_empty() {
+        return;
+    }
+    s.push_str(r#"<section id="memory"><h2>Memory per rank</h2><div class="charts">"#);
+    let start = run.start.unwrap_or(0.0);
+    let (unit, unit_name) = time_unit(run.end.unwrap_or(start) - start);
+    let x_title = format!("time since run start ({unit_name})");
+    let at = |t: f64| (t - start) / unit;
+    for r in &run.memory {
+        let mut series: Vec<Series> = [&r.host, &r.device]
+            .into_iter()
+            .filter(|s| !s.is_empty())
+            .map(|s| Series {
+                name: s.name.clone(),
+                segments: s
+                    .segments
+                    .iter()
+                    .map(|seg| seg.iter().map(|&(t, y)| (at(t), y)).collect())
+                    .collect(),
+            })
+            .collect();
+        if let Some(limit) = r.limit {
+            let xs: Vec<f64> = series
+                .iter()
+                .flat_map(|s| s.points().map(|p| p.0))
+                .collect();
+            let (lo, hi) = xs
+                .iter()
+                .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| {
+                    (lo.min(x), hi.max(x))
+                });
+            #[allow(clippy::cast_precision_loss)]
+            let mib = limit as f64 / 1_048_576.0;
+            if lo.is_finite() {
+                series.push(Series {
+                    name: "limit".into(),
+                    segments: vec![vec![(lo, mib), (hi, mib)]],
+                });
+            }
+        }
+        let id = format!("chart-memory-{}", r.rank);
+        let body = LineChart {
+            id: &id,
+            x_title: &x_title,
+            y_title: "MiB",
+            series: &series,
+            markers: &[],
+            kind: ChartKind::Time,
+        }
+        .render();
+        let limit = r
+            .limit
+            .map_or_else(String::new, |l| format!(" of {}", Bytes(l)));
+        figure(
+            s,
+            &format!("rank {}: peak {}{limit}", r.rank, Bytes(r.peak)),
+            &body,
         );
     }
     s.push_str("</div></section>");

@@ -21,6 +21,7 @@ use meshrun_record::names;
 mod error;
 pub mod heatmap;
 pub mod html;
+pub mod memory;
 pub mod model;
 pub mod series;
 pub mod svg;

@@ -185,6 +185,9 @@ pub struct Run {
     /// saved (`profile_saved`), as written.
     pub stragglers: Vec<Event>,
     pub profiles: Vec<Event>,
+    /// `memory.jsonl`: each rank's memory over the run (the highest peaks
+    /// of a large run).
+    pub memory: Vec<crate::memory::RankMemorySeries>,
 }
 
 /// Whether a metric is one the report draws (the loss is found among
@@ -215,6 +218,7 @@ impl Run {
         let mut lag = meshrun_record::lag::LagLines::new(window);
         let bad_lag = read::jsonl_each(&dir.join(names::LAG), |l| lag.push(l))?;
         let (lag, lag_recent) = lag.into_parts();
+        let (memory, bad_memory) = crate::memory::load(dir);
         let goodput = match read::json_file(&dir.join(names::GOODPUT)) {
             Ok(Some(g)) => Goodput::Data(g),
             Ok(None) => Goodput::Missing,
@@ -267,12 +271,13 @@ impl Run {
             goodput,
             start: None,
             end: None,
-            skipped_lines: bad_events + bad_metrics + bad_lag,
+            skipped_lines: bad_events + bad_metrics + bad_lag + bad_memory,
             lag,
             lag_recent,
             straggler_steps: window,
             stragglers: Vec::new(),
             profiles: Vec::new(),
+            memory,
         };
         run.apply_events(&events);
         run.interrupt_if_orphaned(read::lock_is_held(dir));

@@ -10,11 +10,12 @@ use meshrun_record::names;
 pub const POLL: Duration = Duration::from_millis(500);
 
 /// The files a page is drawn from.
-const DRAWN_FROM: [&str; 4] = [
+const DRAWN_FROM: [&str; 5] = [
     names::RUN_JSON,
     names::EVENTS,
     names::METRICS,
     names::GOODPUT,
+    names::MEMORY,
 ];
 
 /// Size and modification time of each drawn-from file of `dir` (a run

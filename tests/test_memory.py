@@ -1,0 +1,111 @@
+"""Memory per worker: the limit (`--memory-per-proc`), a rank that runs
+out named with what its state needs and what would fit, and each rank's
+memory in `status`, the report and the events."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import pytest
+from conftest import HELLO, SCRIPTS, cli, meshrun, read_jsonl
+from errors_page import covers, exits, raises
+from test_serve import serve, status_of
+
+import meshrun as mr
+
+OOM = str(SCRIPTS / "oom_rank.py")
+LIMIT = 512 << 20
+
+
+def failure(run_dir):
+    return json.loads((run_dir / "run.json").read_text())["attempts"][-1]["failure"]
+
+
+@covers("memory-out-of-memory")
+@pytest.mark.slow
+def test_a_rank_past_its_limit_is_named_and_the_other_is_not(runs):
+    done = meshrun(["-n", "2", "--memory-per-proc", "512MiB", OOM, "1"], runs_dir=runs)
+    exits("memory-out-of-memory", done)
+    f = failure(done.run_dir)
+    assert (f["rank"], f["cause"]["kind"], f["cause"]["how"]) == (1, "out_of_memory", "killed"), f
+    assert f["cause"]["limit"] == LIMIT and f["cause"]["peak"] >= LIMIT * 0.9, f
+    # The other rank was stopped by meshrun, not said to have run out.
+    assert "rank 0 stopped by meshrun" in done.stderr, done.stderr
+    assert done.stderr.count("ran out of memory") == 1
+    ended = [e for e in done.events() if e["event"] == "attempt_ended"][-1]
+    by_rank = {m["rank"]: m for m in ended["memory"]}
+    assert sorted(by_rank) == [0, 1] and all(m["limit"] == LIMIT for m in by_rank.values()), ended
+    assert by_rank[1]["peak"] >= LIMIT * 0.9 > by_rank[0]["peak"], ended
+
+
+@covers("memory-resource-exhausted")
+@pytest.mark.slow
+def test_xla_refusing_an_allocation_is_named_the_same_way(runs):
+    done = meshrun(["-n", "2", "--memory-per-proc", "512MiB", OOM, "0", "xla"], runs_dir=runs)
+    exits("memory-resource-exhausted", done)
+    f = failure(done.run_dir)
+    assert (f["rank"], f["cause"]["kind"], f["cause"]["how"]) == (0, "out_of_memory", "allocation"), f
+    # The exception's traceback is the summary's, down to the program's line.
+    assert "oom_rank.py" in f["cause"]["traceback"] and "last lines of rank 0's traceback" in done.stderr
+
+
+@covers("memory-limit-not-settable")
+def test_a_limit_the_host_cannot_set_ends_the_run_saying_why(runs):
+    done = meshrun(["-n", "1", "--memory-per-proc", "512MiB", "--max-failures", "3", HELLO], runs_dir=runs, env={"MESHRUN_CGROUP": "0"})
+    exits("memory-limit-not-settable", done)
+    # The same on every attempt: none is tried again.
+    assert len(json.loads((done.run_dir / "run.json").read_text())["attempts"]) == 1
+
+
+@covers("memory-size-unreadable", "memory-size-too-small")
+def test_sizes_that_cannot_be_limits_are_refused(tmp_path):
+    for row, size in (("memory-size-unreadable", "lots"), ("memory-size-too-small", "512K")):
+        exits(row, cli("run", "--runs-dir", tmp_path / "runs", "--memory-per-proc", size, HELLO))
+    assert not (tmp_path / "runs").exists()
+
+
+@covers("py-memory-per-worker-unreadable")
+def test_a_python_size_that_cannot_be_read_is_refused(tmp_path):
+    trainer = mr.Trainer(lambda: None, scaling_config=mr.ScalingConfig(memory_per_worker="lots"), run_config=mr.RunConfig(storage_path=str(tmp_path / "runs")))
+    raises("py-memory-per-worker-unreadable", trainer.fit)
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_each_ranks_memory_is_in_status_and_the_report(runs, tmp_path):
+    script = tmp_path / "hold.py"
+    script.write_text(
+        "import time\nimport numpy as np\nimport meshrun\n"
+        "held = np.ones(96 << 20, dtype=np.uint8)\n"
+        # Long enough for two of the agent's samples (every 2 s).
+        "for step in range(5):\n    meshrun.report({'step': step})\n    time.sleep(1)\n"
+    )
+    done = meshrun(["-n", "2", "--memory-per-proc", "1GiB", str(script)], runs_dir=runs)
+    assert done.code == 0, done.stderr
+    lines = read_jsonl(done.run_dir / "memory.jsonl")
+    seen = {m["rank"] for line in lines for m in line["ranks"]}
+    assert seen == {0, 1}, lines
+    status = cli("status", "t", "--runs-dir", runs)
+    assert status.returncode == 0, status.stderr
+    section = status.stdout.split("ranks' memory", 1)[1]
+    assert "limit 1.00 GiB per worker" in section.splitlines()[0]
+    rows = [line.split() for line in section.splitlines()[2:4]]
+    assert [r[0] for r in rows] == ["0", "1"], section
+    # Each holds its 96 MiB array and the interpreter: more than that, well under the limit.
+    for r in rows:
+        peak = float(r[4]) if r[5] == "MiB" else float(r[4]) * 1024
+        assert 96 < peak < 1024, section
+    report = cli("report", "t", "--runs-dir", runs)
+    assert report.returncode == 0, report.stderr
+    page = (done.run_dir / "report.html").read_text()
+    assert 'id="memory"' in page and 'id="chart-memory-0"' in page and 'id="chart-memory-1"' in page
+    assert "rank 1: peak" in page and "of 1.00 GiB" in page
+    # The live page is the report's, redrawn as memory.jsonl grows.
+    proc, found = serve(runs)
+    try:
+        code, live = status_of(f"http://{found.group(1)}:{found.group(2)}/runs/t")
+        assert code == 200 and 'id="chart-memory-1"' in live
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=10)
