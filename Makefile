@@ -11,7 +11,7 @@ BUILD_STAMP := $(VENV)/.meshrun-built
 CHROMIUM_STAMP := $(VENV)/.chromium
 RUST_SOURCES := $(shell find crates -name '*.rs' -o -name 'Cargo.toml') Cargo.toml $(wildcard Cargo.lock) pyproject.toml
 
-.PHONY: help install demo test test-fast test-rust test-python test-kubeflow test-maxtext lint bench-smoke bench-startup bench-step-parity bench-data bench-ckpt bench-ckpt-s3 bench-recovery bench-inplace bench-vs-ray bench-hosts bench-elastic soak partition fuzz load bench-scale clean
+.PHONY: help install demo test test-fast test-rust test-python test-kubeflow test-maxtext lint bench-smoke bench-startup bench-step-parity bench-data bench-ckpt bench-ckpt-s3 bench-recovery bench-inplace bench-vs-ray bench-hosts bench-elastic fit bench-fitting soak partition fuzz load bench-scale clean
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -168,6 +168,12 @@ bench-elastic: install  ## The GPT on 4 namespace hosts (needs root): a host los
 
 partition: install  ## The GPT on 2 namespace hosts, host 1 cut off for 10 s after its first checkpoint, at full length: bit-identical to one host (the suite runs a short one).
 	MESHRUN_PARTITION_STEPS=150 $(VENV)/bin/pytest tests/test_hosts_apart.py -k mid_training -s --timeout 3600
+
+fit: install  ## The large GPT (152M parameters, 1.70 GiB with Adam) under --memory-per-proc 2GiB: out of memory on one worker, 5 steps on four with fsdp=4 with one unlimited worker's losses, the planner's peaks within 25% (make bench-smoke runs the medium one for 2 steps).
+	MESHRUN_FIT_SIZE=large MESHRUN_FIT_STEPS=5 $(VENV)/bin/pytest --bench-smoke tests/test_fitting.py -s --timeout 3600
+
+bench-fitting: install  ## The planner's predicted peak per device against the measured one: the medium and large GPT on one worker, on data=2 x fsdp=2 and on fsdp=4.
+	$(PY) bench/fitting.py --json bench/out/fitting.json
 
 soak: install  ## The GPT killed with SIGKILL at 10 random moments, with durable checkpoints and with memory checkpoints every step, must end bit-identical to an uninterrupted run (the suite runs 2 kills of each).
 	MESHRUN_SOAK_KILLS=10 MESHRUN_SOAK_STEPS=200 $(VENV)/bin/pytest tests/test_recovery.py -k soak -s --timeout 3600

@@ -4,7 +4,8 @@
 # jax.distributed script, the demo GPT's median step time, and a
 # checkpoint saved from the GPU and resumed onto it, whose final
 # parameters must equal those of the same steps trained straight (with
-# XLA's deterministic GPU ops).
+# XLA's deterministic GPU ops), and --memory-per-proc as XLA's share of the
+# GPU, with the device's memory per rank in memory.jsonl.
 #
 #   bench/gpu_check.sh                 sets up .venv (make install) and adds
 #                                      JAX's CUDA plugin at the lock's version
@@ -41,6 +42,19 @@ $PYTHON - "$out/steps.json" <<'PY'
 import json, statistics, sys
 times = json.load(open(sys.argv[1]))[5:]
 print(f"gpu check: median step {statistics.median(times) * 1000:.2f} ms over {len(times)} steps (after 5 warm-up steps)")
+PY
+
+echo "== --memory-per-proc on the GPU: XLA's share of it, and the device's memory per rank"
+mr --name limited --memory-per-proc 4GiB examples/gpt.py --size medium --steps 20 --eval-every 1000 || exit 1
+$PYTHON - "$runs/limited" <<'PY'
+import json, pathlib, sys
+run = pathlib.Path(sys.argv[1])
+env = [l for l in (run / "logs" / "rank-0.log").read_text().splitlines() if "XLA_PYTHON_CLIENT" in l]
+lines = [json.loads(l) for l in (run / "memory.jsonl").read_text().splitlines()]
+peaks = [m["device_peak"] for l in lines for m in l["ranks"] if m.get("device_peak")]
+assert peaks, "no device memory was reported"
+print(f"gpu check: device peak {max(peaks) / 2**30:.2f} GiB under a 4 GiB limit; log: {env or 'no warning'}")
+assert max(peaks) <= 4 << 30, "XLA took more than the limit"
 PY
 
 echo "== 60 steps straight, and 40 + a resume from the step-40 checkpoint + 20"

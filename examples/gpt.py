@@ -159,6 +159,11 @@ def build_corpus(out: Path) -> tuple[Path, Path]:
     return train, val
 
 
+#: What XLA's CPU compiler leaves on the process's heap once the step and
+#: the initialisers are compiled (see docs/fitting.md).
+COMPILER_CPU = 256 << 20
+
+
 def activation_bytes(cfg: Config) -> int:
     """Bytes one sequence keeps for the backward pass (float32): per layer
     and token the block's inputs and outputs (about 16 x d_model values,
@@ -196,8 +201,10 @@ def plans_for(args: argparse.Namespace, cfg: Config, abstract_params, tx, memory
         global_batch=args.batch_size,
         activations_per_example=activation_bytes(cfg),
         # On CPU the device's memory is the process's: what it holds before
-        # the state (the interpreter, JAX, the corpus) counts against it.
-        runtime=resident_bytes() // jax.local_device_count() if jax.default_backend() == "cpu" else 0,
+        # the state (the interpreter, JAX, the corpus) counts against it, and
+        # so does what XLA's compiler keeps of the heap once it has compiled
+        # the step (256 MiB, from the medium and large models: docs/fitting.md).
+        runtime=(resident_bytes() + COMPILER_CPU) // jax.local_device_count() if jax.default_backend() == "cpu" else 0,
         layers=cfg.layers,
     )
 
@@ -277,7 +284,7 @@ def main() -> None:
             plans = plans_for(args, cfg, jax.eval_shape(init_model)[1], tx, 1 << 40)
             chosen = next(p for p in plans if (p.data, p.fsdp, p.tensor) == tuple(mesh.shape.values()))
     if (args.fit_memory or args.size != "tiny") and rank == 0:
-        print(f"gpt: {chosen}", flush=True)
+        print(f"gpt: {chosen}\ngpt: predicted peak {chosen.peak} bytes per device", flush=True)
 
     # Shapes and shardings first; the arrays are then either created directly
     # in their shards (no process holds the model whole) or, on a restart,

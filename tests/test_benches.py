@@ -124,3 +124,10 @@ def test_hosts_bench_short(tmp_path):
     result, text = run_bench(tmp_path, "hosts.py", "--rounds", "1", "--steps", "7")
     assert result["loopback_median_step_s"] > 0 and result["namespaces_median_step_s"] > 0
     assert "ratio (namespaces / loopback)" in text
+
+
+def test_fitting_bench_short(tmp_path):
+    result, text = run_bench(tmp_path, "fitting.py", "--sizes", "small", "--meshes", "1:1")
+    (row,) = result["results"]
+    assert row["mesh"] == "data=1 fsdp=1 tensor=1" and row["predicted"] > 0 and row["measured"] > 0
+    assert "predicted / measured peak" in text

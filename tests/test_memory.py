@@ -5,6 +5,7 @@ memory in `status`, the report and the events."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 
 import pytest
@@ -109,3 +110,43 @@ def test_each_ranks_memory_is_in_status_and_the_report(runs, tmp_path):
     finally:
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=10)
+
+
+def test_on_cuda_the_limit_is_xlas_share_of_the_workers_gpu(monkeypatch, tmp_path):
+    from meshrun import _gpu_memory
+
+    assert _gpu_memory.fraction(2 << 30, 80 << 30) == "0.0250"
+    assert _gpu_memory.fraction(100 << 30, 80 << 30) == "1.0000"
+    for name in (_gpu_memory.FRACTION, _gpu_memory.PREALLOCATE):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MESHRUN_MEMORY_PER_PROC", str(2 << 30))
+    monkeypatch.setenv("MESHRUN_GPUS", "3")
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    assert _gpu_memory.apply() is None and _gpu_memory.FRACTION not in os.environ, "on cpu the limit is the cgroup's"
+    monkeypatch.setenv("JAX_PLATFORMS", "cuda")
+    # No nvidia-smi on this machine's PATH here: the share cannot be worked out, and the log says so.
+    monkeypatch.setenv("PATH", str(tmp_path))
+    said = _gpu_memory.apply()
+    assert said == "meshrun: the size of GPU 3 could not be read (nvidia-smi); --memory-per-proc is not set in XLA"
+    assert os.environ[_gpu_memory.PREALLOCATE] == "false" and _gpu_memory.FRACTION not in os.environ
+    monkeypatch.setenv(_gpu_memory.FRACTION, "0.5")
+    assert "XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 set by the program is kept" in _gpu_memory.apply()
+
+
+@pytest.mark.slow
+def test_a_trainer_puts_its_workers_under_memory_per_worker(tmp_path):
+    runs = tmp_path / "runs"
+
+    def train():
+        import meshrun
+
+        meshrun.report({"loss": 1.0})
+
+    result = mr.Trainer(
+        train,
+        scaling_config=mr.ScalingConfig(num_workers=2, memory_per_worker="768MiB"),
+        run_config=mr.RunConfig(name="limited", storage_path=str(runs)),
+    ).fit()
+    assert result.error is None
+    ended = [e for e in read_jsonl(runs / "limited" / "events.jsonl") if e["event"] == "attempt_ended"][-1]
+    assert [(m["rank"], m["limit"]) for m in ended["memory"]] == [(0, 768 << 20), (1, 768 << 20)], ended

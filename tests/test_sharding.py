@@ -144,3 +144,51 @@ def test_rules_that_do_not_fit_the_parameters():
     raises("rule-dimension-not-divisible", lambda: sharding.shardings_for(tree, [("kernel", P("fsdp", None))], mesh))
     raises("rule-unknown-axis", lambda: sharding.shardings_for(tree, [("kernel", P("model"))], mesh))
     raises("rule-too-many-dimensions", lambda: sharding.shardings_for(tree, [("bias", P("fsdp", None))], mesh))
+
+
+# meshrun.planning: the bytes it lays out are describe's, mesh by mesh.
+
+@pytest.mark.parametrize("shape", [dict(data=4), dict(data=1, fsdp=4), dict(data=1, fsdp=2, tensor=2), dict(data=2, tensor=2)])
+def test_the_planners_bytes_per_device_are_what_describe_counts(shape):
+    from meshrun import planning
+
+    gpt = load_gpt()
+    cfg = gpt.Config(d_model=64, layers=2, heads=4, seq_len=32)
+    abstract = jax.eval_shape(lambda: nnx.split(gpt.GPT(cfg, nnx.Rngs(0)))[1])
+    tx = optax.adamw(1e-3)
+    mesh = sharding.make_mesh(**shape)
+    placed = {
+        "params": sharding.shardings_for(abstract, gpt.RULES, mesh),
+        "opt": sharding.shardings_for(jax.eval_shape(tx.init, abstract), gpt.RULES, mesh),
+    }
+    shapes = {"params": abstract, "opt": jax.eval_shape(tx.init, abstract)}
+    described = sharding.describe(jax.tree.map(lambda s, p: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=p), shapes, placed))
+    plans = planning.plan(abstract, gpt.RULES, "1GiB", optimizer=tx, devices=4)
+    sizes = dict(mesh.shape)
+    (fit,) = [p for p in plans if (p.data, p.fsdp, p.tensor) == (sizes["data"], sizes["fsdp"], sizes["tensor"])]
+    assert (fit.params, fit.opt) == (described.by_part["params"], described.by_part["opt"])
+    assert fit.state == described.bytes_per_device
+    # Gathering over fsdp brings each device the rest of every weight its
+    # fsdp group holds: the parameters with the fsdp axis taken out.
+    whole = planning.bytes_per_device(planning._leaves(abstract, gpt.RULES, P()), sizes, drop="fsdp")
+    assert fit.gathered == (whole - fit.params if sizes["fsdp"] > 1 else 0)
+
+
+def test_plans_come_least_communication_first_and_say_what_lowers_them():
+    from meshrun import planning
+
+    gpt = load_gpt()
+    cfg = gpt.Config(d_model=64, layers=2, heads=4, seq_len=32)
+    abstract = jax.eval_shape(lambda: nnx.split(gpt.GPT(cfg, nnx.Rngs(0)))[1])
+    plans = planning.plan(abstract, gpt.RULES, 4 << 20, optimizer=optax.adamw(1e-3), devices=4, global_batch=8, activations_per_example=1 << 20, layers=2)
+    order = [(p.tensor, p.fsdp) for p in plans]
+    assert order == sorted(order) and order[0] == (1, 1)
+    # Replicated over 4 data shards, Adam's state does not fit 4 MiB; fsdp=4 does.
+    by_mesh = {p.mesh: p for p in plans}
+    assert not by_mesh["data=4 fsdp=1 tensor=1"].fits and by_mesh["data=1 fsdp=4 tensor=1"].fits
+    advice = by_mesh["data=1 fsdp=4 tensor=1"].lowered_by()
+    assert any(a.startswith("scan the layers") for a in advice) and any(a.startswith("rematerialise") for a in advice)
+    assert "data=1 fsdp=4 tensor=1" in planning.table(plans)
+    with pytest.raises(ConfigError, match="cannot read 'lots' as a memory size"):
+        planning.plan(abstract, gpt.RULES, "lots", devices=4)
+    assert planning.parse_size("1.5GiB") == 3 << 29 and planning.parse_size("2G") == 2 * 10**9

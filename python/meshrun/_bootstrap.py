@@ -14,7 +14,7 @@ import runpy
 import sys
 import traceback
 
-from meshrun import _cluster, _connection, _executable_checks, _goodput, _metrics_file, _runtime, context
+from meshrun import _cluster, _connection, _executable_checks, _goodput, _gpu_memory, _metrics_file, _runtime, context
 from meshrun._native import ENV
 
 
@@ -45,6 +45,10 @@ def main(argv: list[str]) -> None:
     if len(argv) < 2:
         raise SystemExit("usage: python -m meshrun._bootstrap script|module|function TARGET [ARGS...]")
     kind, target, *args = argv
+    # Before anything starts JAX's backend.
+    said = _gpu_memory.apply()
+    if said:
+        print(said, file=sys.stderr, flush=True)
     _connection.start()
     _metrics_file.follow()
     if _cluster.register():

@@ -75,8 +75,8 @@ def _gib(n: int) -> str:
 class Fit:
     """One mesh and what each of its devices holds at the peak of a step
     (bytes). ``grads``: the gradients' shards; ``updates``: what the
-    optimizer's update builds before the old values are freed (with optax,
-    about two copies of the gradients: clipped gradients and the update);
+    optimizer's update builds before the old values are freed (about one
+    more copy of the gradients' shards, with the state donated);
     ``gathered``: weights gathered from the other ``fsdp`` shards and kept
     from the forward to the backward pass; ``runtime``: what the process
     holds before the state (the interpreter and JAX), per device. A mesh
@@ -233,7 +233,7 @@ def plan(
                 params=p,
                 opt=o,
                 grads=p,
-                updates=2 * p if o_leaves else 0,
+                updates=p if o_leaves else 0,
                 gathered=whole - p if sizes["fsdp"] > 1 else 0,
                 activations=activations_per_example * -(-global_batch // shards) if global_batch else 0,
                 runtime=runtime,
@@ -259,20 +259,25 @@ def table(plans: Sequence[Fit]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in [head, *rows])
 
 
-def what_fits(state: Any, memory: int, devices: int, current: dict[str, int]) -> str:
+def what_fits(state: Any, memory: int, devices: int, current: dict[str, int], runtime: int = 0) -> str:
     """For an out-of-memory summary: the first mesh (by least communication)
-    other than ``current`` whose predicted peak fits ``memory``, in words;
-    ``state``: ``{"params": ..., "opt": ...}`` with shardings (as described)."""
+    other than ``current`` whose predicted peak fits ``memory``, on these
+    ``devices`` or else on 2, 4, ... 64 times as many, in words. ``state``:
+    ``{"params": ..., "opt": ...}`` with shardings (as described);
+    ``runtime``: what the process holds besides (activations are not known
+    here)."""
     if isinstance(state, dict) and "params" in state:
         params, opt = state["params"], {k: v for k, v in state.items() if k != "params"}
     else:
         params, opt = state, None
-    try:
-        plans = plan(params, None, memory, opt_state=opt, devices=devices)
-    except Exception:  # noqa: BLE001 - advice only; never fails the describe
-        return ""
-    for f in plans:
-        if f.fits and (f.data, f.fsdp, f.tensor) != (current.get("data"), current.get("fsdp"), current.get("tensor")):
-            return f"with {f.mesh} the state is {_gib(f.state)} per device (predicted peak {_gib(f.peak)} without activations and runtime)"
-    return f"no mesh of the {devices} devices fits {_gib(memory)} per device: more devices, or a smaller model or optimizer state"
-
+    now = (current.get("data"), current.get("fsdp"), current.get("tensor"))
+    for times in (1, 2, 4, 8, 16, 32, 64):
+        try:
+            plans = plan(params, None, memory, opt_state=opt, devices=devices * times, runtime=runtime)
+        except Exception:  # noqa: BLE001 - advice only; never fails the describe
+            return ""
+        for f in plans:
+            if f.fits and (times > 1 or (f.data, f.fsdp, f.tensor) != now):
+                where = f"with {f.mesh}" if times == 1 else f"on {devices * times} devices, with {f.mesh},"
+                return f"{where} the state is {_gib(f.state)} per device (predicted peak {_gib(f.peak)} before activations)"
+    return f"no mesh of up to {devices * 64} devices fits {_gib(memory)} per device: a smaller model or optimizer state"

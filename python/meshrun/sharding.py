@@ -256,6 +256,18 @@ def describe(tree: Any) -> Description:
     return description
 
 
+def _resident_bytes() -> int:
+    """This process's resident set (Linux), 0 where unknown."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 def _tell_controller(description: Description, tree: Any, mesh: Any) -> None:
     """Sends what the state needs per device (and, under a memory limit,
     which mesh would fit) to the controller, for an out-of-memory summary."""
@@ -269,8 +281,10 @@ def _tell_controller(description: Description, tree: Any, mesh: Any) -> None:
     limit = os.environ.get(ENV["memory_per_proc"])
     fits = ""
     if limit:
-        per_device = int(limit) // max(jax.local_device_count(), 1)
-        fits = planning.what_fits(tree, per_device, math.prod(sizes.values()), sizes)
+        local = max(jax.local_device_count(), 1)
+        # On CPU what the process holds now counts against each device's share.
+        runtime = _resident_bytes() // local if jax.default_backend() == "cpu" else 0
+        fits = planning.what_fits(tree, int(limit) // local, math.prod(sizes.values()), sizes, runtime)
     client.state_need(
         description.bytes_per_device,
         description.total_bytes,

@@ -440,14 +440,8 @@ async fn session(
                 // Its workers' heartbeats are the host's too.
                 let beats = worker_beats.as_mut().map(beats::BeatReader::moved);
                 s.handle(Input::Tick { beats, now_ns: steps::unix_ns() });
-                if !live.is_empty() && memory_sampler.due() && !send_failed {
-                    let samples = live
-                        .iter()
-                        .filter_map(|(rank, w)| w.memory.as_ref()?.sample(*rank));
-                    let ranks = memory_sampler.moved(samples);
-                    if !ranks.is_empty()
-                        && sink.send(&FromAgent::WorkerMemory { ranks }).await.is_err()
-                    {
+                if let Some(msg) = memory_sampler.on_tick(&live).filter(|_| !send_failed) {
+                    if sink.send(&msg).await.is_err() {
                         send_failed = true;
                         s.handle(Input::SendFailed);
                     }

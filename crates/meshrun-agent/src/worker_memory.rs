@@ -20,9 +20,11 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use meshrun_protocol::FromAgent;
 use meshrun_record::memory::{MemoryEnd, RankMemory};
 
 use crate::cgroup::{self, WorkerCgroup};
+use crate::leftovers::Contained;
 
 /// How this agent limits and counts its workers' memory.
 #[derive(Debug)]
@@ -264,6 +266,19 @@ impl Sampler {
     pub fn due(&mut self) -> bool {
         self.ticks = self.ticks.wrapping_add(1);
         self.ticks.is_multiple_of(SAMPLE_EVERY)
+    }
+
+    /// On a heartbeat: when a sample is due, the message of the memory of
+    /// `live` workers that moved.
+    pub fn on_tick(&mut self, live: &HashMap<u32, Contained>) -> Option<FromAgent> {
+        if live.is_empty() || !self.due() {
+            return None;
+        }
+        let samples = live
+            .iter()
+            .filter_map(|(rank, w)| w.memory.as_ref()?.sample(*rank));
+        let ranks = self.moved(samples);
+        (!ranks.is_empty()).then_some(FromAgent::WorkerMemory { ranks })
     }
 
     /// The samples that moved since they were last sent.
