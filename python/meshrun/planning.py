@@ -28,8 +28,8 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
+from meshrun._rules import Rules, path_str, spec_for
 from meshrun.errors import ConfigError
-from meshrun.sharding import Rules, _path_str, spec_for
 
 __all__ = ["Fit", "bytes_per_device", "parse_size", "plan", "table"]
 
@@ -143,7 +143,7 @@ def _leaves(tree: Any, rules: Rules | None, default: P) -> list[tuple[tuple[int,
         shape = tuple(getattr(leaf, "shape", ()))
         itemsize = np.dtype(getattr(leaf, "dtype", np.float32)).itemsize
         own = getattr(getattr(leaf, "sharding", None), "spec", default)
-        spec = spec_for(_path_str(path), rules, default) if rules is not None else own
+        spec = spec_for(path_str(path), rules, default) if rules is not None else own
         out.append((shape, itemsize, spec))
     return out
 

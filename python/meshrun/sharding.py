@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,8 +30,9 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from meshrun import _connection
+from meshrun import _connection, planning
 from meshrun._native import ENV
+from meshrun._rules import Rules, path_str as _path_str, spec_for
 from meshrun.errors import ConfigError
 
 __all__ = [
@@ -49,8 +49,6 @@ __all__ = [
     "shardings_for",
     "spec_for",
 ]
-
-Rules = Sequence[tuple[str, P]]
 
 #: Mesh axes in order, slowest-varying first: ``data`` spans hosts, ``tensor``
 #: stays within a process where it can.
@@ -89,20 +87,6 @@ def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, *, devices: Sequen
 
 def _shape_text(sizes: dict[str, int]) -> str:
     return " x ".join(f"{a}={s}" for a, s in sizes.items())
-
-
-def _path_str(path: tuple[Any, ...]) -> str:
-    """``blocks/0/attn/q/kernel`` for a key path; NNX's trailing ``value`` dropped."""
-    text = jax.tree_util.keystr(path, simple=True, separator="/")
-    return text[: -len("/value")] if text.endswith("/value") else text
-
-
-def spec_for(path: str, rules: Rules, default: P = P()) -> P:
-    """The first rule whose pattern is found in ``path``, else ``default``."""
-    for pattern, spec in rules:
-        if re.search(pattern, path):
-            return spec
-    return default
 
 
 def _check(path: str, shape: tuple[int, ...], spec: P, mesh: Mesh) -> None:
@@ -271,9 +255,6 @@ def _resident_bytes() -> int:
 def _tell_controller(description: Description, tree: Any, mesh: Any) -> None:
     """Sends what the state needs per device (and, under a memory limit,
     which mesh would fit) to the controller, for an out-of-memory summary."""
-    # Here, not at the top: planning builds on this module.
-    from meshrun import planning
-
     client = _connection.client()
     if client is None or mesh is None:
         return

@@ -97,10 +97,23 @@ impl Machine {
     }
 
     /// When an elastic attempt that has MIN hosts stops waiting for more.
+    /// None for a restart to grow: it waits for the hosts it grew to as a
+    /// first attempt waits for all of them (up to the join timeout), since
+    /// every one was there when the attempt before stopped for them, and
+    /// agents started anew (Ray's are, at every attempt) may take longer
+    /// than the rejoin timeout to come back on a loaded machine; starting
+    /// without them would only stop again to grow.
     pub(super) fn rejoin_deadline(&self) -> Option<Instant> {
         let el = self.plan.elastic.as_ref()?;
         if self.elastic.sized.is_some() {
             return None;
+        }
+        if let (Some(expected), Some(previous)) =
+            (self.setup.expected_hosts, self.setup.previous_hosts)
+        {
+            if expected > previous {
+                return None;
+            }
         }
         self.elastic.min_reached.map(|t| t + el.rejoin_timeout())
     }

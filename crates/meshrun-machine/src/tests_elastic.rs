@@ -382,3 +382,29 @@ fn an_attempt_on_another_host_count_says_so_with_the_count() {
     assert_eq!(sim.m.hosts_launched(), Some(2));
     assert!(announced(&sim).is_empty());
 }
+
+#[test]
+fn a_restart_to_grow_waits_for_the_hosts_it_grew_to_past_the_rejoin_timeout() {
+    // Attempt 1 ran on 2 hosts and stopped because 4 were there. Host 3's
+    // new agent is slow to start: the restart waits for it rather than
+    // running on 3 and stopping again to grow.
+    let mut grow = setup(2, Some(2), Duration::from_secs(60));
+    grow.expected_hosts = Some(4);
+    let mut sim = Sim::with_setup(elastic_plan(2, true), grow);
+    for h in 0..3 {
+        join(&mut sim, h, None);
+    }
+    sim.until(REJOIN.as_secs_f64() * 2.0);
+    assert!(!sim.m.launched(), "it waits for the fourth host past the rejoin timeout");
+    join(&mut sim, 3, None);
+    assert_eq!(sim.m.hosts_launched(), Some(4));
+    // One that never comes: the join timeout ends the wait, on those there.
+    let mut grow = setup(2, Some(2), Duration::from_secs(60));
+    grow.expected_hosts = Some(4);
+    let mut sim = Sim::with_setup(elastic_plan(2, true), grow);
+    for h in 0..3 {
+        join(&mut sim, h, None);
+    }
+    sim.until(60.5);
+    assert_eq!(sim.m.hosts_launched(), Some(3));
+}
