@@ -173,24 +173,12 @@ impl RunDir {
 
     /// Appends one line to `lag.jsonl`; buffered like metrics.
     pub fn lag(&mut self, record: &meshrun_record::LagRecord) -> Result<(), CoreError> {
-        let path = self.root.join(names::LAG);
-        let out = match &mut self.lag {
-            Some(out) => out,
-            None => self.lag.insert(BufWriter::new(append(&path)?)),
-        };
-        let text = serde_json::to_string(record).expect("lag lines serialize");
-        writeln!(out, "{text}").map_err(CoreError::io("cannot append to", path))
+        append_line(&mut self.lag, &self.root.join(names::LAG), record)
     }
 
     /// Appends one line to `memory.jsonl`; buffered like metrics.
     pub fn memory(&mut self, record: &MemoryRecord) -> Result<(), CoreError> {
-        let path = self.root.join(names::MEMORY);
-        let out = match &mut self.memory {
-            Some(out) => out,
-            None => self.memory.insert(BufWriter::new(append(&path)?)),
-        };
-        let text = serde_json::to_string(record).expect("memory lines serialize");
-        writeln!(out, "{text}").map_err(CoreError::io("cannot append to", path))
+        append_line(&mut self.memory, &self.root.join(names::MEMORY), record)
     }
 
     pub fn flush(&mut self) -> Result<(), CoreError> {
@@ -208,6 +196,21 @@ impl RunDir {
             self.root.join(names::METRICS),
         ))
     }
+}
+
+/// Appends `record` as a JSON line to the file at `path`, opened (into
+/// `out`) at its first line.
+fn append_line<T: Serialize>(
+    out: &mut Option<BufWriter<File>>,
+    path: &Path,
+    record: &T,
+) -> Result<(), CoreError> {
+    let out = match out {
+        Some(out) => out,
+        None => out.insert(BufWriter::new(append(path)?)),
+    };
+    let text = serde_json::to_string(record).expect("run records serialize");
+    writeln!(out, "{text}").map_err(CoreError::io("cannot append to", path))
 }
 
 fn append(path: &Path) -> Result<File, CoreError> {

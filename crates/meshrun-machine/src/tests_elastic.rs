@@ -395,7 +395,10 @@ fn a_restart_to_grow_waits_for_the_hosts_it_grew_to_past_the_rejoin_timeout() {
         join(&mut sim, h, None);
     }
     sim.until(REJOIN.as_secs_f64() * 2.0);
-    assert!(!sim.m.launched(), "it waits for the fourth host past the rejoin timeout");
+    assert!(
+        !sim.m.launched(),
+        "it waits for the fourth host past the rejoin timeout"
+    );
     join(&mut sim, 3, None);
     assert_eq!(sim.m.hosts_launched(), Some(4));
     // One that never comes: the join timeout ends the wait, on those there.
