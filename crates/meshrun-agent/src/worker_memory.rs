@@ -399,8 +399,8 @@ mod tests {
 
     #[test]
     fn the_v1_memory_hierarchy_is_found() {
-        let own = "9:name=systemd:/\n4:memory:/process_api/abc\n0::/\n";
-        assert_eq!(v1_memory_path(own), Some("/process_api/abc"));
+        let own = "9:name=systemd:/\n4:memory:/containers/abc\n0::/\n";
+        assert_eq!(v1_memory_path(own), Some("/containers/abc"));
         assert_eq!(v1_memory_path("3:cpu,cpuacct:/x\n0::/\n"), None);
         let info = "\
 31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
@@ -411,8 +411,8 @@ mod tests {
         let mount = v1_memory_mount(info).unwrap();
         assert_eq!(mount.point, PathBuf::from("/sys/fs/cgroup/memory"));
         assert_eq!(
-            cgroup::resolve(&mount, "/process_api/abc"),
-            Some("/sys/fs/cgroup/memory/process_api/abc".into())
+            cgroup::resolve(&mount, "/containers/abc"),
+            Some("/sys/fs/cgroup/memory/containers/abc".into())
         );
     }
 
