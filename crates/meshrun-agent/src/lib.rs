@@ -19,6 +19,7 @@ pub mod join;
 mod last_words;
 pub mod leftovers;
 mod memory;
+mod memory_tasks;
 mod news;
 pub mod process;
 mod scratch;
@@ -330,11 +331,8 @@ async fn session(
                     buddy,
                 } => {
                     let m = memory::HostMemory::new(&memory_root, &run_id, s.host().unwrap_or(0));
-                    let places = ExecutablePlaces {
-                        own: run_executables(&cfg.scratch, &run_id),
-                        run: meshrun_record::names::scratch_run(&cfg.scratch, &run_id),
-                    };
-                    tokio::spawn(prepare_memory(
+                    let places = memory_tasks::ExecutablePlaces::of(&cfg.scratch, &run_id);
+                    tokio::spawn(memory_tasks::prepare(
                         m,
                         step,
                         buddy,
@@ -350,8 +348,11 @@ async fn session(
                     buddy,
                 } => {
                     if let Some(m) = mem.clone() {
-                        let executables = (run_executables(&cfg.scratch, &run_id), offered.clone());
-                        tokio::spawn(commit_memory(
+                        let executables = (
+                            memory_tasks::run_executables(&cfg.scratch, &run_id),
+                            offered.clone(),
+                        );
+                        tokio::spawn(memory_tasks::commit(
                             m,
                             manifest,
                             buddy,
@@ -490,114 +491,4 @@ impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
     }
-}
-
-/// The folder of a run's travelling executables in the host's scratch.
-fn run_executables(scratch: &std::path::Path, run_id: &str) -> std::path::PathBuf {
-    meshrun_ckpt::executable::dir(&meshrun_record::names::scratch_run(scratch, run_id))
-}
-
-/// Where a host's executables are: its workers' folder, and the run's
-/// folder in the host's scratch (which may hold the host's own replica,
-/// when it now runs where its buddy did).
-struct ExecutablePlaces {
-    own: std::path::PathBuf,
-    run: std::path::PathBuf,
-}
-
-/// Commits this host's part of a memory checkpoint, sends the replica to
-/// the buddy with the executables it lacks, and says so. The executables
-/// go before the word: the run may end once every host has given it, and
-/// a keeper must not be writing into a run's folder it has removed.
-async fn commit_memory(
-    m: memory::HostMemory,
-    manifest: meshrun_ckpt::manifest::Manifest,
-    buddy: Option<String>,
-    token: Token,
-    run_id: String,
-    executables: (std::path::PathBuf, Arc<executables::Offered>),
-    events: mpsc::UnboundedSender<FromAgent>,
-) {
-    let step = manifest.step;
-    let local = m.clone();
-    let committed = tokio::task::spawn_blocking(move || local.commit(&manifest))
-        .await
-        .unwrap_or_else(|e| Err(e.to_string()));
-    let (bytes, error, replicated) = match committed {
-        Err(e) => (0, Some(e), false),
-        Ok(bytes) => match &buddy {
-            None => (bytes, None, false),
-            Some(addr) => match memory::send_replica(addr, &token, &run_id, &m, step).await {
-                Ok(()) => (bytes, None, true),
-                Err(e) => (bytes, Some(e), false),
-            },
-        },
-    };
-    if let (true, Some(addr)) = (replicated, &buddy) {
-        let (dir, offered) = &executables;
-        if let Err(e) = executables::offer(addr, &token, &run_id, m.host(), dir, offered).await {
-            tracing::warn!(step, "the executables' replica: {e}");
-        }
-    }
-    let _ = events.send(FromAgent::MemoryHeld {
-        step,
-        bytes,
-        replicated,
-        error,
-    });
-}
-
-/// Makes memory checkpoint `step` whole on this host: its own copy, else
-/// the buddy's replica fetched back.
-async fn prepare_memory(
-    m: memory::HostMemory,
-    step: u64,
-    buddy: Option<String>,
-    token: Token,
-    run_id: String,
-    places: ExecutablePlaces,
-    events: mpsc::UnboundedSender<FromAgent>,
-) {
-    let own = {
-        let m = m.clone();
-        tokio::task::spawn_blocking(move || {
-            m.ready(step).map_err(|e| (e, m.adopt_local_replica(step)))
-        })
-        .await
-        .unwrap_or_else(|e| Err((e.to_string(), Err(String::new()))))
-    };
-    let (source, why, bytes) = match own {
-        Ok(bytes) => (Some("this host's memory".to_string()), None, bytes),
-        Err((_, Ok(bytes))) => (
-            Some("its replica on this machine (the host now runs where its buddy did)".to_string()),
-            None,
-            bytes,
-        ),
-        Err((missing, Err(_))) => match &buddy {
-            None => (None, Some(missing), 0),
-            Some(addr) => match memory::fetch_replica(addr, &token, &run_id, &m, step).await {
-                Ok(bytes) => (Some(format!("the buddy's replica ({addr})")), None, bytes),
-                Err(e) => (None, Some(format!("{missing}; {e}")), 0),
-            },
-        },
-    };
-    // Before the word: the workers start once every host has given it. A
-    // buddy that could not give the memory back is not asked again (an
-    // unreachable one would hold the restart up to the peer timeout).
-    let ask = buddy.as_deref().filter(|_| source.is_some());
-    let restored = executables::restore(&m, &places.run, ask, &token, &run_id, &places.own).await;
-    let source = match (source, restored) {
-        (Some(s), Ok(Some(from))) => Some(format!("{s}; executables: {from}")),
-        (source, Err(e)) => {
-            tracing::warn!(step, "the executables' replica: {e}");
-            source
-        }
-        (source, _) => source,
-    };
-    let _ = events.send(FromAgent::MemoryPrepared {
-        step,
-        source,
-        why,
-        bytes,
-    });
 }
