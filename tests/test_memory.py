@@ -16,6 +16,40 @@ from test_serve import serve, status_of
 import meshrun as mr
 
 OOM = str(SCRIPTS / "oom_rank.py")
+
+# Holds 96 MiB and reports until its agent's sample of it (every 2 s) is in
+# the run's memory.jsonl (this machine's run folder), for at most 60 s.
+HOLD = """
+import json, os, time
+import numpy as np
+import meshrun
+
+held = np.ones(96 << 20, dtype=np.uint8)
+rank = int(os.environ["MESHRUN_RANK"])
+path = os.path.join(os.environ["MESHRUN_RUN_DIR"], "memory.jsonl")
+
+def sampled():
+    try:
+        lines = open(path).read().splitlines()
+    except FileNotFoundError:
+        return False
+    for line in lines:
+        try:
+            ranks = json.loads(line)["ranks"]
+        except ValueError:
+            continue  # a line still being written
+        if any(m["rank"] == rank and m["current"] > 96 << 20 for m in ranks):
+            return True
+    return False
+
+deadline = time.monotonic() + 60
+step = 0
+while not sampled():
+    assert time.monotonic() < deadline, f"rank {rank}: no sample of its memory in 60 s"
+    meshrun.report({"step": step})
+    step += 1
+    time.sleep(0.05)
+"""
 LIMIT = 512 << 20
 
 
@@ -76,12 +110,7 @@ def test_a_python_size_that_cannot_be_read_is_refused(tmp_path):
 @pytest.mark.slow
 def test_each_ranks_memory_is_in_status_and_the_report(runs, tmp_path):
     script = tmp_path / "hold.py"
-    script.write_text(
-        "import time\nimport numpy as np\nimport meshrun\n"
-        "held = np.ones(96 << 20, dtype=np.uint8)\n"
-        # Long enough for two of the agent's samples (every 2 s).
-        "for step in range(5):\n    meshrun.report({'step': step})\n    time.sleep(1)\n"
-    )
+    script.write_text(HOLD)
     done = meshrun(["-n", "2", "--memory-per-proc", "1GiB", str(script)], runs_dir=runs)
     assert done.code == 0, done.stderr
     lines = read_jsonl(done.run_dir / "memory.jsonl")

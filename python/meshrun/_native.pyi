@@ -44,6 +44,7 @@ __all__ = [
     "load_executable",
     "remove_executable",
     "list_executables",
+    "parse_size",
     "MeshrunError",
     "ConfigError",
     "ControlError",
@@ -221,6 +222,7 @@ def store_executable(run_scratch: str | PathLike[str], key: str, meta: str, payl
 def load_executable(run_scratch: str | PathLike[str], key: str) -> tuple[str, bytes] | None: ...
 def remove_executable(run_scratch: str | PathLike[str], key: str) -> None: ...
 def list_executables(run_scratch: str | PathLike[str]) -> list[tuple[str, str]]: ...
+def parse_size(text: str) -> int: ...
 
 @final
 class CheckpointReader:

@@ -28,6 +28,7 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
+from meshrun import _native
 from meshrun._rules import Rules, path_str, spec_for
 from meshrun.errors import ConfigError
 
@@ -39,32 +40,24 @@ MiB = 1 << 20
 #: The share of the memory a plan may fill.
 HEADROOM = 0.9
 
-_UNITS = {
-    "": 1, "b": 1,
-    "k": 10**3, "kb": 10**3, "kib": 1 << 10,
-    "m": 10**6, "mb": 10**6, "mib": 1 << 20,
-    "g": 10**9, "gb": 10**9, "gib": 1 << 30,
-    "t": 10**12, "tb": 10**12, "tib": 1 << 40,
-}  # fmt: skip
-
 
 def parse_size(size: int | str) -> int:
-    """Bytes from an int or text such as ``"2GiB"``, ``"1500MiB"``, ``"3.5GB"``
-    (the ``i`` units are powers of 1024, as for ``--memory-per-proc``)."""
+    """Bytes from an int or text such as ``"2GiB"``, ``"1500MiB"``, ``"3.5GB"``,
+    read as ``--memory-per-proc`` reads them (the ``i`` units are powers of
+    1024)."""
     if isinstance(size, int) and not isinstance(size, bool):
         if size <= 0:
             raise ConfigError(f"a memory size must be positive, got {size}")
         return size
-    text = str(size).strip()
-    number = text.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ ")
-    unit = text[len(number) :].strip().lower()
     try:
-        value = float(number)
-    except ValueError:
-        value = -1.0
-    if unit not in _UNITS or value <= 0:
-        raise ConfigError(f"cannot read {size!r} as a memory size; write bytes with a unit, such as 2GiB, 1500MiB or 3.5GB")
-    return int(value * _UNITS[unit])
+        value = _native.parse_size(str(size))
+    except ConfigError as e:
+        # The engine's words after its own "cannot read '...' as a size: ".
+        why = str(e).split(": ", 1)[-1]
+        raise ConfigError(f"cannot read {size!r} as a memory size: {why}") from None
+    if value <= 0:
+        raise ConfigError(f"a memory size must be positive, got {size!r}")
+    return value
 
 
 def _gib(n: int) -> str:

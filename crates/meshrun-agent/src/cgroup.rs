@@ -60,10 +60,8 @@ impl Hierarchy {
     /// it and processes moved into them. Cgroups left by a process that
     /// no longer exists (a crashed agent) are ended and removed first.
     pub fn detect() -> Result<Self, CgroupError> {
-        if let Ok(v) = std::env::var(DISABLE_ENV) {
-            if matches!(v.as_str(), "0" | "off" | "false" | "no") {
-                return Err(CgroupError::Disabled(v));
-            }
+        if let Some(v) = turned_off() {
+            return Err(CgroupError::Disabled(v));
         }
         let read = |path: &'static str| {
             fs::read_to_string(path).map_err(|source| CgroupError::Read { path, source })
@@ -133,6 +131,13 @@ impl Hierarchy {
             );
         }
     }
+}
+
+/// The value of [`DISABLE_ENV`] when it turns cgroups off.
+pub(crate) fn turned_off() -> Option<String> {
+    std::env::var(DISABLE_ENV)
+        .ok()
+        .filter(|v| matches!(v.as_str(), "0" | "off" | "false" | "no"))
 }
 
 /// Makes a new, empty cgroup folder for the worker of `rank` in `base`

@@ -48,7 +48,7 @@ pub(super) async fn start(
     let memory = match containment.memory_for(w.rank, memory_limit(w), cgroup.as_ref()) {
         Ok(memory) => memory,
         Err(error) => {
-            // The spare is the agent's child: it ends with its cgroup.
+            // The spare cannot take the rank: it goes (tokio reaps it).
             let _ = spare.child.start_kill();
             no_memory_limit(w.rank, error, cgroup, events);
             return None;

@@ -41,12 +41,10 @@ impl MemoryControl {
     /// Decides once per agent; `v2_base` is where worker cgroups v2 are
     /// made, when they are.
     pub fn detect(v2_base: Option<&Path>) -> Self {
-        if let Ok(v) = std::env::var(cgroup::DISABLE_ENV) {
-            if matches!(v.as_str(), "0" | "off" | "false" | "no") {
-                return MemoryControl::None {
-                    why: format!("cgroups are turned off by {}={v}", cgroup::DISABLE_ENV),
-                };
-            }
+        if let Some(v) = cgroup::turned_off() {
+            return MemoryControl::None {
+                why: format!("cgroups are turned off by {}={v}", cgroup::DISABLE_ENV),
+            };
         }
         let v2 = match v2_base {
             Some(base) => v2_memory(base),
@@ -191,11 +189,8 @@ impl WorkerMemory {
                 proc_rss(&fs::read_to_string(format!("/proc/{pid}/status")).ok()?)?
             }
         };
-        let peak = self
-            .peak
-            .fetch_max(peak.max(current), Ordering::Relaxed)
-            .max(peak)
-            .max(current);
+        let seen = peak.max(current);
+        let peak = self.peak.fetch_max(seen, Ordering::Relaxed).max(seen);
         Some(RankMemory {
             rank,
             current,

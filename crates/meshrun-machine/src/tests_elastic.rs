@@ -388,7 +388,7 @@ fn a_restart_to_grow_waits_for_the_hosts_it_grew_to_past_the_rejoin_timeout() {
     // Attempt 1 ran on 2 hosts and stopped because 4 were there. Host 3's
     // new agent is slow to start: the restart waits for it rather than
     // running on 3 and stopping again to grow.
-    let mut grow = setup(2, Some(2), Duration::from_secs(60));
+    let mut grow = setup(2, Some(2), Duration::from_mins(1));
     grow.expected_hosts = Some(4);
     let mut sim = Sim::with_setup(elastic_plan(2, true), grow);
     for h in 0..3 {
@@ -402,7 +402,7 @@ fn a_restart_to_grow_waits_for_the_hosts_it_grew_to_past_the_rejoin_timeout() {
     join(&mut sim, 3, None);
     assert_eq!(sim.m.hosts_launched(), Some(4));
     // One that never comes: the join timeout ends the wait, on those there.
-    let mut grow = setup(2, Some(2), Duration::from_secs(60));
+    let mut grow = setup(2, Some(2), Duration::from_mins(1));
     grow.expected_hosts = Some(4);
     let mut sim = Sim::with_setup(elastic_plan(2, true), grow);
     for h in 0..3 {

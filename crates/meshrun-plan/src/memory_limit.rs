@@ -42,17 +42,7 @@ impl MemoryLimit {
     /// Reads `2GiB`, `1500MiB`, `3.5GB`, `4G` (units as `bytesize` reads
     /// them: the `i` units are powers of 1024).
     pub fn parse(text: &str) -> Result<Self, SizeError> {
-        let trimmed = text.trim();
-        let bytes = trimmed
-            .parse::<bytesize::ByteSize>()
-            .map_err(|why| SizeError::Unreadable {
-                text: text.to_string(),
-                why: why
-                    .trim_start_matches(&format!("couldn't parse {trimmed:?} into a ByteSize, "))
-                    .to_string(),
-            })?
-            .as_u64();
-        Self::from_bytes(bytes, trimmed)
+        Self::from_bytes(parse_bytes(text)?, text.trim())
     }
 
     /// A limit given as a number of bytes (the Python API's int).
@@ -70,6 +60,22 @@ impl MemoryLimit {
         }
         Ok(MemoryLimit(bytes))
     }
+}
+
+/// Bytes from a size as a user writes it (`2GiB`, `1500MiB`, `3.5GB`),
+/// with no lower bound: the one reading of sizes, for the CLI, the Python
+/// API and `meshrun.planning`.
+pub fn parse_bytes(text: &str) -> Result<u64, SizeError> {
+    let trimmed = text.trim();
+    trimmed
+        .parse::<bytesize::ByteSize>()
+        .map(|b| b.as_u64())
+        .map_err(|why| SizeError::Unreadable {
+            text: text.to_string(),
+            why: why
+                .trim_start_matches(&format!("couldn't parse {trimmed:?} into a ByteSize, "))
+                .to_string(),
+        })
 }
 
 impl fmt::Display for MemoryLimit {

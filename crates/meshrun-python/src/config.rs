@@ -473,3 +473,10 @@ fn workers(s: &Config<'_>) -> PyResult<(u32, u32, Option<Elastic>)> {
         }),
     ))
 }
+
+/// Bytes from a size such as `"2GiB"`, read as `--memory-per-proc` reads
+/// it (no lower bound): `meshrun.planning`'s sizes.
+#[pyfunction]
+pub fn parse_size(text: &str) -> PyResult<u64> {
+    meshrun_plan::memory_limit::parse_bytes(text).map_err(|e| ConfigError::new_err(e.to_string()))
+}

@@ -69,6 +69,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(executable::load_executable, m)?)?;
     m.add_function(wrap_pyfunction!(executable::remove_executable, m)?)?;
     m.add_function(wrap_pyfunction!(executable::list_executables, m)?)?;
+    m.add_function(wrap_pyfunction!(config::parse_size, m)?)?;
     errors::register(m)?;
     Ok(())
 }
