@@ -139,6 +139,9 @@ def test_name_in_use_by_a_running_run(tmp_path):
     first = start(["-n", "1", "--tee", "none", str(SCRIPTS / "plain_sleeper.py")], runs_dir=runs, name="busy")
     try:
         wait_for(lambda: first.poll() is not None or (runs / "busy" / "ready-0").exists(), 60, "the first run")
+        # The running run writes its own files: its sleeper's memory sample
+        # (sent once, as it does not move) lands before the snapshot.
+        wait_for(lambda: first.poll() is not None or read_jsonl(runs / "busy" / "memory.jsonl"), 60, "the first memory sample")
         before = snapshot(runs / "busy")
         proc = cli("run", "--runs-dir", runs, "--name", "busy", HELLO)
         exits("run-name-in-use", proc)

@@ -244,7 +244,8 @@ impl WorkerMemory {
 }
 
 /// Sends a worker's memory every [`SAMPLE_EVERY`] heartbeats, and only
-/// what moved since it was last sent: a quiet host sends nothing.
+/// what moved (now or at most) by [`MOVED`] since it was last sent: a quiet
+/// host sends nothing. The peak at a worker's exit comes with its exit.
 #[derive(Debug, Default)]
 pub struct Sampler {
     ticks: u32,
@@ -281,10 +282,15 @@ impl Sampler {
         samples
             .into_iter()
             .filter(|m| {
-                let before = self.sent.insert(m.rank, (m.current, m.peak));
-                before.is_none_or(|(current, peak)| {
-                    current.abs_diff(m.current) >= MOVED || peak != m.peak
-                })
+                // Measured from what was sent: a slow creep is sent too, once
+                // it adds up.
+                let moved = self.sent.get(&m.rank).is_none_or(|&(current, peak)| {
+                    current.abs_diff(m.current) >= MOVED || peak.abs_diff(m.peak) >= MOVED
+                });
+                if moved {
+                    self.sent.insert(m.rank, (m.current, m.peak));
+                }
+                moved
             })
             .collect()
     }
@@ -428,6 +434,10 @@ mod tests {
         assert!(same.is_empty(), "{same:?}");
         let moved = sampler.moved([m(0, 120 << 20, 120 << 20), m(1, 50 << 20, 60 << 20)]);
         assert_eq!(moved, vec![m(0, 120 << 20, 120 << 20)]);
+        // A peak creeping by 600 KiB a sample: sent once it adds up to 1 MiB.
+        let creep = |k: u64| m(1, 50 << 20, (60 << 20) + k * (600 << 10));
+        assert!(sampler.moved([creep(1)]).is_empty());
+        assert_eq!(sampler.moved([creep(2)]), vec![creep(2)]);
     }
 
     #[test]
