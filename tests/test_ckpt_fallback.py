@@ -121,3 +121,15 @@ def test_resume_from_a_step_that_does_not_verify(split_checkpoint, tmp_path):
     before = snapshot(runs)
     exits("run-resume-from-damaged", cli("run", "--runs-dir", runs, "--name", "ck", "--resume-from", "3", HELLO))
     assert snapshot(runs) == before, "the refused run changed the run or its checkpoint"
+
+
+@covers("run-resume-none-verifies")
+def test_a_run_whose_every_checkpoint_is_damaged_does_not_start_over(split_checkpoint, tmp_path):
+    runs = tmp_path / "runs"
+    shutil.copytree(split_checkpoint.parents[1], runs / "ck")
+    flip_a_byte(runs / "ck" / "checkpoints" / "step-3" / "rank-0.safetensors")
+    before = snapshot(runs / "ck" / "checkpoints")
+    done = meshrun(["-n", "2", "--tee", "none", HELLO], runs_dir=runs, name="ck")
+    exits("run-resume-none-verifies", done)
+    assert snapshot(runs / "ck" / "checkpoints") == before, "a checkpoint was moved or changed"
+    assert not [e for e in done.events() if e["event"] == "worker_started" and e["attempt"] == 2], "the run started over"

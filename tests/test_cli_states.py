@@ -165,3 +165,19 @@ def test_logs_of_a_rank_or_attempt_that_is_not_there(finished_run):
     exits("logs-no-such-rank", cli("logs", "two", "--rank", "7", "--runs-dir", finished_run))
     exits("logs-no-such-attempt", cli("logs", "two", "--attempt", "5", "--runs-dir", finished_run))
     assert snapshot(finished_run) == before
+
+
+def test_logs_of_a_rank_that_only_an_earlier_attempt_had(tmp_path):
+    # Run 'lay' on 2 processes, then continued on 1: rank 1's log holds
+    # attempt 1's output and is still shown.
+    runs = tmp_path / "runs"
+    for n in ("2", "1"):
+        done = meshrun(["-n", n, "--tee", "none", HELLO], runs_dir=runs, name="lay")
+        assert done.code == 0, done.stderr
+    shown = cli("logs", "lay", "--rank", "1", "--attempt", "1", "--runs-dir", runs)
+    assert shown.returncode == 0, shown.stderr
+    assert "hello from rank 1" in shown.stdout, shown.stdout
+    whole = cli("logs", "lay", "--rank", "1", "--runs-dir", runs)
+    assert whole.returncode == 0 and "hello from rank 1" in whole.stdout, whole.stderr
+    missing = cli("logs", "lay", "--rank", "2", "--runs-dir", runs)
+    assert missing.returncode == 2 and "has no log for rank 2 (it has ranks 0 to 1)" in missing.stderr, missing.stderr

@@ -334,6 +334,9 @@ def test_a_workers_credential_cannot_join_as_a_host_or_speak_as_another_rank(run
 USAGE = {
     "run-nprocs-zero": ["-n", "0", HELLO],
     "run-nprocs-not-a-number": ["-n", "x", HELLO],
+    "run-nprocs-negative": ["-n", "-1", HELLO],
+    "run-option-misspelt": ["--nproc", "2", HELLO],
+    "run-resume-from-bad": ["--resume-from", "latest", HELLO],
     "run-hosts-zero": ["--hosts", "0", HELLO],
     "run-hosts-do-not-divide": ["-n", "2", "--hosts", "3", HELLO],
     "run-too-many-hosts": ["-n", "300", "--hosts", "300", HELLO],

@@ -341,7 +341,7 @@ def fit(tmp_path, **run):
         ({"tee": "some"}, "RunConfig.tee must be 'rank0', 'all' or 'none', got 'some'"),
         ({"tee": None}, "RunConfig.tee must be 'rank0', 'all' or 'none', got None"),
         ({"name": 3}, "RunConfig.name must be a string, got 3"),
-        ({"resume_from": True}, "RunConfig.resume_from must be an integer, got True"),
+        ({"resume_from": True}, "RunConfig.resume_from must be a committed step (an integer) or \"none\" to start from the beginning, got True"),
         ({"failure_config": meshrun.FailureConfig(max_failures=2**70)}, f"FailureConfig.max_failures must be at most {2**32 - 1}, got {2**70}"),
     ],
 )

@@ -206,7 +206,7 @@ def test_used_up_restarts_end_the_run_with_every_attempt_summarised(tmp_path):
     assert "attempt 1: rank 1 raised ValueError: boom from rank 1" in done.stderr
     assert "attempt 2: rank 1 raised ValueError: boom from rank 1" in done.stderr
     assert "failed (attempt 3): rank 1 raised ValueError" in done.stderr
-    assert done.stderr.count("restarting from the start (no checkpoint of meshrun's yet;") == 2
+    assert done.stderr.count("restarting from the start (no meshrun checkpoint; the program restores its own, if it keeps any)") == 2
     # The attempts that were restarted failed; the run failed once, at the end.
     assert done.stderr.count("meshrun: attempt 1 of run 't' failed: rank 1 raised ValueError") == 1
     assert done.stderr.count("run 't' failed (attempt") == 1

@@ -11,7 +11,7 @@ import threading
 import numpy as np
 import pytest
 from conftest import assert_none_left
-from errors_page import covers, raises
+from errors_page import covers, raises, says
 
 import meshrun
 
@@ -223,9 +223,10 @@ def test_python_config_errors(row, tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
-@covers("py-resume-from-negative")
+@covers("py-resume-from-negative", "py-resume-from-not-a-step")
 def test_resume_from_a_negative_step(tmp_path):
     raises("py-resume-from-negative", lambda: fit(tmp_path, run={"resume_from": -1}))
+    raises("py-resume-from-not-a-step", lambda: fit(tmp_path, run={"resume_from": "latest"}))
     assert not (tmp_path / "runs").exists()
 
 
@@ -244,6 +245,142 @@ def test_train_fn_that_cannot_be_pickled(tmp_path):
 
     raises("py-train-fn-unpicklable", lambda: fit(tmp_path, uses_lock))
     assert not (tmp_path / "runs").exists()
+
+
+# What the worker's bootstrap called each train function with, in order.
+CALLED: list[tuple] = []
+
+
+def takes_config(config):
+    CALLED.append((config,))
+
+
+def takes_nothing():
+    CALLED.append(())
+
+
+def takes_config_or_nothing(config=None):
+    CALLED.append((config,))
+
+
+def called_by_a_worker(trainer, tmp_path, monkeypatch) -> tuple:
+    """The arguments the worker's own code (meshrun._bootstrap) passes the
+    trainer's function, from the payload that fit() sends, in this process."""
+    from meshrun import _bootstrap
+    from meshrun._native import ENV
+
+    (tmp_path / "payload").write_bytes(trainer._payload())
+    monkeypatch.setenv(ENV["scratch"], str(tmp_path))
+    # Outside a run, the worker's context joins no cluster.
+    monkeypatch.delenv(ENV["run_dir"], raising=False)
+    CALLED.clear()
+    _bootstrap._run("function", "payload", [])
+    (args,) = CALLED
+    return args
+
+
+@pytest.mark.parametrize(
+    "fn, config, expected",
+    [
+        # Ray Train's rule: a function that takes a config gets {} when none is given.
+        (takes_config, None, ({},)),
+        (takes_config_or_nothing, None, ({},)),
+        (takes_config, {"lr": 0.1}, ({"lr": 0.1},)),
+        (takes_nothing, None, ()),
+    ],
+)
+def test_the_train_function_is_called_as_ray_train_calls_it(fn, config, expected, tmp_path, monkeypatch):
+    assert called_by_a_worker(meshrun.Trainer(fn, train_loop_config=config), tmp_path, monkeypatch) == expected
+
+
+@covers("py-train-fn-signature", "py-train-fn-takes-no-config")
+def test_a_train_function_that_cannot_be_called_is_refused_before_launch(tmp_path):
+    def train(config, epochs):
+        pass
+
+    def train_without_config():
+        pass
+
+    def train_by_keyword(*, config):
+        pass
+
+    raises("py-train-fn-signature", lambda: meshrun.Trainer(train))
+    raises("py-train-fn-takes-no-config", lambda: meshrun.Trainer(train_without_config, train_loop_config={"lr": 0.1}))
+    with pytest.raises(meshrun.ConfigError, match=re.escape("got train_by_keyword(*, config)")):
+        meshrun.Trainer(train_by_keyword)
+    assert not (tmp_path / "runs").exists()
+
+
+class PlanMade(Exception):
+    """Stands in for the run: fit() got as far as launching it."""
+
+
+def test_storage_path_none_is_the_default_storage_path(tmp_path, monkeypatch):
+    # Ray Train's RunConfig default.
+    from meshrun._native import DEFAULTS
+
+    def launch(plan, **_):
+        raise PlanMade(plan)
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(meshrun.trainer._native, "run", launch)
+    with pytest.raises(PlanMade) as made:
+        meshrun.Trainer(takes_config, run_config=meshrun.RunConfig(name="dflt", storage_path=None)).fit()
+    (plan,) = made.value.args
+    assert (tmp_path / plan.run_dir).resolve() == (tmp_path / str(DEFAULTS["storage_path"]) / "dflt").resolve()
+
+
+def always_fails():
+    raise RuntimeError("fails every attempt")
+
+
+@covers("py-max-failures-used-up")
+def test_a_run_past_its_max_failures_names_the_failure_config(tmp_path):
+    with pytest.raises(meshrun.TrainingFailedError) as info:
+        meshrun.Trainer(
+            always_fails,
+            run_config=meshrun.RunConfig(
+                name="used", storage_path=str(tmp_path / "runs"), tee="none", progress=False,
+                failure_config=meshrun.FailureConfig(max_failures=1, warm_spares=False),
+            ),
+        ).fit()  # fmt: skip
+    says("py-max-failures-used-up", str(info.value))
+    assert "--max-failures" not in str(info.value) and "--max-failures" not in str(info.value.result.error)
+    assert info.value.result.attempts == 2
+
+
+@covers("py-memory-limit-not-settable")
+def test_a_memory_limit_that_cannot_be_set_names_scaling_config(tmp_path, monkeypatch):
+    monkeypatch.setenv("MESHRUN_CGROUP", "0")
+    with pytest.raises(meshrun.TrainingFailedError) as info:
+        fit(tmp_path, scaling_config=meshrun.ScalingConfig(memory_per_worker="512MiB"), run={"name": "mem", "tee": "none", "progress": False})
+    says("py-memory-limit-not-settable", str(info.value))
+    assert "--memory-per-proc" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "engine, python",
+    [
+        ("run 'x' failed 3 times, more than --max-failures 2 allows:", "run 'x' failed 3 times, more than FailureConfig(max_failures=2) allows:"),
+        ("cannot limit its memory to 512 bytes (--memory-per-proc): why", "cannot limit its memory to 512 bytes (ScalingConfig(memory_per_worker=...)): why"),
+        # A program's own words are its own.
+        ("rank 0 raised SystemExit: use --max-failures 2", "rank 0 raised SystemExit: use --max-failures 2"),
+    ],
+)
+def test_a_failed_runs_summary_names_python_arguments_not_flags(engine, python, tmp_path, monkeypatch):
+    """The engine words the summary for ``meshrun run``; ``fit()`` names the
+    arguments a Python user set instead."""
+    from types import SimpleNamespace
+
+    def launch(plan, **_):
+        summary = f"meshrun: {engine}\n"
+        return SimpleNamespace(status="failed", succeeded=False, failed=True, attempts=3, exit_code=1, name="x",
+                               run_dir=tmp_path / "runs" / "x", summary=summary, failure=None, metrics=None)  # fmt: skip
+
+    monkeypatch.setattr(meshrun.trainer._native, "run", launch)
+    with pytest.raises(meshrun.TrainingFailedError) as info:
+        fit(tmp_path, run={"name": "x"})
+    assert python in str(info.value) and python in str(info.value.result.error)
 
 
 @covers("py-report-not-a-dict", "py-report-step-negative", "py-report-total-steps-negative")

@@ -71,9 +71,10 @@ def user_frames(exc: BaseException) -> BaseException:
     tb = exc.__traceback__
     while tb is not None and _is_meshrun_frame(tb.tb_frame.f_code.co_filename):
         tb = tb.tb_next
-    if tb is not None:
-        exc = exc.with_traceback(tb)
-    return exc
+    # Nothing of the user's ran (a SyntaxError in the script, a module that
+    # is not there): the exception says it all, as ``python script.py``
+    # shows it, without meshrun's frames.
+    return exc.with_traceback(tb)
 
 
 def _is_meshrun_frame(filename: str) -> bool:

@@ -203,18 +203,23 @@ def _storable(path: str, leaf: Any) -> Any:
     )
 
 
-def _owned_shards(tree: Any, rank: int, every_region: bool = False) -> list[tuple[str, str, list[int], list[tuple[int, int]], np.ndarray]]:
-    """(leaf, dtype, global shape, region, host bytes) of every shard this
-    process writes: replica 0 of each, or with ``every_region`` each
-    distinct region this process holds (a memory checkpoint, which each
-    host restores from its own files alone). Device-to-host copies happen
-    here, before save returns."""
+def _owned_shards(
+    tree: Any, rank: int, world: int, every_region: bool = False
+) -> list[tuple[str, str, list[int], list[tuple[int, int]], np.ndarray, bool]]:
+    """(leaf, dtype, global shape, region, host bytes, per process) of every
+    shard this process writes: replica 0 of each shard of a global array,
+    or with ``every_region`` each distinct region this process holds (a
+    memory checkpoint, which each host restores from its own files alone).
+    A per-process leaf (with several processes: an array on this process's
+    own devices, a numpy array, a number) is this process's own copy,
+    written by every process and given back to each its own. Device-to-host
+    copies happen here, before save returns."""
     import jax
 
     out = []
     for path, leaf in _leaf_paths(tree):
         leaf = _storable(path, leaf)
-        if isinstance(leaf, jax.Array):
+        if isinstance(leaf, jax.Array) and (world == 1 or not leaf.is_fully_addressable):
             shape = tuple(leaf.shape)
             seen: set[tuple[tuple[int, int], ...]] = set()
             for shard in leaf.addressable_shards:
@@ -223,11 +228,11 @@ def _owned_shards(tree: Any, rank: int, every_region: bool = False) -> list[tupl
                     continue
                 seen.add(region)
                 host = np.asarray(shard.data, order="C")
-                out.append((path, host.dtype.name, list(shape), _region(shard.index, shape), host))
-        elif rank == 0 or every_region:
+                out.append((path, host.dtype.name, list(shape), _region(shard.index, shape), host, False))
+        elif world > 1 or rank == 0 or every_region:
             host = np.asarray(leaf, order="C")
-            out.append((path, host.dtype.name, list(host.shape), [(0, d) for d in host.shape], host))
-    return [(p, d, s, r, h.reshape(-1).view(np.uint8)) for p, d, s, r, h in out]
+            out.append((path, host.dtype.name, list(host.shape), [(0, d) for d in host.shape], host, world > 1))
+    return [(p, d, s, r, h.reshape(-1).view(np.uint8), own) for p, d, s, r, h, own in out]
 
 
 @_goodput.counts_as("checkpoint")
@@ -275,7 +280,7 @@ def save(step: int, state: Any, *, metrics: dict[str, Any] | None = None, extra:
     wait()
     # Nothing an executable still being checked computed is saved.
     _executable_checks.settle()
-    shards = _owned_shards(state, ctx.rank)
+    shards = _owned_shards(state, ctx.rank, ctx.world_size)
     _last_saved, _settled = step, None
     info = None
     if ctx.rank == 0:
@@ -329,7 +334,7 @@ def save_memory(step: int, state: Any, *, metrics: dict[str, Any] | None = None,
     ctx = get_context()
     if _memory_writer is not None:
         _memory_writer.join()
-    shards = _owned_shards(state, ctx.rank, every_region=True)
+    shards = _owned_shards(state, ctx.rank, ctx.world_size, every_region=True)
     info = _info(state, metrics, extra) if ctx.rank == 0 else None
 
     def write() -> None:
@@ -471,7 +476,8 @@ def restore(target: Any, checkpoint: Checkpoint | str | os.PathLike | None = Non
         if checkpoint is None:
             raise CheckpointError(f"no committed checkpoint in {_root()}")
     path = checkpoint.path if isinstance(checkpoint, Checkpoint) else os.fspath(checkpoint)
-    reader = _native.CheckpointReader(path)
+    # A per-process leaf gives each rank its own copy.
+    reader = _native.CheckpointReader(path, rank=get_context().rank)
     manifest = reader.manifest()
     keys = (manifest.get("extra") or {}).get("keys") or {}
     if manifest.get("files"):

@@ -36,6 +36,7 @@ __all__ = ["Fit", "bytes_per_device", "parse_size", "plan", "table"]
 
 GiB = 1 << 30
 MiB = 1 << 20
+KiB = 1 << 10
 
 #: The share of the memory a plan may fill.
 HEADROOM = 0.9
@@ -60,8 +61,20 @@ def parse_size(size: int | str) -> int:
     return value
 
 
-def _gib(n: int) -> str:
-    return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / MiB:.0f} MiB"
+def _size_text(n: int) -> str:
+    """``n`` bytes in the largest unit it reaches, to a tenth where that is
+    under 100 (3.1 MiB, 150 KiB, 579 MiB, 1.13 GiB): a small model's terms,
+    rounded to whole MiB, would read as 0 and stop adding up to its peak.
+    A whole number drops its ``.0`` (96 MiB)."""
+    if n == 0:
+        return "0 MiB"
+    if n >= GiB:
+        return f"{n / GiB:.2f} GiB"
+    for unit, name in ((MiB, "MiB"), (KiB, "KiB")):
+        if n >= unit:
+            figure = f"{n / unit:.0f}" if n >= 100 * unit else f"{n / unit:.1f}".removesuffix(".0")
+            return f"{figure} {name}"
+    return f"{n} B"
 
 
 @dataclass(frozen=True)
@@ -108,23 +121,26 @@ class Fit:
         return self.peak <= self.memory * HEADROOM
 
     def lowered_by(self) -> list[str]:
-        """What would lower the peak, largest saving first."""
-        ways: list[tuple[int, str]] = []
-        if self.gathered and self.layers > 1:
-            saved = self.gathered - self.gathered // self.layers
-            ways.append((saved, f"scan the layers (jax.lax.scan or nnx.scan over stacked blocks): one layer's gathered weights live at a time, -{_gib(saved)}"))
-        if self.activations:
-            saved = self.activations * 3 // 4
-            ways.append((saved, f"rematerialise each block (jax.checkpoint, nnx.remat): the backward pass recomputes its activations, about -{_gib(saved)}"))
-        if self.opt:
-            ways.append((self.opt // 2, f"shard the optimizer state further (a larger fsdp) or keep its moments in bfloat16: up to -{_gib(self.opt // 2)}"))
-        return [text for _, text in sorted(ways, reverse=True)]
+        """What would lower the peak, largest saving first; a change that
+        would save nothing here is left out."""
+        scan = self.gathered - self.gathered // self.layers if self.layers > 1 else 0
+        remat = self.activations * 3 // 4
+        opt = self.opt // 2
+        ways = [
+            (scan, "scan the layers (jax.lax.scan or nnx.scan over stacked blocks): one layer's gathered weights live at a time, "
+                   f"lowering the peak by {_size_text(scan)}"),
+            (remat, "rematerialise each block (jax.checkpoint, nnx.remat): the backward pass recomputes its activations, "
+                    f"lowering the peak by about {_size_text(remat)}"),
+            (opt, "shard the optimizer state further (a larger fsdp) or keep its moments in bfloat16: "
+                  f"lowering the peak by up to {_size_text(opt)}"),
+        ]  # fmt: skip
+        return [text for saved, text in sorted(ways, reverse=True) if saved > 0]
 
     def __str__(self) -> str:
         verdict = "fits" if self.fits else "does not fit"
         return (
-            f"{self.mesh}: state {_gib(self.state)} per device (params {_gib(self.params)}, opt {_gib(self.opt)}); "
-            f"predicted peak {_gib(self.peak)} of {_gib(self.memory)} ({verdict})"
+            f"{self.mesh}: state {_size_text(self.state)} per device (params {_size_text(self.params)}, opt {_size_text(self.opt)}); "
+            f"predicted peak {_size_text(self.peak)} of {_size_text(self.memory)} ({verdict})"
         )
 
 
@@ -243,7 +259,7 @@ def table(plans: Sequence[Fit]) -> str:
     rows = [
         (
             f.mesh,
-            *(_gib(b) for b in (f.params, f.opt, f.grads, f.updates, f.gathered, f.activations, f.runtime, f.peak)),
+            *(_size_text(b) for b in (f.params, f.opt, f.grads, f.updates, f.gathered, f.activations, f.runtime, f.peak)),
             "yes" if f.fits else "no",
         )
         for f in plans
@@ -272,5 +288,5 @@ def what_fits(state: Any, memory: int, devices: int, current: dict[str, int], ru
         for f in plans:
             if f.fits and (times > 1 or (f.data, f.fsdp, f.tensor) != now):
                 where = f"with {f.mesh}" if times == 1 else f"on {devices * times} devices, with {f.mesh},"
-                return f"{where} the state is {_gib(f.state)} per device (predicted peak {_gib(f.peak)} before activations)"
-    return f"no mesh of up to {devices * 64} devices fits {_gib(memory)} per device: a smaller model or optimizer state"
+                return f"{where} the state is {_size_text(f.state)} per device (predicted peak {_size_text(f.peak)} before activations)"
+    return f"no mesh of up to {devices * 64} devices fits {_size_text(memory)} per device: a smaller model or optimizer state"

@@ -238,7 +238,11 @@ def report(
         _profile.at_report(client, at)
         _device_memory.at_report(client)
     _note_state(at, checkpoint is not None)
-    saving = preempting = False
+    # A meshrun.save() of this very step, then its report: the step's
+    # commit waits for this rank's part instead of taking the report as
+    # "nothing saved here" while the part is still being written.
+    saving = checkpoint is None and ckpt._last_saved == at
+    preempting = False
     if checkpoint is not None:
         if _checkpoint_due(at):
             client = _connection.client()

@@ -4,7 +4,9 @@ directory (cloudpickle); the controller runs in this process."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -138,7 +140,9 @@ class RunConfig:
     how it recovers."""
 
     name: str | None = None
-    storage_path: str = str(DEFAULTS["storage_path"])
+    #: A folder, or a URL such as ``s3://bucket/prefix``; ``None``, Ray
+    #: Train's default, is meshrun's default folder.
+    storage_path: str | None = str(DEFAULTS["storage_path"])
     tee: str = str(DEFAULTS["tee"])
     env: dict[str, str] = field(default_factory=dict)
     checkpoint_config: CheckpointConfig | None = None
@@ -149,7 +153,8 @@ class RunConfig:
     tensorboard: bool = False
     #: Resume run ``name`` from its checkpoint of this step instead of the
     #: newest that verifies; the newer ones are set aside (``--resume-from``).
-    resume_from: int | None = None
+    #: ``"none"``: start from the beginning, every checkpoint set aside.
+    resume_from: int | str | None = None
     #: Ray's name: the ``env_vars`` of a Ray ``runtime_env`` are set in
     #: every worker (``env`` wins where both name a variable).
     worker_runtime_env: dict[str, Any] | None = None
@@ -232,8 +237,6 @@ def _ours(obj: Any, cls: type, args: Callable[[Any], dict[str, Any]]) -> Any:
 def _resolved(s: ScalingConfig) -> ScalingConfig:
     """``s`` with ``resources_per_worker`` turned into meshrun's fields;
     CPUs asked for on this machine must fit in its cores."""
-    import dataclasses
-
     cpus, gpus = _from_ray.resources(s)
     if cpus is None and gpus is None:
         return s
@@ -252,6 +255,45 @@ def _resolved(s: ScalingConfig) -> ScalingConfig:
         gpus_per_worker=gpus if gpus else s.gpus_per_worker,
         use_gpu=s.use_gpu or bool(gpus),
     )
+
+
+def _argument(fn: Callable[..., Any], config: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What the workers call ``fn`` with: ``config``, or ``None`` for no
+    argument. Without a config, a function that takes an argument gets
+    ``{}``, as Ray Train gives it. One that cannot be called so is refused
+    here, before any worker starts, rather than failing the same way on
+    every worker."""
+    import inspect
+
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        # Some callables written in C do not describe their parameters:
+        # they are called as given.
+        return config
+
+    def takes(*args: Any) -> bool:
+        try:
+            signature.bind(*args)
+        except TypeError:
+            return False
+        return True
+
+    given = {} if config is None else config
+    if takes(given):
+        return given
+    name = getattr(fn, "__name__", type(fn).__name__)
+    if not takes():
+        raise ConfigError(
+            f"train_loop_per_worker must take one positional argument (train_loop_config) or none, got {name}{signature}; "
+            "give its other parameters defaults"
+        )
+    if config is not None:
+        raise ConfigError(
+            f"train_loop_per_worker takes no argument, got {name}{signature}, but train_loop_config was given; "
+            f"add a parameter for it (def {name}(config): ...) or leave train_loop_config out"
+        )
+    return None
 
 
 def _dumps_keeping_file_names(obj: Any) -> bytes:
@@ -289,8 +331,25 @@ def _dumps_keeping_file_names(obj: Any) -> bytes:
     return out.getvalue()
 
 
+# The engine words a failed run's summary for the command line; a Python
+# user set these through the arguments named instead. Whole phrases, so that
+# a flag quoted in a program's own error stays as it was.
+_PYTHON_NAMES = (
+    (re.compile(r"more than --max-failures (\d+) allows"), r"more than FailureConfig(max_failures=\1) allows"),
+    (re.compile(r" bytes \(--memory-per-proc\):"), " bytes (ScalingConfig(memory_per_worker=...)):"),
+)
+
+
+def _in_python_terms(summary: str) -> str:
+    for flag, argument in _PYTHON_NAMES:
+        summary = flag.sub(argument, summary)
+    return summary
+
+
 class Trainer:
-    """Runs ``train_fn(config)`` on every worker of a run.
+    """Runs ``train_fn(config)`` on every worker of a run: ``config`` is
+    ``train_loop_config``, ``{}`` when none is given (as in Ray Train); a
+    function that takes no argument is called with none.
 
     Inside the function, ``jax.distributed`` is already initialized,
     :func:`meshrun.get_context` gives the ranks and :func:`meshrun.report`
@@ -311,6 +370,7 @@ class Trainer:
             raise ConfigError(f"train_loop_per_worker must be callable, got {type(train_loop_per_worker).__name__}")
         self.train_fn = train_loop_per_worker
         self.config = train_loop_config
+        self._argument = _argument(train_loop_per_worker, train_loop_config)
         # Ray Train's own config objects are taken for what they say.
         self.scaling = _resolved(_ours(scaling_config, ScalingConfig, _from_ray.scaling_args) or ScalingConfig())
         self.run = _ours(run_config, RunConfig, _from_ray.run_args) or RunConfig()
@@ -318,7 +378,7 @@ class Trainer:
 
     def _payload(self) -> bytes:
         try:
-            return _dumps_keeping_file_names((self.train_fn, self.config))
+            return _dumps_keeping_file_names((self.train_fn, self._argument))
         except Exception as exc:
             raise ConfigError(
                 f"train_loop_per_worker or train_loop_config cannot be pickled ({type(exc).__name__}: {exc}); "
@@ -334,10 +394,13 @@ class Trainer:
         paths = [p for p in sys.path if p and os.path.isdir(p)]
         env = _from_ray.worker_env(self.run.worker_runtime_env) | dict(self.run.env)
         env["PYTHONPATH"] = os.pathsep.join(paths + [env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))]).rstrip(os.pathsep)
+        run = self.run
+        if run.storage_path is None:
+            run = dataclasses.replace(run, storage_path=str(DEFAULTS["storage_path"]))
         # Every value is checked, by the engine, before anything starts.
         plan = _native.plan(
             self.scaling,
-            self.run,
+            run,
             _ours(self.run.checkpoint_config, CheckpointConfig, _from_ray.checkpoint_args) or CheckpointConfig(),
             _ours(self.run.failure_config, FailureConfig, _from_ray.failure_args) or FailureConfig(),
             env=sorted(env.items()),
@@ -355,10 +418,11 @@ class Trainer:
             if host is not None:
                 host.close()
         kept = _checkpoints(plan.checkpoints_dir)
+        summary = _in_python_terms(out.summary) if out.summary else None
         result = Result(
             metrics=out.metrics,
             path=os.fspath(out.run_dir),
-            error=None if out.succeeded else RunFailedError(out.summary or f"run {out.name} {out.status}"),
+            error=None if out.succeeded else RunFailedError(summary or f"run {out.name} {out.status}"),
             status=out.status,
             failure=out.failure,
             attempts=out.attempts,
@@ -366,7 +430,7 @@ class Trainer:
             best_checkpoints=kept,
         )
         if out.failed:
-            error = TrainingFailedError(f"run {out.name} failed after {out.attempts} attempt(s): {out.summary or 'see ' + result.path}")
+            error = TrainingFailedError(f"run {out.name} failed after {out.attempts} attempt(s): {summary or 'see ' + result.path}")
             error.result = result
             raise error
         return result

@@ -124,11 +124,20 @@ impl Hierarchy {
                 }
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
-            tracing::warn!(
-                cgroup = %stale.dir.display(),
-                "removed the cgroup of a meshrun process that no longer exists (pid {owner}); ended {} process(es): {pids:?}",
-                pids.len()
-            );
+            // An empty one is housekeeping (a controller that was killed
+            // left it); only processes it had to end are news.
+            if pids.is_empty() {
+                tracing::debug!(
+                    cgroup = %stale.dir.display(),
+                    "removed the empty cgroup of a meshrun process that no longer exists (pid {owner})"
+                );
+            } else {
+                tracing::warn!(
+                    cgroup = %stale.dir.display(),
+                    "removed the cgroup of a meshrun process that no longer exists (pid {owner}); ended {} process(es) left in it: {pids:?}",
+                    pids.len()
+                );
+            }
         }
     }
 }

@@ -48,6 +48,50 @@ pub enum CkptError {
         leaf: String,
         region: Vec<(usize, usize)>,
     },
+    #[error(
+        "leaf '{leaf}'{copy}: {how}, so it cannot be restored whole (its bytes are intact: this is how \
+         it was committed, not damage)"
+    )]
+    Uncovered {
+        leaf: String,
+        /// " (rank N's copy)" for a per-process leaf, else empty.
+        copy: String,
+        /// What the manifest's shards hold against the leaf's size.
+        how: String,
+    },
+    #[error(
+        "leaf '{leaf}' holds one copy per process (saved by ranks {ranks}) and the copies differ, \
+         so rank {rank}, which saved none, has no copy of its own to restore; restore onto at least as many \
+         processes as saved it, or save the leaf as one global array (a NamedSharding over the mesh) that any \
+         number of processes can read"
+    )]
+    NoCopy {
+        leaf: String,
+        rank: u32,
+        ranks: String,
+    },
+    #[error(
+        "checkpoint step-{step} cannot be resumed from{skipped}: {source}; it is left as it was: resume from an \
+         older one with --resume-from STEP (RunConfig.resume_from; `meshrun ckpt ls` lists them), or from the \
+         beginning with --resume-from none"
+    )]
+    CannotResume {
+        step: u64,
+        /// " (the newer step-N is damaged)", or empty.
+        skipped: String,
+        source: Box<CkptError>,
+    },
+    #[error(
+        "{which}, so the run does not start over by itself; the newest, step-{newest}: {why}; \
+         they are left as they were: copy the damaged files back, or start from the beginning with \
+         --resume-from none (RunConfig.resume_from=\"none\"), which sets them aside"
+    )]
+    NoneVerifies {
+        /// "none of the run's 3 committed checkpoints verifies", or of one.
+        which: String,
+        newest: u64,
+        why: String,
+    },
     #[error(transparent)]
     Store(meshrun_store::StoreError),
     #[error("checkpoint step {step} is already committed at '{url}'; it was not replaced")]
@@ -93,6 +137,22 @@ impl From<meshrun_store::StoreError> for CkptError {
 }
 
 impl CkptError {
+    /// Whether this says the checkpoint's bytes are damaged (a checksum,
+    /// a file, a manifest or a size that is not what was committed), as
+    /// against one that is whole but cannot be read here (a storage
+    /// outage, a layout it cannot be restored into).
+    pub fn is_damage(&self) -> bool {
+        matches!(
+            self,
+            CkptError::Format { .. }
+                | CkptError::Crc { .. }
+                | CkptError::MissingShard(_)
+                | CkptError::Manifest { .. }
+                | CkptError::FileChanged { .. }
+                | CkptError::ShardSize { .. }
+        )
+    }
+
     pub fn io(what: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Self {
         let path = path.into();
         move |source| CkptError::Io { what, path, source }

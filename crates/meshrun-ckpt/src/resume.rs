@@ -26,10 +26,16 @@ pub const CHECKPOINTS: &str = "checkpoints";
 pub const SUPERSEDED: &str = "superseded";
 pub const DAMAGED: &str = "damaged";
 
-/// Reads every byte of a checkpoint and checks it: every CRC, and that
-/// the manifest agrees with the shard files. Returns how many tensors.
+/// Reads every byte of a checkpoint and checks it: every CRC, that each
+/// shard file holds what the manifest says ([`Reader::verify_all`]: an
+/// error there is damage), then that every leaf can be restored whole
+/// ([`Reader::check_whole`]: an error there is how it was committed).
+/// Returns how many tensors.
 pub fn verify(dir: &Location) -> Result<usize, CkptError> {
-    Reader::open(dir)?.verify_all()
+    let mut reader = Reader::open(dir)?;
+    let n = reader.verify_all()?;
+    reader.check_whole()?;
+    Ok(n)
 }
 
 /// A checkpoint passed over, and why.
@@ -43,36 +49,68 @@ pub struct Skipped {
 /// Where an attempt resumes from.
 #[derive(Debug, Default)]
 pub struct Choice {
-    /// `None`: from the beginning.
+    /// `None`: from the beginning (nothing committed).
     pub step: Option<u64>,
-    /// The newer checkpoints that did not verify, newest first.
+    /// The newer checkpoints that are damaged, newest first.
     pub skipped: Vec<Skipped>,
 }
 
-/// The newest committed checkpoint under `root` that verifies.
+/// The newest committed checkpoint under `root` that verifies. Only a
+/// damaged one ([`CkptError::is_damage`]) is passed over for an older one:
+/// a checkpoint that is whole but cannot be read (the storage failing, a
+/// leaf committed without all its shards) fails the choice, naming it, and
+/// so does a run whose committed checkpoints are all damaged: a restart
+/// never starts from the beginning by itself while checkpoints exist.
 pub fn newest_verified(root: &Location) -> Result<Choice, CkptError> {
-    Ok(choose(&committed(root)?, |dir| verify(dir).map(drop)))
+    choose(&committed(root)?, |dir| verify(dir).map(drop))
 }
 
 fn choose(
     candidates: &[(u64, Location)],
     verify: impl Fn(&Location) -> Result<(), CkptError>,
-) -> Choice {
+) -> Result<Choice, CkptError> {
     let mut choice = Choice::default();
     for (step, path) in candidates.iter().rev() {
         match verify(path) {
             Ok(()) => {
                 choice.step = Some(*step);
-                break;
+                return Ok(choice);
             }
-            Err(error) => choice.skipped.push(Skipped {
+            Err(error) if error.is_damage() => choice.skipped.push(Skipped {
                 step: *step,
                 path: path.clone(),
                 error,
             }),
+            Err(error) => {
+                return Err(CkptError::CannotResume {
+                    step: *step,
+                    skipped: skipped_note(&choice.skipped),
+                    source: Box::new(error),
+                })
+            }
         }
     }
-    choice
+    match choice.skipped.first() {
+        None => Ok(choice),
+        Some(newest) => Err(CkptError::NoneVerifies {
+            which: match choice.skipped.len() {
+                1 => "the run's one committed checkpoint does not verify".to_string(),
+                n => format!("none of the run's {n} committed checkpoints verifies"),
+            },
+            newest: newest.step,
+            why: newest.error.to_string(),
+        }),
+    }
+}
+
+/// " (the newer step-N, step-M are damaged)" for a message, or nothing.
+fn skipped_note(skipped: &[Skipped]) -> String {
+    if skipped.is_empty() {
+        return String::new();
+    }
+    let steps: Vec<String> = skipped.iter().map(|s| format!("step-{}", s.step)).collect();
+    let verb = if skipped.len() == 1 { "is" } else { "are" };
+    format!(" (the newer {} {verb} damaged)", steps.join(", "))
 }
 
 /// A resume step that cannot be used (a usage error: the run is not
@@ -154,14 +192,18 @@ pub fn check_requested(run_dir: &Location, run: &str, step: u64) -> Result<(), R
 }
 
 /// Sets aside every committed checkpoint newer than `step` (renamed
-/// `superseded-step-N`, files untouched). Returns (step, old path, new
-/// path) of each, oldest first.
+/// `superseded-step-N`, files untouched); with `None`, every one (a run
+/// started again from the beginning). Returns (step, old path, new path)
+/// of each, oldest first.
 pub fn supersede_newer(
     root: &Location,
-    step: u64,
+    step: Option<u64>,
 ) -> Result<Vec<(u64, Location, Location)>, CkptError> {
     let mut moved = Vec::new();
-    for (newer, path) in committed(root)?.into_iter().filter(|(s, _)| *s > step) {
+    for (newer, path) in committed(root)?
+        .into_iter()
+        .filter(|(s, _)| step.is_none_or(|step| *s > step))
+    {
         let to = set_aside(root, newer, SUPERSEDED)?;
         moved.push((newer, path, to));
     }
@@ -216,6 +258,7 @@ mod tests {
                 dtype: "float32".into(),
                 region: vec![(0, 4)],
                 data: Bytes::from(bytes),
+                per_process: false,
             }],
         )
         .unwrap();
@@ -259,17 +302,50 @@ mod tests {
                 Ok(())
             }
         };
-        let choice = choose(&[c(10), c(20), c(30), c(40)], bad);
+        let choice = choose(&[c(10), c(20), c(30), c(40)], bad).unwrap();
         assert_eq!(choice.step, Some(20));
         let skipped: Vec<u64> = choice.skipped.iter().map(|s| s.step).collect();
         assert_eq!(skipped, vec![40, 30]);
         assert!(choice.skipped[0].error.to_string().contains("step-40"));
-        // None verifies: from the beginning, every one named.
-        let choice = choose(&[c(30), c(40)], bad);
-        assert_eq!((choice.step, choice.skipped.len()), (None, 2));
+        // None verifies: no start from the beginning behind the user's back.
+        let err = choose(&[c(30), c(40)], bad).unwrap_err().to_string();
+        assert!(
+            err.starts_with("none of the run's 2 committed checkpoints verifies")
+                && err.contains("the newest, step-40: shard file")
+                && err.contains("--resume-from none"),
+            "{err}"
+        );
         // Nothing committed: from the beginning, nothing skipped.
-        let choice = choose(&[], bad);
+        let choice = choose(&[], bad).unwrap();
         assert_eq!((choice.step, choice.skipped.len()), (None, 0));
+    }
+
+    #[test]
+    fn only_damage_is_passed_over() {
+        let c = |s: u64| (s, Location::Local(PathBuf::from(format!("step-{s}"))));
+        // Step 30 is whole but was committed without all of a leaf: the
+        // choice stops there, naming it, and does not fall back to step 20.
+        let verdict = |p: &Location| -> Result<(), CkptError> {
+            match p.name().as_str() {
+                "step-40" => Err(CkptError::MissingShard(
+                    p.as_path().join("rank-0.safetensors"),
+                )),
+                "step-30" => Err(CkptError::Uncovered {
+                    leaf: "w".into(),
+                    copy: String::new(),
+                    how: "the manifest's shards overlap".into(),
+                }),
+                _ => Ok(()),
+            }
+        };
+        let err = choose(&[c(20), c(30), c(40)], verdict)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("checkpoint step-30 cannot be resumed from (the newer step-40 is damaged): leaf 'w'"),
+            "{err}"
+        );
+        assert!(err.contains("its bytes are intact"), "{err}");
     }
 
     #[test]
@@ -299,9 +375,11 @@ mod tests {
             .to_string()
             .contains("manifest"));
         std::fs::remove_file(root.join("step-10/rank-0.safetensors")).unwrap();
-        let choice = newest_verified(&loc(root)).unwrap();
-        assert_eq!((choice.step, choice.skipped.len()), (None, 2));
-        assert!(choice.skipped[1].error.to_string().contains("is missing"));
+        let err = newest_verified(&loc(root)).unwrap_err().to_string();
+        assert!(
+            err.contains("none of the run's 2 committed checkpoints verifies"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -324,8 +402,10 @@ mod tests {
             serde_json::to_string(&m).unwrap(),
         )
         .unwrap();
-        let err = verify(&loc(&path)).unwrap_err().to_string();
-        assert!(err.contains("do not cover"), "{err}");
+        let err = verify(&loc(&path)).unwrap_err();
+        assert!(!err.is_damage());
+        let err = err.to_string();
+        assert!(err.contains("cover only 4 of its 8 elements"), "{err}");
     }
 
     #[test]
@@ -371,7 +451,7 @@ mod tests {
         let bytes = std::fs::read(root.join("step-3/rank-0.safetensors")).unwrap();
         // A name already taken (set aside before) gets a suffix.
         std::fs::create_dir(root.join("superseded-step-3")).unwrap();
-        let moved = supersede_newer(&loc(root), 1).unwrap();
+        let moved = supersede_newer(&loc(root), Some(1)).unwrap();
         let names: Vec<(u64, String)> = moved.iter().map(|(s, _, to)| (*s, to.name())).collect();
         assert_eq!(
             names,

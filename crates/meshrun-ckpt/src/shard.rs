@@ -49,6 +49,9 @@ pub struct ShardIn {
     pub dtype: String,
     pub region: Vec<(usize, usize)>,
     pub data: Bytes,
+    /// This process's own copy of a per-process leaf (see
+    /// [`ShardRecord::rank`]), not a shard of a global array.
+    pub per_process: bool,
 }
 
 pub fn chunk_crcs(data: &[u8]) -> Vec<u32> {
@@ -71,7 +74,7 @@ struct Layout {
     records: Vec<(String, ShardRecord)>,
 }
 
-fn layout(file_name: &str, shards: &[ShardIn]) -> Result<Layout, CkptError> {
+fn layout(file_name: &str, rank: u32, shards: &[ShardIn]) -> Result<Layout, CkptError> {
     let bad = |message: String| CkptError::Format {
         path: file_name.into(),
         message,
@@ -106,6 +109,7 @@ fn layout(file_name: &str, shards: &[ShardIn]) -> Result<Layout, CkptError> {
                 file: file_name.to_string(),
                 tensor: name,
                 region: s.region.clone(),
+                rank: s.per_process.then_some(rank),
             },
         ));
     }
@@ -140,7 +144,7 @@ pub fn write_rank(
         }
         Location::Remote(r) => {
             let name = rank_file(rank);
-            let Layout { header, records } = layout(&name, shards)?;
+            let Layout { header, records } = layout(&name, rank, shards)?;
             let mut pieces = Vec::with_capacity(shards.len() + 1);
             pieces.push(Bytes::from(header));
             pieces.extend(shards.iter().map(|s| s.data.clone()));
@@ -163,7 +167,7 @@ pub fn write_rank_file(
     }
     let name = rank_file(rank);
     let path = dir.join(&name);
-    let Layout { header, records } = layout(&name, shards)?;
+    let Layout { header, records } = layout(&name, rank, shards)?;
     let write = || -> std::io::Result<()> {
         let file = File::create(&path)?;
         let mut w = BufWriter::with_capacity(1 << 20, &file);

@@ -388,6 +388,7 @@ async fn worker(
                     file: format!("rank-{rank}.safetensors"),
                     tensor: "w:0".into(),
                     region: vec![(rank as usize, rank as usize + 1)],
+                    rank: None,
                 }],
             };
             let _ = std::fs::create_dir_all(scenario.checkpoints.join(format!("tmp-{step}")));

@@ -270,9 +270,14 @@ impl Machine {
                     });
                     // A region two ranks of the host hold (a replicated
                     // array) is read from the first: the reader wants
-                    // each region stored once.
+                    // each region stored once. Each rank's own copy of a
+                    // per-process leaf is its own.
                     for s in &l.shards {
-                        if !have.shards.iter().any(|h| h.region == s.region) {
+                        if !have
+                            .shards
+                            .iter()
+                            .any(|h| h.region == s.region && h.rank == s.rank)
+                        {
                             have.shards.push(s.clone());
                         }
                     }

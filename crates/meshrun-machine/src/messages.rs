@@ -72,10 +72,20 @@ impl Machine {
                     state.stopped_by_meshrun = by_meshrun;
                     (stopped, by_meshrun)
                 });
-                self.push(Action::Note {
-                    rank,
-                    text: format!("rank {rank} ended with {exit}"),
-                });
+                // The log says which rank failed and why, as the summary
+                // does, not only how each process ended.
+                let text = match &self.failure {
+                    Some(f) if f.rank == rank => format!(
+                        "rank {rank} ended with {exit}, after it {}",
+                        f.cause.headline()
+                    ),
+                    Some(f) if by_meshrun => format!(
+                        "rank {rank} ended with {exit}: meshrun stopped it after rank {} failed",
+                        f.rank
+                    ),
+                    _ => format!("rank {rank} ended with {exit}"),
+                };
+                self.push(Action::Note { rank, text });
                 self.record(Event::WorkerExited {
                     attempt,
                     rank,

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use meshrun_plan::RunPlan;
+use meshrun_plan::{ResumeFrom, RunPlan};
 use meshrun_record::{Cause, FailureRecord};
 
 use crate::OutcomeStatus;
@@ -52,9 +52,9 @@ pub fn after(
 /// What the next attempt starts with, besides the plan.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Start {
-    /// The step the user asked to resume from: the first attempt only;
+    /// Where the user asked to resume from: the first attempt only;
     /// restarts resume from the newest checkpoint that verifies.
-    pub resume_from: Option<u64>,
+    pub resume_from: Option<ResumeFrom>,
     /// How long the hosts may take to join.
     pub join_timeout: Duration,
     /// Elastic runs: the host count of the last attempt that launched.
@@ -96,7 +96,7 @@ pub enum After {
 pub struct Run {
     max_failures: u32,
     hosts: u32,
-    resume_from: Option<u64>,
+    resume_from: Option<ResumeFrom>,
     join_timeout: Duration,
     /// An elastic run whose hosts join by themselves waits this long for
     /// them at a restart, then runs on those there (or ends, with fewer

@@ -161,6 +161,7 @@ fn leaf(rank: u32, region: (usize, usize)) -> Leaf {
             file: format!("rank-{rank}.safetensors"),
             tensor: "w:0".into(),
             region: vec![region],
+            rank: None,
         }],
     }
 }

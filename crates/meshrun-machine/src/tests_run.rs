@@ -151,10 +151,13 @@ fn a_failure_a_restart_meets_again_ends_now_and_joined_hosts_are_let_go() {
 #[test]
 fn only_the_first_attempt_resumes_from_the_step_the_user_asked_for() {
     let mut p = plan(2);
-    p.resume_from = Some(30);
+    p.resume_from = Some(meshrun_plan::ResumeFrom::Step(30));
     p.failure.max_failures = 1;
     let mut run = Run::new(&p);
-    assert_eq!(run.start().resume_from, Some(30));
+    assert_eq!(
+        run.start().resume_from,
+        Some(meshrun_plan::ResumeFrom::Step(30))
+    );
     let _ = run.ended(failed(1));
     assert_eq!(run.start().resume_from, None);
 }

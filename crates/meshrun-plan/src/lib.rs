@@ -28,11 +28,13 @@ pub mod gpu;
 pub mod launch;
 pub mod launcher_env;
 pub mod memory_limit;
+pub mod resume_from;
 pub mod retention;
 pub mod worker_env;
 
 pub use error::UsageError;
 pub use failure::{FailurePolicy, DEFAULT_FINISH_TIMEOUT_S, DEFAULT_START_TIMEOUT_S};
+pub use resume_from::ResumeFrom;
 pub use retention::{Retention, ScoreOrder};
 
 /// Agents the controller starts itself must have connected by then.
@@ -167,9 +169,10 @@ pub struct RunSpec {
     pub control_host: Option<IpAddr>,
     /// The port it listens on (default: any free port).
     pub control_port: Option<u16>,
-    /// Resume from this committed checkpoint step instead of the newest
-    /// that verifies (checked here: it must exist and verify).
-    pub resume_from: Option<u64>,
+    /// Resume from this committed checkpoint step (checked here: it must
+    /// exist and verify), or from the beginning, instead of the newest that
+    /// verifies.
+    pub resume_from: Option<ResumeFrom>,
     /// Where checkpoints go (`STORAGE/NAME/checkpoints`): the one folder
     /// every host must reach, or an object-store URL (`s3://bucket/prefix`).
     /// Default: the runs directory.
@@ -241,9 +244,9 @@ pub struct RunPlan {
     /// 0: any free port.
     #[serde(default)]
     pub control_port: u16,
-    /// The first attempt resumes from this step (see `RunSpec`).
+    /// Where the first attempt resumes from (see `RunSpec`).
     #[serde(default)]
-    pub resume_from: Option<u64>,
+    pub resume_from: Option<ResumeFrom>,
     /// The storage root, when it is not the runs directory: an absolute
     /// path or an object-store URL.
     #[serde(default)]

@@ -28,13 +28,15 @@ pub enum SizeError {
     Unreadable { text: String, why: String },
     #[error(
         "{text} ({bytes}) is less than the {min} a worker needs to start Python and JAX; \
-         give at least 256MiB (did you mean {text_m}?)",
+         give at least 256MiB{hint}",
         bytes = Bytes(*bytes), min = Bytes(MIN_MEMORY_PER_PROC)
     )]
     TooSmall {
         text: String,
         bytes: u64,
-        text_m: String,
+        /// " (did you mean 512MiB?)": the same number in a unit that is
+        /// enough, or nothing when none is.
+        hint: String,
     },
 }
 
@@ -55,10 +57,40 @@ impl MemoryLimit {
             return Err(SizeError::TooSmall {
                 text: text.to_string(),
                 bytes,
-                text_m: format!("{}MiB", if digits.is_empty() { "512" } else { &digits }),
+                hint: enough_unit(&digits)
+                    .map_or_else(String::new, |m| format!(" (did you mean {m}?)")),
             });
         }
         Ok(MemoryLimit(bytes))
+    }
+}
+
+/// `digits` in the smallest of MiB and GiB that makes it enough for a
+/// worker (`512K` most likely meant `512MiB`, `1k` meant `1GiB`); none
+/// for a number no unit makes enough (0).
+fn enough_unit(digits: &str) -> Option<String> {
+    let n: f64 = digits.parse().ok()?;
+    ["MiB", "GiB"]
+        .into_iter()
+        .zip([1u64 << 20, 1 << 30])
+        .find_map(|(unit, size)| {
+            #[allow(clippy::cast_precision_loss)]
+            let enough = n * size as f64 >= MIN_MEMORY_PER_PROC as f64;
+            enough.then(|| format!("{digits}{unit}"))
+        })
+}
+
+/// Why `text` is not a size, in words about sizes (not the parser's).
+fn unreadable(text: &str, parser: String) -> String {
+    let trimmed = text.trim();
+    match trimmed.chars().next() {
+        None => "it is empty".to_string(),
+        Some('-') => "a size cannot be negative".to_string(),
+        Some(c) if !c.is_ascii_digit() && c != '.' => "it does not start with a number".to_string(),
+        _ if trimmed.chars().all(|c| c.is_ascii_digit() || c == '.') => {
+            "a number without a unit is a count of bytes, which is whole".to_string()
+        }
+        _ => parser,
     }
 }
 
@@ -72,9 +104,11 @@ pub fn parse_bytes(text: &str) -> Result<u64, SizeError> {
         .map(|b| b.as_u64())
         .map_err(|why| SizeError::Unreadable {
             text: text.to_string(),
-            why: why
-                .trim_start_matches(&format!("couldn't parse {trimmed:?} into a ByteSize, "))
-                .to_string(),
+            why: unreadable(
+                text,
+                why.trim_start_matches(&format!("couldn't parse {trimmed:?} into a ByteSize, "))
+                    .to_string(),
+            ),
         })
 }
 
@@ -107,5 +141,29 @@ mod tests {
             "{e}"
         );
         assert!(e.contains("did you mean 512MiB?"), "{e}");
+        // What a parser would say is said about sizes instead, and no
+        // suggestion is one that is refused too.
+        for (text, why) in [
+            ("-1", "a size cannot be negative"),
+            ("abc", "it does not start with a number"),
+            (
+                "1.5",
+                "a number without a unit is a count of bytes, which is whole",
+            ),
+            ("", "it is empty"),
+        ] {
+            let e = MemoryLimit::parse(text).unwrap_err().to_string();
+            assert!(
+                e.starts_with(&format!("cannot read '{text}' as a size: {why};")),
+                "{e}"
+            );
+        }
+        let e = MemoryLimit::parse("1k").unwrap_err().to_string();
+        assert!(
+            e.ends_with("give at least 256MiB (did you mean 1GiB?)"),
+            "{e}"
+        );
+        let e = MemoryLimit::parse("0").unwrap_err().to_string();
+        assert!(e.ends_with("give at least 256MiB"), "{e}");
     }
 }

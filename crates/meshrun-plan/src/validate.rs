@@ -11,8 +11,8 @@ use crate::gpu::Inventory;
 use crate::names::{default_run_name, is_module_name};
 use crate::storage_check::{check_remote_storage, check_runs_dir, check_storage};
 use crate::{
-    check_run_name, Entry, Platform, PlatformChoice, RunPlan, RunSpec, UsageError, MAX_LOCAL_HOSTS,
-    RAY_STRATEGIES,
+    check_run_name, Entry, Platform, PlatformChoice, ResumeFrom, RunPlan, RunSpec, UsageError,
+    MAX_LOCAL_HOSTS, RAY_STRATEGIES,
 };
 
 impl RunSpec {
@@ -179,7 +179,7 @@ impl RunSpec {
                 .join(&name),
             None => Location::Local(runs_dir.join(&name)),
         };
-        if let Some(step) = self.resume_from {
+        if let Some(step) = self.resume_from.and_then(ResumeFrom::step) {
             meshrun_ckpt::resume::check_requested(&storage_dir, &name, step)?;
         }
         Ok(RunPlan {

@@ -105,13 +105,15 @@ pub fn fetch_directory(
         .map_err(|e| to_py(&e))
 }
 
-/// One shard from Python: (leaf path, dtype, global shape, region, bytes).
+/// One shard from Python: (leaf path, dtype, global shape, region, bytes,
+/// whether it is this process's own copy of a per-process leaf).
 type PyShard<'py> = (
     String,
     String,
     Vec<usize>,
     Vec<(usize, usize)>,
     Bound<'py, PyArray1<u8>>,
+    bool,
 );
 
 /// A contiguous numpy byte array, kept alive (and so its buffer) while the
@@ -167,7 +169,7 @@ pub fn write_shards(
     let root = location(root)?;
     let mut leaves: BTreeMap<String, Leaf> = BTreeMap::new();
     let mut inputs = Vec::with_capacity(shards.len());
-    for (leaf, dtype, shape, region, data) in &shards {
+    for (leaf, dtype, shape, region, data, per_process) in &shards {
         leaves.entry(leaf.clone()).or_insert_with(|| Leaf {
             path: leaf.clone(),
             dtype: dtype.clone(),
@@ -179,6 +181,7 @@ pub fn write_shards(
             dtype: dtype.clone(),
             region: region.clone(),
             data: held(data)?,
+            per_process: *per_process,
         });
     }
     let records = py
@@ -239,11 +242,14 @@ pub struct CheckpointReader(Mutex<Reader>);
 
 #[pymethods]
 impl CheckpointReader {
+    /// Opens the committed checkpoint at `path`; `rank` is whose copy of
+    /// a per-process leaf it reads.
     #[new]
-    fn new(py: Python<'_>, path: &Bound<'_, PyAny>) -> PyResult<Self> {
+    #[pyo3(signature = (path, rank=0))]
+    fn new(py: Python<'_>, path: &Bound<'_, PyAny>, rank: u32) -> PyResult<Self> {
         let path = location(path)?;
         py.detach(|| Reader::open(&path))
-            .map(|r| Self(Mutex::new(r)))
+            .map(|r| Self(Mutex::new(r.as_rank(rank))))
             .map_err(|e| to_py(&e))
     }
 
@@ -291,10 +297,15 @@ impl CheckpointReader {
             .map_err(|e| to_py(&e))
     }
 
-    /// Checks every CRC; returns the number of tensors checked.
+    /// Checks every CRC, then that every leaf can be restored whole;
+    /// returns the number of tensors checked.
     fn verify(&self, py: Python<'_>) -> PyResult<usize> {
-        py.detach(|| self.0.lock().expect("reader lock").verify_all())
-            .map_err(|e| to_py(&e))
+        py.detach(|| {
+            let mut reader = self.0.lock().expect("reader lock");
+            let n = reader.verify_all()?;
+            reader.check_whole().map(|()| n)
+        })
+        .map_err(|e| to_py(&e))
     }
 }
 

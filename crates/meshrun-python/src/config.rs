@@ -116,6 +116,32 @@ impl<'py> Config<'py> {
     }
 
     /// A string, or None.
+    /// `RunConfig.resume_from`: a step, or "none" for the beginning.
+    fn resume_from(&self) -> PyResult<Option<meshrun_plan::ResumeFrom>> {
+        let field = "resume_from";
+        let Some(value) = self.get(field)? else {
+            return Ok(None);
+        };
+        if let Ok(text) = value.extract::<String>() {
+            if text.eq_ignore_ascii_case("none") {
+                return Ok(Some(meshrun_plan::ResumeFrom::Beginning));
+            }
+            return Err(self.wrong(
+                field,
+                Some(&value),
+                "a committed step (an integer) or \"none\" to start from the beginning",
+            ));
+        }
+        if value.is_instance_of::<PyBool>() || !value.is_instance_of::<PyInt>() {
+            return Err(self.wrong(
+                field,
+                Some(&value),
+                "a committed step (an integer) or \"none\" to start from the beginning",
+            ));
+        }
+        Ok(self.uint::<u64>(field)?.map(meshrun_plan::ResumeFrom::Step))
+    }
+
     fn text(&self, field: &str) -> PyResult<Option<String>> {
         let Some(value) = self.get(field)? else {
             return Ok(None);
@@ -362,7 +388,7 @@ pub fn run_spec(
         ray,
         control_host,
         control_port: s.uint("control_port")?,
-        resume_from: r.uint("resume_from")?,
+        resume_from: r.resume_from()?,
         // A path in `storage_path` holds the run folders and the checkpoints
         // alike, as in Ray Train: the one path every host must reach. A URL
         // holds the checkpoints; the run folder (logs, metrics, report)

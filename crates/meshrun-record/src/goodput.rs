@@ -249,12 +249,21 @@ pub struct Goodput {
 }
 
 impl Goodput {
-    /// Adds an attempt that ran from `start` to `end` with `parts`; the time
-    /// since the previous one ended in failure (controller restart work) is
-    /// lost to that failure. The sums are updated.
-    pub fn push(&mut self, attempt: u32, state: RunState, start: f64, end: f64, parts: Parts) {
+    /// Adds an attempt that ran from `start` to `end` with `parts`; when it
+    /// `follows` the previous one in the same invocation (a restart), the
+    /// time since that one ended in failure (controller restart work) is
+    /// lost to that failure. The time between two invocations of a run is
+    /// the user's, and counts nowhere. The sums are updated.
+    pub fn push(
+        &mut self,
+        attempt: u32,
+        state: RunState,
+        (start, end): (f64, f64),
+        parts: Parts,
+        follows: bool,
+    ) {
         let (mut start, mut parts) = (start, parts);
-        if let Some(prev) = self.attempts.last() {
+        if let Some(prev) = self.attempts.last().filter(|_| follows) {
             let gap = match prev.state {
                 RunState::Failed => Some(Part::Lost),
                 RunState::Resized => Some(Part::Resize),
@@ -337,9 +346,9 @@ mod tests {
     fn the_gap_before_a_restart_is_lost_and_fractions_sum_to_one() {
         let mut g = Goodput::default();
         let first = rank_parts(100.0, 130.0, Tail::Failed, Some(&timing(101.0, 119.0)));
-        g.push(1, RunState::Failed, 100.0, 130.0, first);
+        g.push(1, RunState::Failed, (100.0, 130.0), first, false);
         let second = rank_parts(131.0, 150.0, Tail::Ended, Some(&timing(132.0, 149.5)));
-        g.push(2, RunState::Succeeded, 131.0, 150.0, second);
+        g.push(2, RunState::Succeeded, (131.0, 150.0), second, true);
         assert!((g.wall_s - 50.0).abs() < 1e-9);
         let sum: f64 = Part::ALL.iter().map(|p| g.fractions.get(*p)).sum();
         assert!((sum - 1.0).abs() < 1e-9);
@@ -350,14 +359,28 @@ mod tests {
     }
 
     #[test]
+    fn the_time_between_two_invocations_is_not_lost() {
+        // The run failed; the user ran it again 8.5 s later.
+        let mut g = Goodput::default();
+        let first = rank_parts(100.0, 130.0, Tail::Failed, Some(&timing(101.0, 119.0)));
+        g.push(1, RunState::Failed, (100.0, 130.0), first, false);
+        let second = rank_parts(138.5, 150.0, Tail::Ended, Some(&timing(139.0, 149.5)));
+        g.push(2, RunState::Succeeded, (138.5, 150.0), second, false);
+        assert!((g.seconds.lost - 11.0).abs() < 1e-9, "{:?}", g.seconds);
+        assert!((g.wall_s - 41.5).abs() < 1e-9);
+        let sum: f64 = Part::ALL.iter().map(|p| g.fractions.get(*p)).sum();
+        assert!((sum - 1.0).abs() < 1e-9);
+    }
+
+    #[test]
     fn a_resize_books_its_tail_and_gap_apart_from_lost_work() {
         let mut g = Goodput::default();
         let first = rank_parts(100.0, 130.0, Tail::Resized, Some(&timing(101.0, 119.0)));
         assert!((first.resize - 11.0).abs() < 1e-9 && first.lost.abs() < f64::EPSILON);
-        g.push(1, RunState::Resized, 100.0, 130.0, first);
+        g.push(1, RunState::Resized, (100.0, 130.0), first, false);
         let mut second = rank_parts(132.0, 150.0, Tail::Ended, Some(&timing(136.0, 149.5)));
         second.shift(Part::Startup, Part::Resize, 3.0);
-        g.push(2, RunState::Succeeded, 132.0, 150.0, second);
+        g.push(2, RunState::Succeeded, (132.0, 150.0), second, true);
         assert!((g.seconds.resize - 16.0).abs() < 1e-9, "{:?}", g.seconds);
         assert!(g.seconds.lost.abs() < f64::EPSILON);
         assert!((g.measured_s - g.wall_s).abs() < 1e-9);

@@ -17,6 +17,13 @@ pub struct ShardRecord {
     pub file: String,
     pub tensor: String,
     pub region: Vec<(usize, usize)>,
+    /// Set on a copy of a per-process leaf (an array each process holds on
+    /// its own devices, a numpy array, a number): the rank that saved it,
+    /// and so the rank that gets it back. Each rank's copies cover the
+    /// whole leaf; a global array's shards have none and together cover it
+    /// once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u32>,
 }
 
 /// One leaf of the saved tree.
@@ -54,6 +61,21 @@ pub struct FileRecord {
     pub path: String,
     pub size: u64,
     pub crc32c: u32,
+}
+
+impl Leaf {
+    /// Whether each process saved a copy of its own.
+    pub fn per_process(&self) -> bool {
+        self.shards.iter().any(|s| s.rank.is_some())
+    }
+
+    /// The ranks that saved a copy of a per-process leaf, in order.
+    pub fn copy_ranks(&self) -> Vec<u32> {
+        let mut ranks: Vec<u32> = self.shards.iter().filter_map(|s| s.rank).collect();
+        ranks.sort_unstable();
+        ranks.dedup();
+        ranks
+    }
 }
 
 impl Manifest {

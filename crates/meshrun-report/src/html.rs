@@ -143,6 +143,9 @@ fn header(s: &mut String, run: &Run) {
         (Some(a), Some(b)) if run.state == Some(RunState::Running) => {
             format!("{} so far", fmt_secs(b - a))
         }
+        _ if run.state != Some(RunState::Interrupted) && run.recorded_duration.is_some() => {
+            fmt_secs(run.recorded_duration.unwrap_or_default())
+        }
         (Some(a), Some(b)) => fmt_secs(b - a),
         _ => "?".to_string(),
     };
@@ -165,10 +168,12 @@ fn header(s: &mut String, run: &Run) {
         &run.last_loss().map_or_else(|| "–".to_string(), fmt_num),
     );
     let failed = run.failed_saves.count();
+    // The checkpoints there now, as `meshrun status` counts them; commits
+    // since deleted or set aside are in the attempts' timeline.
     let mut saves = if run.commits.is_empty() && failed == 0 {
         "–".to_string()
     } else {
-        run.commits.len().to_string()
+        run.kept.len().to_string()
     };
     if failed > 0 {
         let _ = write!(saves, r#" · <span class="failed">{failed} failed</span>"#);

@@ -162,6 +162,9 @@ pub struct Run {
     pub plan: Option<Value>,
     pub attempts: Vec<Attempt>,
     pub commits: Vec<Commit>,
+    /// The committed steps still there: the commits less those retention
+    /// deleted and those set aside (what `meshrun status` lists).
+    pub kept: std::collections::BTreeSet<u64>,
     /// The checkpoint saves that failed (`--on-save-error continue`).
     pub failed_saves: FailedSaves,
     pub records: Vec<Record>,
@@ -171,6 +174,9 @@ pub struct Run {
     /// Unix seconds of the run's first and last known moments.
     pub start: Option<f64>,
     pub end: Option<f64>,
+    /// A run that is over: from its creation to its last attempt's end, as
+    /// `run.json` says them and so as `meshrun ls` and `status` show it.
+    pub recorded_duration: Option<f64>,
     /// Lines of the JSONL files that could not be read.
     pub skipped_lines: usize,
     /// `lag.jsonl`: when each rank reached each step, lines evenly spaced
@@ -260,6 +266,7 @@ impl Run {
                 })
                 .collect(),
             commits: Vec::new(),
+            kept: std::collections::BTreeSet::new(),
             failed_saves: FailedSaves::of(&events),
             loss_key: meshrun_record::loss_key(
                 configured.as_deref(),
@@ -271,6 +278,11 @@ impl Run {
             goodput,
             start: None,
             end: None,
+            recorded_duration: record.as_ref().and_then(|r| {
+                let created = parse_time(&r.created)?;
+                let ended = parse_time(r.attempts.last()?.ended.as_deref()?)?;
+                Some(ended - created)
+            }),
             skipped_lines: bad_events + bad_metrics + bad_lag + bad_memory,
             lag,
             lag_recent,
@@ -329,11 +341,22 @@ impl Run {
                         None => a.failure = Some(Failure::new(record, Some(time))),
                     }
                 }
-                Event::CheckpointCommitted { attempt, step, .. } => self.commits.push(Commit {
-                    time,
-                    attempt: *attempt,
-                    step: *step,
-                }),
+                Event::CheckpointCommitted { attempt, step, .. } => {
+                    self.kept.insert(*step);
+                    self.commits.push(Commit {
+                        time,
+                        attempt: *attempt,
+                        step: *step,
+                    });
+                }
+                Event::CheckpointsDeleted { steps, .. } => {
+                    for s in steps {
+                        self.kept.remove(s);
+                    }
+                }
+                Event::CheckpointSetAside { step, .. } => {
+                    self.kept.remove(step);
+                }
                 Event::Restarting {
                     after_attempt,
                     from_step,

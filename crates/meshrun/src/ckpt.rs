@@ -67,8 +67,17 @@ pub fn run(cmd: CkptCommand) -> Result<(), CkptCliError> {
         } => ls(&run, &runs_dir, storage.as_deref()),
         CkptCommand::Inspect { path } => inspect(&Location::parse(&path)?),
         CkptCommand::Verify { path } => {
+            // Two verdicts: whether the bytes are what was committed, then
+            // whether every leaf can be restored whole from them.
             let path = Location::parse(&path)?;
-            let n = Reader::open(&path)?.verify_all()?;
+            let mut reader = Reader::open(&path)?;
+            let n = reader.verify_all()?;
+            if let Err(e) = reader.check_whole() {
+                out(&format!(
+                    "bytes intact: {n} shards, every CRC matches ({path})"
+                ));
+                return Err(e.into());
+            }
             out(&format!("ok: {n} shards, every CRC matches ({path})"));
             Ok(())
         }

@@ -125,6 +125,52 @@ pub enum Command {
 /// `clap_complete` offer hidden subcommands too (`agent`), and a `clap::Command`
 /// cannot drop one, so the root is rebuilt from the parser's own arguments
 /// and visible subcommands: nothing is restated, so it cannot drift.
+/// `-n`: a count of workers, 1 or more (clap's own parser would say
+/// "not in 0..=4294967295" of -1, naming a 0 that is refused too).
+fn parse_nprocs(s: &str) -> Result<u32, String> {
+    match s.parse::<i64>() {
+        Ok(n) if n < 1 => Err(format!("-n/--nprocs must be at least 1, got {n}")),
+        Ok(n) => u32::try_from(n)
+            .map_err(|_| format!("-n/--nprocs must be at most {}, got {n}", u32::MAX)),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// `meshrun run --nproc 2 train.py`: an option `run` does not know lands
+/// in the program's words (everything from the script on is the
+/// program's). A first word that looks like an option is refused as clap
+/// refuses an unknown option, with the option it most likely meant.
+pub fn misplaced_option(args: &RunArgs) -> Option<clap::Error> {
+    let first = args.program.first()?;
+    if !first.starts_with('-') || first == "-" {
+        return None;
+    }
+    let mut run = <Cli as clap::CommandFactory>::command()
+        .find_subcommand("run")?
+        .clone()
+        .bin_name("meshrun run");
+    let word = first.split('=').next().unwrap_or(first);
+    let known = run
+        .get_arguments()
+        .filter_map(clap::Arg::get_long)
+        .map(|l| format!("--{l}"));
+    let near = known
+        .map(|l| (strsim::jaro(word, &l), l))
+        .filter(|(score, _)| *score > 0.7)
+        .max_by(|a, b| a.0.total_cmp(&b.0));
+    let tip = near.map_or_else(
+        || "\n\n  tip: `meshrun run --help` lists the options".to_string(),
+        |(_, l)| format!("\n\n  tip: a similar argument exists: '{l}'"),
+    );
+    Some(run.error(
+        clap::error::ErrorKind::UnknownArgument,
+        format!(
+            "unexpected argument '{first}' found before the script{tip}\n  \
+             tip: a script whose name starts with '-' is given as ./{first}"
+        ),
+    ))
+}
+
 pub fn completion_command() -> clap::Command {
     let full = <Cli as clap::CommandFactory>::command();
     clap::Command::new("meshrun")
@@ -200,7 +246,9 @@ pub struct RunArgs {
         short = 'n',
         long = "nprocs",
         default_value_t = 1,
-        value_name = "NPROCS"
+        value_name = "NPROCS",
+        allow_negative_numbers = true,
+        value_parser = parse_nprocs
     )]
     pub nprocs: u32,
 
@@ -344,9 +392,10 @@ pub struct RunArgs {
 
     /// Resume run --name from its checkpoint of this step rather than from
     /// the newest one that verifies; the newer ones are set aside (renamed
-    /// superseded-step-N, not deleted).
-    #[arg(long, value_name = "STEP")]
-    pub resume_from: Option<u64>,
+    /// superseded-step-N, not deleted). `none`: start from the beginning,
+    /// every checkpoint set aside.
+    #[arg(long, value_name = "STEP|none")]
+    pub resume_from: Option<meshrun_plan::ResumeFrom>,
 
     /// Treat an attempt as hung when a rank has not called `meshrun.report`
     /// for S seconds (start-up and compilation included): dump every rank's

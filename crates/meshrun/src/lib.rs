@@ -17,6 +17,7 @@ mod stop;
 mod table;
 
 use std::ffi::OsString;
+use std::io::Write;
 use std::path::PathBuf;
 
 use clap::Parser;
@@ -43,15 +44,20 @@ where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
 {
-    let cli = match cli::Cli::try_parse_from(args) {
+    let parsed = cli::Cli::try_parse_from(args).and_then(|cli| match &cli.command {
+        cli::Command::Run(run) => cli::misplaced_option(run).map_or(Ok(cli), Err),
+        _ => Ok(cli),
+    });
+    let cli = match parsed {
         Ok(cli) => cli,
+        Err(e) if e.use_stderr() => {
+            // Said as every other usage error is: "meshrun: error: ...".
+            let _ = write!(std::io::stderr().lock(), "meshrun: {}", e.render());
+            return exit::USAGE;
+        }
         Err(e) => {
             let _ = e.print();
-            return if e.use_stderr() {
-                exit::USAGE
-            } else {
-                exit::SUCCESS
-            };
+            return exit::SUCCESS;
         }
     };
     logging::init(cli.verbose);

@@ -43,11 +43,14 @@ pub fn logs(
         .and_then(|r| r.plan_u64("nprocs"))
         .map_or_else(|| logged_ranks(&logs), |n| n as u32);
     let path = names::log_path(&run.dir, rank);
-    if rank >= nprocs || !path.exists() {
+    // A rank of an earlier attempt (an elastic run that shrank, a rerun on
+    // fewer processes) keeps its log: what is on disk counts, not the
+    // newest attempt's size.
+    if !path.exists() {
         return Err(RunsError::NoRank {
             name: name.into(),
             rank,
-            last: nprocs.saturating_sub(1),
+            last: nprocs.max(logged_ranks(&logs)).saturating_sub(1),
             dir: logs,
         });
     }

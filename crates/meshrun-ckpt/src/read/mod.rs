@@ -4,6 +4,7 @@
 //! only the CRC chunks the requested region falls in are read, and each
 //! is checked before its bytes are used.
 
+mod copies;
 mod file;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -53,6 +54,9 @@ pub struct Reader {
     manifest: Manifest,
     files: HashMap<String, ShardFile>,
     checked: HashSet<(PathBuf, String, usize)>,
+    /// The rank reading: whose copy of a per-process leaf it gets.
+    rank: u32,
+    copies: HashMap<String, copies::Copy>,
 }
 
 impl Reader {
@@ -62,7 +66,17 @@ impl Reader {
             dir: dir.clone(),
             files: HashMap::new(),
             checked: HashSet::new(),
+            rank: 0,
+            copies: HashMap::new(),
         })
+    }
+
+    /// Reads per-process leaves as rank `rank` (rank 0 unless set).
+    #[must_use]
+    pub fn as_rank(mut self, rank: u32) -> Self {
+        self.rank = rank;
+        self.copies.clear();
+        self
     }
 
     pub fn manifest(&self) -> &Manifest {
@@ -117,7 +131,11 @@ impl Reader {
         // every stored shard it overlaps, and the elements covered.
         let mut plans = Vec::with_capacity(requests.len());
         let mut wanted: Wanted = BTreeMap::new();
-        for req in requests.iter() {
+        let chosen = requests
+            .iter()
+            .map(|r| self.copy_for(r.leaf))
+            .collect::<Result<Vec<_>, _>>()?;
+        for (req, copy) in requests.iter().zip(chosen) {
             let leaf = crate::manifest::leaf(&self.manifest, req.leaf)?;
             let size = itemsize(&leaf.dtype)?;
             let expected = elements(req.region) * size;
@@ -131,7 +149,7 @@ impl Reader {
             }
             let mut covered = 0;
             let mut copies = Vec::new();
-            for shard in &leaf.shards {
+            for shard in copies::shards_of(leaf, copy) {
                 let Some(overlap) = intersect(&shard.region, req.region) else {
                     continue;
                 };
@@ -228,12 +246,13 @@ impl Reader {
         Ok(loaded)
     }
 
-    /// Checks every chunk of every tensor, and that the manifest agrees
-    /// with the files: each shard holds the bytes of its region and the
-    /// shards of a leaf add up to the whole leaf (a manifest that does not
-    /// would fail a restore, or read the wrong bytes). Returns how many
-    /// tensors were checked (of a directory checkpoint: how many files,
-    /// each read whole and checked against its record).
+    /// Checks every chunk of every tensor, and that each shard the
+    /// manifest lists holds the bytes of its region: whether the bytes are
+    /// what was committed (an error here is [`CkptError::is_damage`], or
+    /// the storage failing). Returns how many tensors were checked (of a
+    /// directory checkpoint: how many files, each read whole and checked
+    /// against its record). Whether it can be restored whole is
+    /// [`Reader::check_whole`]'s verdict.
     pub fn verify_all(&mut self) -> Result<usize, CkptError> {
         if self.manifest.is_directory() {
             return crate::directory::verify_files(&self.dir, &self.manifest);
@@ -242,7 +261,6 @@ impl Reader {
         let mut n = 0;
         for leaf in &leaves {
             let size = itemsize(&leaf.dtype)?;
-            let mut covered = 0;
             for shard in &leaf.shards {
                 self.open_file(&shard.file)?;
                 let file = &self.files[&shard.file];
@@ -263,18 +281,22 @@ impl Reader {
                     let batch: BTreeSet<usize> = batch.iter().copied().collect();
                     file.chunks(&shard.tensor, &leaf.path, &batch, &mut self.checked)?;
                 }
-                covered += elements(&shard.region);
                 n += 1;
-            }
-            let whole: Vec<(usize, usize)> = leaf.shape.iter().map(|&d| (0, d)).collect();
-            if covered != elements(&whole) {
-                return Err(CkptError::Incomplete {
-                    leaf: leaf.path.clone(),
-                    region: whole,
-                });
             }
         }
         Ok(n)
+    }
+
+    /// Whether every leaf can be restored whole from what the manifest
+    /// lists: the shards of a global array cover it, and so does each
+    /// rank's copy of a per-process leaf. It reads no shard bytes; a
+    /// checkpoint that fails it is whole but was committed so, not damaged
+    /// ([`CkptError::Uncovered`]).
+    pub fn check_whole(&self) -> Result<(), CkptError> {
+        self.manifest
+            .leaves
+            .iter()
+            .try_for_each(copies::check_covered)
     }
 }
 

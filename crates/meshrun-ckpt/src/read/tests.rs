@@ -28,6 +28,7 @@ fn resharded_reads_and_crc_detection() {
                     dtype: "float32".into(),
                     region: vec![(r * 2, r * 2 + 2), (0, 6)],
                     data: Bytes::copy_from_slice(&bytes[r * 48..(r + 1) * 48]),
+                    per_process: false,
                 }
             })
             .collect();

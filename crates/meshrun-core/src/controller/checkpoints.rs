@@ -13,6 +13,7 @@ use meshrun_ckpt::resume::{
 use meshrun_ckpt::store::Location;
 use meshrun_ckpt::CkptError;
 use meshrun_plan::retention::{to_delete, Candidate, Retention};
+use meshrun_plan::ResumeFrom;
 use meshrun_record::Event;
 
 use super::committer::CommitJob;
@@ -59,7 +60,8 @@ pub struct Checkpoints {
     attempt: u32,
     /// The step this attempt resumes from.
     resume: Option<u64>,
-    /// Whether the user asked for it (else: the newest that verifies).
+    /// Whether the user asked for it (a step, or the beginning; else: the
+    /// newest that verifies).
     requested: bool,
     /// Newer checkpoints that did not verify when the attempt opened. They
     /// stay where they are; retention neither counts nor deletes them, and
@@ -77,8 +79,9 @@ impl Checkpoints {
     /// Opens `run_dir/checkpoints` for attempt `attempt`: removes
     /// uncommitted folders (returned, for the record) and chooses the
     /// checkpoint to resume from: `requested` (the first attempt of a run
-    /// given `--resume-from`; the newer ones are set aside), else the
-    /// newest that verifies. Verifying reads every byte once; the restore
+    /// given `--resume-from`; the newer ones are set aside, all of them for
+    /// `none`), else the newest that verifies (an error when checkpoints
+    /// exist and none can be resumed from: see `newest_verified`). Verifying reads every byte once; the restore
     /// that follows finds them in the page cache. In an object store, where
     /// ranks write into the step's own folder, a damaged checkpoint is set
     /// aside at once rather than when its step is saved again.
@@ -87,7 +90,7 @@ impl Checkpoints {
         world: u32,
         retention: Option<Retention>,
         attempt: u32,
-        requested: Option<u64>,
+        requested: Option<ResumeFrom>,
     ) -> Result<(Self, Vec<Location>), CkptError> {
         let root = run_dir.join(CHECKPOINTS);
         if let Some(dir) = root.local() {
@@ -105,12 +108,14 @@ impl Checkpoints {
             superseded: Vec::new(),
             damaged: Vec::new(),
         };
-        if let Some(step) = requested {
+        if let Some(from) = requested {
             // Checked before the run started; checked again, since this is
             // what the workers will restore.
-            verify(&step_at(&me.root, step))?;
-            me.superseded = supersede_newer(&me.root, step)?;
-            me.resume = Some(step);
+            if let Some(step) = from.step() {
+                verify(&step_at(&me.root, step))?;
+            }
+            me.superseded = supersede_newer(&me.root, from.step())?;
+            me.resume = from.step();
         } else {
             let choice = newest_verified(&me.root)?;
             me.resume = choice.step;
@@ -141,7 +146,7 @@ impl Checkpoints {
     /// skipped or set aside, and why.
     pub fn record(&self, rundir: &mut RunDir) -> Result<(), CoreError> {
         let from = self.resume.map_or_else(
-            || "starting from the beginning: no checkpoint verifies".to_string(),
+            || "starting from the beginning".to_string(),
             |s| format!("resuming from step-{s}"),
         );
         for s in &self.skipped {
@@ -158,9 +163,9 @@ impl Checkpoints {
             ));
         }
         for (step, path, to) in &self.superseded {
-            let why = format!(
-                "newer than the step asked to resume from ({})",
-                self.resume.unwrap_or_default()
+            let why = self.resume.map_or_else(
+                || "the run was started from the beginning (--resume-from none)".to_string(),
+                |s| format!("newer than the step asked to resume from ({s})"),
             );
             rundir.event(Event::CheckpointSetAside {
                 attempt: self.attempt,
@@ -334,6 +339,7 @@ mod tests {
             dtype: "float32".into(),
             region: vec![(0, 4)],
             data: bytes::Bytes::from(bytes),
+            per_process: false,
         };
         let records = write_rank_file(&dir, 0, &[input]).unwrap();
         vec![Leaf {
@@ -426,13 +432,14 @@ mod tests {
         for step in [1, 2, 3] {
             done(first.written(0, step, Part::Shards(shards(run, step)), None));
         }
-        let (second, _) = Checkpoints::open(&loc(run), 1, None, 2, Some(1)).unwrap();
+        let (second, _) =
+            Checkpoints::open(&loc(run), 1, None, 2, Some(ResumeFrom::Step(1))).unwrap();
         assert_eq!(second.resume_step(), Some(1));
         let moved: Vec<u64> = second.superseded.iter().map(|(s, _, _)| *s).collect();
         assert_eq!(moved, vec![2, 3]);
         assert_eq!(steps(run), vec![1]);
         assert!(shard_file(run, "superseded-step-3").exists());
         // A step that is not there (any more) fails the attempt.
-        assert!(Checkpoints::open(&loc(run), 1, None, 3, Some(3)).is_err());
+        assert!(Checkpoints::open(&loc(run), 1, None, 3, Some(ResumeFrom::Step(3))).is_err());
     }
 }

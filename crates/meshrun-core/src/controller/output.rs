@@ -48,7 +48,11 @@ pub struct Output {
 /// connected peer ranks is : 1". Its threads print at once, so one such
 /// line often comes cut in two, the halves on two lines: both are noise.
 fn is_gloo_noise(line: &str) -> bool {
-    line.starts_with("[Gloo] ") || line.contains("connected peer ranks is : ")
+    line.starts_with("[Gloo] ")
+        || line.contains("connected peer ranks is : ")
+        // JAX's preemption notifier, on the SIGTERM of every stop: meshrun
+        // says itself why the ranks are stopped.
+        || (line.contains("preemption_notifier.cc") && line.contains("SIGTERM caught"))
 }
 
 /// The start of `line` when it is longer than `limit` bytes, saying how
@@ -186,5 +190,8 @@ mod tests {
             "0 is connected to 3 peer ranks. Expected number of connected peer ranks is : 3"
         ));
         assert!(!is_gloo_noise("step 10 loss 2.5"));
+        assert!(is_gloo_noise(
+            "W1207 02:11:09.123456 21518 preemption_notifier.cc:90] SIGTERM caught at 2026-12-07T02:11:09.123456+00:00"
+        ));
     }
 }

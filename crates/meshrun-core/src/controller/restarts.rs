@@ -29,7 +29,10 @@ pub(super) fn restarting_line(
     let mut from = newest.map_or_else(
         // A program may keep checkpoints of its own (MaxText, Orbax): it
         // then resumes from those, whatever meshrun has.
-        || "from the start (no checkpoint of meshrun's yet; a program with checkpoints of its own resumes from those)".to_string(),
+        || {
+            "from the start (no meshrun checkpoint; the program restores its own, if it keeps any)"
+                .to_string()
+        },
         |s| format!("from the newest checkpoint that verifies (newest committed: step-{s})"),
     );
     if let Some(m) = memory {

@@ -387,7 +387,15 @@ async fn attempt(
     })?;
     let end_unix = unix_time();
     let parts = machine.goodput(status, started_unix, end_unix);
-    goodput.push(attempt, status.state(), started_unix, end_unix, parts);
+    // An attempt before this one in this invocation: a restart or resize.
+    let follows = run.attempts() > 0;
+    goodput.push(
+        attempt,
+        status.state(),
+        (started_unix, end_unix),
+        parts,
+        follows,
+    );
     driver.rundir.write_goodput(goodput)?;
     Ok(AttemptEnd {
         status,

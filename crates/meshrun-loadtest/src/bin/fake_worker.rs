@@ -65,6 +65,7 @@ fn main() {
                     file: format!("rank-{rank}.safetensors"),
                     tensor: "w:0".into(),
                     region: vec![(rank as usize, rank as usize + 1)],
+                    rank: None,
                 }],
             };
             let extra = (rank == 0).then(|| serde_json::json!({ "step": i }));
