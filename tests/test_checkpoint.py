@@ -53,9 +53,13 @@ def test_flipped_byte_is_caught_naming_file_and_tensor(saved, tmp_path):
     copy = tmp_path / "step-5"
     shutil.copytree(saved / "ck" / "checkpoints" / "step-5", copy)
     assert _native.CheckpointReader(str(copy)).verify() > 0
-    # With data=2 x fsdp=2, process 0 holds every replica-0 shard; process 1
-    # owns none and writes no file.
-    assert not (copy / "rank-1.safetensors").exists()
+    # With data=2 x fsdp=2, process 0 holds every replica-0 shard of the
+    # global arrays; process 1's file holds only its own copies of the
+    # per-process (numpy) leaves.
+    manifest = json.loads((copy / "manifest.json").read_text())
+    of_rank_1 = {leaf["path"] for leaf in manifest["leaves"] for s in leaf["shards"] if s["file"] == "rank-1.safetensors"}
+    assert of_rank_1 == {"bytes", "nested/mask", "nested/step"}, of_rank_1
+    assert all(s.get("rank") == 1 for leaf in manifest["leaves"] for s in leaf["shards"] if s["file"] == "rank-1.safetensors")
     shard = copy / "rank-0.safetensors"
     raw = bytearray(shard.read_bytes())
     raw[-5] ^= 0x01  # inside the last tensor's data

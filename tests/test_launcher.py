@@ -348,6 +348,8 @@ USAGE = {
     "run-no-program": [],
     "run-script-missing": ["missing_script.py"],
     "run-script-is-a-directory": [str(SCRIPTS)],
+    "run-script-does-not-compile": [str(SCRIPTS / "does_not_compile.py")],
+    "run-module-not-found": ["-m", "no_such_module_here"],
     "run-module-name-bad": ["-m", "not a module"],
     "run-name-with-slash": ["--name", "a/b", HELLO],
     "run-name-dot-dot": ["--name", "..", HELLO],

@@ -410,3 +410,30 @@ def test_the_python_apis_defaults_are_the_engines(monkeypatch):
     assert _native.save_errors_continue() is True
     monkeypatch.delenv(ENV["on_save_error"])
     assert _native.save_errors_continue() is (DEFAULTS["on_save_error"] == "continue")
+
+
+def test_an_error_before_any_user_code_ran_shows_no_frames_of_meshrun():
+    # A SyntaxError in the script, a module not there: raised inside
+    # meshrun's bootstrap and runpy alone, shown as `python script.py`
+    # shows it, without their frames.
+    from meshrun import _runtime
+
+    for name in ("/x/meshrun/_bootstrap.py", "/usr/lib/python3.11/runpy.py"):
+        code = compile("raise ImportError('No module named no_such_mod')", name, "exec")
+        try:
+            exec(code)
+        except ImportError as e:
+            exc = e.with_traceback(e.__traceback__.tb_next)
+        assert exc.__traceback__ is not None
+        assert _runtime.user_frames(exc).__traceback__ is None
+    # A user's frame after meshrun's is where the traceback starts.
+    code = compile("def f():\n    raise ValueError('boom')\n", "/home/u/train.py", "exec")
+    space: dict = {}
+    exec(code, space)
+    boot = compile("f()", "/x/meshrun/_bootstrap.py", "exec")
+    try:
+        exec(boot, space)
+    except ValueError as e:
+        exc = e.with_traceback(e.__traceback__.tb_next)
+    kept = _runtime.user_frames(exc).__traceback__
+    assert kept is not None and kept.tb_frame.f_code.co_filename == "/home/u/train.py"

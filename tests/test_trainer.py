@@ -355,32 +355,6 @@ def test_a_memory_limit_that_cannot_be_set_names_scaling_config(tmp_path, monkey
     with pytest.raises(meshrun.TrainingFailedError) as info:
         fit(tmp_path, scaling_config=meshrun.ScalingConfig(memory_per_worker="512MiB"), run={"name": "mem", "tee": "none", "progress": False})
     says("py-memory-limit-not-settable", str(info.value))
-    assert "--memory-per-proc" not in str(info.value)
-
-
-@pytest.mark.parametrize(
-    "engine, python",
-    [
-        ("run 'x' failed 3 times, more than --max-failures 2 allows:", "run 'x' failed 3 times, more than FailureConfig(max_failures=2) allows:"),
-        ("cannot limit its memory to 512 bytes (--memory-per-proc): why", "cannot limit its memory to 512 bytes (ScalingConfig(memory_per_worker=...)): why"),
-        # A program's own words are its own.
-        ("rank 0 raised SystemExit: use --max-failures 2", "rank 0 raised SystemExit: use --max-failures 2"),
-    ],
-)
-def test_a_failed_runs_summary_names_python_arguments_not_flags(engine, python, tmp_path, monkeypatch):
-    """The engine words the summary for ``meshrun run``; ``fit()`` names the
-    arguments a Python user set instead."""
-    from types import SimpleNamespace
-
-    def launch(plan, **_):
-        summary = f"meshrun: {engine}\n"
-        return SimpleNamespace(status="failed", succeeded=False, failed=True, attempts=3, exit_code=1, name="x",
-                               run_dir=tmp_path / "runs" / "x", summary=summary, failure=None, metrics=None)  # fmt: skip
-
-    monkeypatch.setattr(meshrun.trainer._native, "run", launch)
-    with pytest.raises(meshrun.TrainingFailedError) as info:
-        fit(tmp_path, run={"name": "x"})
-    assert python in str(info.value) and python in str(info.value.result.error)
 
 
 @covers("py-report-not-a-dict", "py-report-step-negative", "py-report-total-steps-negative")

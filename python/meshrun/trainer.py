@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -331,21 +330,6 @@ def _dumps_keeping_file_names(obj: Any) -> bytes:
     return out.getvalue()
 
 
-# The engine words a failed run's summary for the command line; a Python
-# user set these through the arguments named instead. Whole phrases, so that
-# a flag quoted in a program's own error stays as it was.
-_PYTHON_NAMES = (
-    (re.compile(r"more than --max-failures (\d+) allows"), r"more than FailureConfig(max_failures=\1) allows"),
-    (re.compile(r" bytes \(--memory-per-proc\):"), " bytes (ScalingConfig(memory_per_worker=...)):"),
-)
-
-
-def _in_python_terms(summary: str) -> str:
-    for flag, argument in _PYTHON_NAMES:
-        summary = flag.sub(argument, summary)
-    return summary
-
-
 class Trainer:
     """Runs ``train_fn(config)`` on every worker of a run: ``config`` is
     ``train_loop_config``, ``{}`` when none is given (as in Ray Train); a
@@ -418,11 +402,10 @@ class Trainer:
             if host is not None:
                 host.close()
         kept = _checkpoints(plan.checkpoints_dir)
-        summary = _in_python_terms(out.summary) if out.summary else None
         result = Result(
             metrics=out.metrics,
             path=os.fspath(out.run_dir),
-            error=None if out.succeeded else RunFailedError(summary or f"run {out.name} {out.status}"),
+            error=None if out.succeeded else RunFailedError(out.summary or f"run {out.name} {out.status}"),
             status=out.status,
             failure=out.failure,
             attempts=out.attempts,
@@ -430,7 +413,7 @@ class Trainer:
             best_checkpoints=kept,
         )
         if out.failed:
-            error = TrainingFailedError(f"run {out.name} failed after {out.attempts} attempt(s): {summary or 'see ' + result.path}")
+            error = TrainingFailedError(f"run {out.name} failed after {out.attempts} attempt(s): {out.summary or 'see ' + result.path}")
             error.result = result
             raise error
         return result

@@ -96,7 +96,7 @@ impl MemoryControl {
                     _ => e,
                 };
                 return Err(format!(
-                    "cannot limit its memory to {bytes} bytes (--memory-per-proc): {why}"
+                    "cannot limit its memory to {bytes} bytes (--memory-per-proc, ScalingConfig.memory_per_worker): {why}"
                 ));
             }
         }
@@ -173,8 +173,16 @@ impl WorkerMemory {
         }
     }
 
-    /// What the worker uses now and has used at most, in bytes.
+    /// What the worker uses now and has used at most, in bytes; nothing
+    /// once its processes are gone (an emptied cgroup reads 0 bytes, which
+    /// is no figure of the worker's: its last sample stands).
     pub fn sample(&self, rank: u32) -> Option<RankMemory> {
+        if let Counted::V2(dir) | Counted::V1 { dir, .. } = &self.counted {
+            let procs = fs::read_to_string(dir.join("cgroup.procs")).ok()?;
+            if procs.trim().is_empty() {
+                return None;
+            }
+        }
         let (current, peak) = match &self.counted {
             Counted::V2(dir) => (
                 read_u64(&dir.join("memory.current"))?,
@@ -415,6 +423,30 @@ mod tests {
             cgroup::resolve(&mount, "/containers/abc"),
             Some("/sys/fs/cgroup/memory/containers/abc".into())
         );
+    }
+
+    #[test]
+    fn a_worker_whose_processes_are_gone_has_no_sample() {
+        let dir = tempfile::tempdir().unwrap();
+        for (file, text) in [
+            ("memory.current", "4096\n"),
+            ("memory.peak", "8192\n"),
+            ("cgroup.procs", "42\n"),
+        ] {
+            fs::write(dir.path().join(file), text).unwrap();
+        }
+        let w = WorkerMemory {
+            counted: Counted::V2(dir.path().to_path_buf()),
+            limit: Some(1 << 30),
+            peak: AtomicU64::new(0),
+            pid: AtomicU64::new(42),
+            oom_before: AtomicU64::new(0),
+        };
+        assert_eq!(w.sample(0).map(|m| (m.current, m.peak)), Some((4096, 8192)));
+        // The worker exited: its cgroup is empty and reads 0 bytes.
+        fs::write(dir.path().join("cgroup.procs"), "").unwrap();
+        fs::write(dir.path().join("memory.current"), "0\n").unwrap();
+        assert_eq!(w.sample(0), None);
     }
 
     #[test]

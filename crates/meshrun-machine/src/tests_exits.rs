@@ -130,3 +130,43 @@ fn an_exception_that_is_not_a_lost_peer_fails_the_attempt_at_once() {
     raised(&mut sim, 1, "ValueError: the loss is nan");
     assert_eq!(sim.failed().unwrap().rank, 1);
 }
+
+#[test]
+fn each_ranks_log_says_which_rank_failed_and_why() {
+    // Rank 1 raises, then meshrun stops both: the two logs end apart.
+    let mut sim = Sim::running(2);
+    sim.take();
+    sim.worker(
+        1,
+        FromWorker::Failure {
+            kind: "ValueError".into(),
+            message: "boom".into(),
+            traceback: String::new(),
+        },
+    );
+    ended(&mut sim, 1, None, Some(9));
+    ended(&mut sim, 0, None, Some(9));
+    let notes: Vec<(u32, String)> = sim
+        .take()
+        .into_iter()
+        .filter_map(|a| match a {
+            crate::Action::Note { rank, text } => Some((rank, text)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        notes,
+        [
+            (
+                1,
+                "rank 1 ended with signal 9 (SIGKILL), after it raised ValueError: boom"
+                    .to_string()
+            ),
+            (
+                0,
+                "rank 0 ended with signal 9 (SIGKILL): meshrun stopped it after rank 1 failed"
+                    .to_string()
+            ),
+        ]
+    );
+}

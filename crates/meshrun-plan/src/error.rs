@@ -44,6 +44,18 @@ pub enum UsageError {
     ScriptNotFound { path: PathBuf, cwd: PathBuf },
     #[error("script '{0}' is a directory, not a Python file")]
     ScriptIsDirectory(PathBuf),
+    #[error("script '{path}' cannot be compiled: {why}; nothing was started (a restart could not change it)")]
+    ScriptDoesNotCompile { path: PathBuf, why: String },
+    #[error(
+        "module '{name}' cannot be run: {why} for {python} (from {cwd}, with the run's environment); \
+         give a module it can import, or the path of a script"
+    )]
+    ModuleNotFound {
+        name: String,
+        why: String,
+        python: PathBuf,
+        cwd: PathBuf,
+    },
     #[error("no program given: pass a SCRIPT path or -m MODULE")]
     NoEntry,
     #[error("module name '{0}' is not a dotted Python module name (like 'pkg.train')")]

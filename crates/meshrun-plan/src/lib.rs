@@ -324,6 +324,8 @@ pub use names::check_run_name;
 pub use observe::{parse_profile_steps, Observe, DEFAULT_PROFILE_STEPS};
 pub use recovery::{Recovery, DEFAULT_SPARE_IMPORTS};
 #[cfg(feature = "validate")]
+mod program_check;
+#[cfg(feature = "validate")]
 mod storage_check;
 #[cfg(feature = "validate")]
 mod validate;

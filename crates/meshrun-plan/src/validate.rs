@@ -127,6 +127,11 @@ impl RunSpec {
             }
             Some(Entry::Function) => Entry::Function,
         };
+        // Where the workers run on this machine, their interpreter is this
+        // one's to ask; elsewhere (Ray, joining hosts) it may be another.
+        if self.ray.is_none() && self.listen.is_none() {
+            crate::program_check::check_loadable(&self.python, &entry, &cwd, &self.env)?;
+        }
         let name = match self.name {
             Some(name) => {
                 check_run_name(&name)?;

@@ -136,6 +136,8 @@ pub fn python_words(err: &UsageError) -> String {
         UsageError::Gpu(GpuError::Duplicate { .. })
         | UsageError::ScriptNotFound { .. }
         | UsageError::ScriptIsDirectory(_)
+        | UsageError::ScriptDoesNotCompile { .. }
+        | UsageError::ModuleNotFound { .. }
         | UsageError::NoEntry
         | UsageError::BadModule(_)
         | UsageError::BadRunName(_)

@@ -315,6 +315,30 @@ mod tests {
         let page = fs::read_to_string(write(fine.path()).unwrap()).unwrap();
         assert!(page.contains("<dt>checkpoints</dt><dd>2</dd>"));
         assert!(!page.contains(r#"class="save-failures""#));
+        // The duration `ls` and `status` give (run.json: created to the
+        // last attempt's end), not the span of the events (4.5 s).
+        assert!(page.contains("<dt>duration</dt><dd>4.0 s</dd>"), "{page}");
+    }
+
+    #[test]
+    fn the_header_counts_the_checkpoints_still_there() {
+        // Step 20 committed, then set aside; step 10 deleted by retention,
+        // step 30 committed twice (a restart saved it again): one is left,
+        // as `meshrun status` lists them.
+        let dir = tempfile::TempDir::new().unwrap();
+        synthetic(dir.path(), false);
+        let mut events = fs::read_to_string(dir.path().join("events.jsonl")).unwrap();
+        for e in [
+            json!({"event": "checkpoints_deleted", "steps": [10], "reason": "retention", "time": T0 + 4.0}),
+            json!({"event": "checkpoint_set_aside", "attempt": 2, "step": 20, "path": "/x/step-20", "moved_to": "/x/superseded-step-20", "reason": "r", "time": T0 + 4.1}),
+            json!({"event": "checkpoint_committed", "attempt": 2, "step": 30, "path": "/x/step-30", "time": T0 + 4.2}),
+            json!({"event": "checkpoint_committed", "attempt": 2, "step": 30, "path": "/x/step-30", "time": T0 + 4.3}),
+        ] {
+            let _ = writeln!(events, "{e}");
+        }
+        fs::write(dir.path().join("events.jsonl"), events).unwrap();
+        let page = fs::read_to_string(write(dir.path()).unwrap()).unwrap();
+        assert!(page.contains("<dt>checkpoints</dt><dd>1</dd>"), "{page}");
     }
 
     #[test]

@@ -49,13 +49,14 @@ pub(super) fn restarting_line(
 }
 
 /// The summary of the run's end. `summary` is the last attempt's, `failed`
-/// every failure of the run (the last attempt's last).
+/// every failure of the run (the last attempt's last); `max_failures` the
+/// setting as the caller wrote it (`--max-failures 2`).
 pub(super) fn final_summary(
     name: &str,
     next: Next,
     summary: Option<String>,
     failed: &[FailureRecord],
-    max_failures: u32,
+    max_failures: &str,
 ) -> Option<String> {
     let text = summary?;
     let n = failed.len();
@@ -76,8 +77,7 @@ pub(super) fn final_summary(
             }
         }
         Next::End if n > 1 => format!(
-            "meshrun: run '{name}' failed {n} times, more than --max-failures {max_failures} \
-             allows:\n{earlier}{text}"
+            "meshrun: run '{name}' failed {n} times, more than {max_failures} allows:\n{earlier}{text}"
         ),
         Next::End | Next::Restart => text,
     })
@@ -125,7 +125,7 @@ mod tests {
             Next::EndNow { unused: 3 },
             Some(summary.into()),
             std::slice::from_ref(&missing),
-            3,
+            "--max-failures 3",
         )
         .unwrap();
         assert_eq!(
@@ -150,7 +150,7 @@ mod tests {
             Next::EndNow { unused: 1 },
             Some(summary.replace("attempt 1", "attempt 2")),
             &[exit, failure(2, spawn_failed(true))],
-            2,
+            "--max-failures 2",
         )
         .unwrap();
         assert!(

@@ -173,13 +173,14 @@ pub async fn supervise(plan: RunPlan, opts: ExecOptions) -> Result<Outcome, Core
             error: None,
         })?;
         rundir.flush()?;
-        let summary = restarts::final_summary(
-            &plan.name,
-            next,
-            end.summary,
-            run.failures(),
-            run.max_failures(),
-        );
+        // Said in the caller's terms: a Trainer's function came from Python.
+        let max_failures = if opts.payload.is_some() {
+            format!("FailureConfig(max_failures={})", run.max_failures())
+        } else {
+            format!("--max-failures {}", run.max_failures())
+        };
+        let summary =
+            restarts::final_summary(&plan.name, next, end.summary, run.failures(), &max_failures);
         // Whatever the workers printed comes before the caller's summary;
         // a terminal paused for good does not hold the run's end.
         terminal().flush(TERMINAL_FLUSH_WAIT);
