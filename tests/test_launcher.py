@@ -440,6 +440,8 @@ def test_usage_errors_of_run(row, finished_run):
     before = snapshot(finished_run)
     proc = cli("run", "--runs-dir", finished_run, *USAGE[row], env={"CUDA_VISIBLE_DEVICES": ""})
     exits(row, proc)
+    # One style, whether the grammar or meshrun refused it.
+    assert proc.stderr.startswith("meshrun: error: "), proc.stderr
     assert snapshot(finished_run) == before, "the runs directory was changed"
 
 

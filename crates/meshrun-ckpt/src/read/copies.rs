@@ -18,6 +18,10 @@ use super::Reader;
 /// array.
 pub(super) type Copy = Option<u32>;
 
+/// One stored shard of a copy as far as comparing copies goes: its region
+/// and the checksums of its chunks.
+type Stored = (Vec<(usize, usize)>, Vec<u32>);
+
 impl Reader {
     /// Which copy of leaf `path` this reader's rank reads (remembered).
     pub(super) fn copy_for(&mut self, path: &str) -> Result<Copy, CkptError> {
@@ -25,9 +29,7 @@ impl Reader {
             return Ok(*c);
         }
         let leaf = crate::manifest::leaf(&self.manifest, path)?.clone();
-        let chosen = if !leaf.per_process() {
-            None
-        } else {
+        let chosen = if leaf.per_process() {
             let ranks = leaf.copy_ranks();
             if ranks.contains(&self.rank) {
                 Some(self.rank)
@@ -44,6 +46,8 @@ impl Reader {
                         .join(", "),
                 });
             }
+        } else {
+            None
         };
         self.copies.insert(path.to_string(), chosen);
         Ok(chosen)
@@ -52,7 +56,7 @@ impl Reader {
     /// Whether the copies of every rank in `ranks` hold the same regions
     /// with the same checksums (so the same bytes).
     fn copies_agree(&mut self, leaf: &Leaf, ranks: &[u32]) -> Result<bool, CkptError> {
-        let mut first: Option<Vec<(Vec<(usize, usize)>, Vec<u32>)>> = None;
+        let mut first: Option<Vec<Stored>> = None;
         for &rank in ranks {
             let mut copy = Vec::new();
             for s in shards_of(leaf, Some(rank)) {
