@@ -69,7 +69,7 @@ test: install $(CHROMIUM_STAMP)  ## Set up, then run the Rust and Python test su
 # a Ray cluster, restart a run or wait out a timeout.
 test-fast: install  ## Set up, then the Rust unit tests and the quick Python tests (under 2 minutes on 2 cores).
 	cargo test --workspace --release --quiet --lib
-	$(VENV)/bin/pytest -m "not slow"
+	$(VENV)/bin/pytest $(PYTEST_SPREAD) -m "not slow"
 
 test-rust:  ## Rust tests only.
 	cargo test --workspace --release --quiet

@@ -36,6 +36,7 @@ def saved(tmp_path_factory):
     return runs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("launch, mesh", [(["-n", "1", "--devices-per-proc", "4"], ["1", "4"]), (["-n", "4"], ["2", "1"])])
 def test_restore_onto_another_layout(saved, launch, mesh):
     done = meshrun([*launch, "--tee", "none", SCRIPT, "restore", *mesh], runs_dir=saved, name="ck")
@@ -111,6 +112,7 @@ def test_ckpt_cli_ls_inspect_verify_export(saved, tmp_path):
         ([], [1, 2, 3, 4, 5, 6]),
     ],
 )
+@pytest.mark.slow
 def test_retention_after_each_commit(tmp_path, flags, kept):
     losses = ["5", "1", "4", "3", "2", "6"]
     done = meshrun(["-n", "2", "--devices-per-proc", "2", *flags, str(SCRIPTS / "save_steps.py"), *losses], runs_dir=tmp_path / "runs", name="keep")

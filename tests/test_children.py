@@ -132,6 +132,7 @@ def test_children_are_ended_when_a_failure_stops_the_group(runs):
         kill_all(children(run_dir, [0, 1]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cgroup", ["on", "off"])
 def test_separate_agents_end_children(runs, cgroup):
     # With cgroups off, the agent process is the subreaper of its workers'
@@ -148,6 +149,7 @@ def test_separate_agents_end_children(runs, cgroup):
         kill_all(children(run_dir, [0, 1]))
 
 
+@pytest.mark.slow
 def test_without_cgroups_one_host_ends_the_process_group(runs):
     # The agent lives in the controller's process, which must not become a
     # subreaper: only the child that stayed in the worker's group is found.

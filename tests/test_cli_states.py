@@ -167,6 +167,7 @@ def test_logs_of_a_rank_or_attempt_that_is_not_there(finished_run):
     assert snapshot(finished_run) == before
 
 
+@pytest.mark.slow
 def test_logs_of_a_rank_that_only_an_earlier_attempt_had(tmp_path):
     # Run 'lay' on 2 processes, then continued on 1: rank 1's log holds
     # attempt 1's output and is still shown.

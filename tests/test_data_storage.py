@@ -83,6 +83,7 @@ def same(a: list[list[dict]], b: list[list[dict]]) -> None:
                 np.testing.assert_array_equal(ba[key], bb[key], err_msg=key)
 
 
+@pytest.mark.slow
 def test_files_in_s3_give_the_batches_of_the_same_files_on_disk(dataset):
     local, url = dataset
     here, there = sources(str(local)), sources(url)
@@ -104,6 +105,7 @@ def test_files_in_s3_give_the_batches_of_the_same_files_on_disk(dataset):
     same([resumed], [whole[3:]])
 
 
+@pytest.mark.slow
 def test_the_cache_serves_a_second_epoch_and_a_cache_too_small_still_reads_right(dataset):
     local, url = dataset
     size = (local / "tokens.bin").stat().st_size
@@ -171,6 +173,7 @@ print(cols.records, packed.records, base, rss("VmHWM"))
 """
 
 
+@pytest.mark.slow
 def test_parquet_four_times_the_memory_budget_is_read_within_it(tmp_path):
     budget = 16 << 20
     rows = 61_440  # 4 KiB each (a multiple of the batch): 252 MB decoded, 15x the budget

@@ -135,6 +135,7 @@ def test_a_lost_host_shrinks_the_gpt_to_two_hosts_and_its_return_grows_it_back_w
     assert goodput["seconds"]["resize"] > 0, goodput["seconds"]
 
 
+@pytest.mark.slow
 @covers("run-too-few-hosts")
 def test_fewer_than_min_hosts_left_waits_the_rejoin_timeout_then_ends_naming_the_hosts(nshosts):
     """`--hosts 2:4` on 2 hosts: the first attempt waits the rejoin timeout
@@ -165,6 +166,7 @@ def test_fewer_than_min_hosts_left_waits_the_rejoin_timeout_then_ends_naming_the
     assert "2 of 4 hosts joined within" in first[0]["reason"]
 
 
+@pytest.mark.slow
 def test_an_elastic_run_says_the_wait_it_keeps_and_the_host_count_it_starts_on(tmp_path):
     """`--hosts 1:2 --rejoin-timeout 2 --listen` with no host joining: it
     says it waits 2 s (the rejoin timeout, not the 300 s join timeout),
@@ -186,6 +188,7 @@ def test_an_elastic_run_says_the_wait_it_keeps_and_the_host_count_it_starts_on(t
     assert re.search(r"^  1  succeeded  1      \d{4}-", status.stdout, re.M), status.stdout
 
 
+@pytest.mark.slow
 def test_the_local_backend_starts_every_host_and_tells_the_program_its_range(tmp_path):
     """On one machine meshrun starts all MAX hosts itself: the run is at
     MAX, not resized, and each worker is told MIN and MAX."""
@@ -203,6 +206,7 @@ def _context_fn():
     mr.report({"world": ctx.world_size, "min": ctx.min_world_size, "max": ctx.max_world_size, "resized": ctx.resized, "hosts": ctx.num_hosts})
 
 
+@pytest.mark.slow
 def test_scaling_config_takes_a_worker_range_as_ray_train_spells_it(tmp_path):
     """``num_workers=(MIN, MAX)``: each worker its own host; the program is
     told the range."""
@@ -246,6 +250,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 def test_micro_batches_give_the_whole_batch_gradient():
     """``elastic.accumulate`` over micro-batches: the loss and gradients of
     the whole batch (a mean loss), and ``micro_batches`` the fewest parts

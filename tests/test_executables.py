@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from conftest import ROOT, SCRIPTS, read_jsonl
-from conftest import meshrun as meshrun_run
+import pytest
+from conftest import ROOT, SCRIPTS, meshrun as meshrun_run, read_jsonl
 from errors_page import covers, raises, says
 
 import meshrun
@@ -47,6 +47,7 @@ def test_a_first_call_loads_what_an_earlier_process_compiled_for_the_same_mesh_a
     assert loaded["shapes"] == [3, 2]
 
 
+@pytest.mark.slow
 def test_an_executable_made_for_another_mesh_or_jax_or_damaged_is_compiled_again_saying_why(tmp_path):
     first_call(tmp_path, "2x2", 2.0)
     # Another mesh over the same devices: same shapes, other shardings.
@@ -73,6 +74,7 @@ def test_an_executable_made_for_another_mesh_or_jax_or_damaged_is_compiled_again
     assert first_call(tmp_path, "4", 2.0)["outcomes"] == [["loaded", None]]
 
 
+@pytest.mark.slow
 @covers("jit-stale")
 def test_a_loaded_executable_whose_program_changed_is_found_stale_and_removed(tmp_path):
     """The key cannot see a closure: `scale` changes the program, not the
@@ -89,6 +91,7 @@ def test_a_loaded_executable_whose_program_changed_is_found_stale_and_removed(tm
     assert not np.array_equal(after["y"], first["y"])
 
 
+@pytest.mark.slow
 def test_an_executable_jax_read_from_its_compilation_cache_travels_whole(tmp_path):
     """On CPU an executable JAX loaded from its persistent cache, serialized
     again, lacks its kernels: a process that loads it fails at its first run
@@ -113,6 +116,7 @@ def test_what_a_travelling_function_cannot_take_is_said(tmp_path, monkeypatch):
     assert not any(tmp_path.iterdir()), "nothing is kept for a call that was refused"
 
 
+@pytest.mark.slow
 def test_an_attempt_that_loaded_a_stale_executable_fails_and_the_next_compiles_from_storage(runs):
     """Attempt 2 loads attempt 1's executable, compiled for another value of
     the closure; its check finds it stale, the attempt fails with

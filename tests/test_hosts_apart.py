@@ -44,6 +44,7 @@ def _hosts_by_ip(run_dir) -> dict[str, int]:
     return {e["ip"]: e["host"] for e in read_jsonl(run_dir / "events.jsonl") if e["event"] == "agent_joined"}
 
 
+@pytest.mark.slow
 def test_hosts_get_ranks_in_join_order_or_the_one_they_name(nshosts):
     hosts = nshosts(4)
     env = token_env()
@@ -68,6 +69,7 @@ def test_hosts_get_ranks_in_join_order_or_the_one_they_name(nshosts):
     assert "hello from rank 2" in log
 
 
+@pytest.mark.slow
 @covers("join-wrong-token", "join-host-rank-out-of-range", "join-run-is-full")
 def test_a_wrong_token_a_rank_out_of_range_and_a_third_host_are_refused(nshosts):
     hosts = nshosts(4)
@@ -94,6 +96,7 @@ def test_a_wrong_token_a_rank_out_of_range_and_a_third_host_are_refused(nshosts)
     assert member.returncode == 1 and "meshrun join: run 'refusals' ended: interrupted" in said, said
 
 
+@pytest.mark.slow
 @covers("run-hosts-never-join")
 def test_a_host_that_never_joins_ends_the_run_naming_it(nshosts):
     hosts = nshosts(3)
@@ -202,6 +205,7 @@ def test_a_host_cut_off_mid_training_rejoins_and_the_run_ends_bit_identical(nsho
     assert not (run_dir / "checkpoints").exists() or not list((run_dir / "checkpoints").iterdir())
 
 
+@pytest.mark.slow
 def test_a_host_that_never_comes_back_ends_the_run_saying_so(nshosts):
     """Host 1 cut off for good: the attempt fails, the restart waits the
     join timeout for it, and the run ends with status 1 naming it."""
@@ -244,6 +248,7 @@ def test_a_working_folder_missing_on_a_host_is_named_and_not_retried(nshosts):
     assert run["attempts"][0]["failure"]["cause"]["deterministic"] is True
 
 
+@pytest.mark.slow
 def test_meshrun_join_says_what_it_takes_part_in_and_exits_with_the_runs_outcome(nshosts):
     """`meshrun join` names the run and its host rank once, each attempt it
     takes part in, a restart as a restart (not a lost connection), and how

@@ -39,6 +39,7 @@ def test_unmodified_initialize_joins_the_run(runs):
     assert "connected peer ranks" not in done.stdout + done.stderr
 
 
+@pytest.mark.slow
 def test_env_contract_with_two_hosts(nshosts):
     """Two hosts that share nothing: host 1 joins over the network."""
     hosts = nshosts(2)
@@ -100,6 +101,7 @@ def test_env_contract_with_two_hosts(nshosts):
     assert run["plan"]["hosts"] == 2
 
 
+@pytest.mark.slow
 @pytest.mark.own_compile_cache
 def test_env_contract_with_two_local_hosts(runs):
     """--hosts on one machine: agent processes on loopback addresses."""
@@ -143,6 +145,7 @@ def test_module_mode_and_argv(runs):
     assert rec == {"argv": ["--lr", "0.1", "-x"], "name": "__main__"}
 
 
+@pytest.mark.slow
 def test_tee_all_prefixes_and_logs_every_attempt(runs):
     done = meshrun(["-n", "2", "--tee", "all", str(SCRIPTS / "hello.py")], runs_dir=runs)
     assert done.code == 0, done.stderr
@@ -158,6 +161,7 @@ def test_tee_all_prefixes_and_logs_every_attempt(runs):
     assert [a["attempt"] for a in run["attempts"]] == [1, 2]
 
 
+@pytest.mark.slow
 def test_rank_that_raises_stops_the_group(runs):
     t0 = time.monotonic()
     done = meshrun(["-n", "2", str(SCRIPTS / "raise_rank1.py")], runs_dir=runs)
@@ -186,6 +190,7 @@ def test_nonzero_exit_is_a_failure_with_output_tail(runs):
     assert "| rank 1 giving up" in done.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 128 + 15), (signal.SIGINT, 128 + 2)])
 def test_signal_to_meshrun_stops_the_whole_tree(runs, sig, code):
     proc = start(["-n", "2", "--hosts", "2", str(SCRIPTS / "sleeper.py")], runs_dir=runs, name="sig")
@@ -294,6 +299,7 @@ def test_wrong_token_is_refused_while_the_run_goes_on(runs):
     assert_none_left(run_dir)
 
 
+@pytest.mark.slow
 def test_a_workers_credential_cannot_join_as_a_host_or_speak_as_another_rank(runs):
     """Workers never hold the run token, though the run was given it in
     MESHRUN_TOKEN: each holds a credential of its own rank and attempt.

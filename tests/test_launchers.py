@@ -7,11 +7,13 @@ import json
 import re
 import subprocess
 
+import pytest
 from conftest import MESHRUN, SCRIPTS, meshrun
 
 WARNING = "contradict where meshrun placed this process"
 
 
+@pytest.mark.slow
 def test_programs_of_every_launcher_join_one_run(runs):
     # Rank r joins the way programs of launcher r do: plain JAX, Kubeflow's
     # JAXJob, MaxText's CPU path (a bare host name and port 1234), MaxText's
@@ -31,6 +33,7 @@ def test_programs_of_every_launcher_join_one_run(runs):
     assert "coordinator_address (from JAX_COORDINATOR_ADDRESS) 'localhost' -> '127.0.0.1:" in done.log(5), done.log(5)
 
 
+@pytest.mark.slow
 def test_a_metrics_file_the_program_writes_becomes_its_steps(runs, tmp_path):
     # A line left by an earlier run is not this run's and is skipped.
     metrics = tmp_path / "metrics.txt"

@@ -48,6 +48,7 @@ def saved(s3server, tmp_path_factory):
     return runs, storage
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("launch, mesh", [(["-n", "1", "--devices-per-proc", "4"], ["1", "4"]), (["-n", "4"], ["4", "1"])])
 def test_restore_from_s3_onto_another_layout(s3server, saved, launch, mesh):
     runs, storage = saved
@@ -114,6 +115,7 @@ def test_storage_mistakes_are_named_before_training_starts(s3server, s3_bucket, 
     assert s3server.objects(s3_bucket.removeprefix("s3://")) == {}, "a refused run left objects behind"
 
 
+@pytest.mark.slow
 def test_a_rank_killed_in_the_middle_of_an_upload_damages_nothing_and_the_restart_resumes(s3server, s3_bucket, tmp_path):
     """Each rank uploads 40 MiB (a multipart upload); rank 1 is SIGKILLed
     right after handing step 2 over. Step 1 stays committed and whole; the
@@ -174,6 +176,7 @@ def test_the_gpt_killed_resumes_from_s3_bit_identical(s3server, s3_bucket, tmp_p
     assert (tmp_path / "s3.sha").read_text() == gpt_reference(*GPT_TINY, "--steps", str(steps)).digest
 
 
+@pytest.mark.slow
 def test_the_storage_down_during_saves_costs_those_checkpoints_only(tmp_path):
     """The S3 server is killed while the ranks save at every step. With
     the default policy the saves that fail are recorded (naming the URL),

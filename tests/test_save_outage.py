@@ -11,6 +11,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 from conftest import MESHRUN, SCRIPTS, assert_none_left, read_jsonl, start, stop, wait_for
 
 
@@ -30,6 +31,7 @@ def point(link: Path, target: Path) -> None:
     os.replace(tmp, link)
 
 
+@pytest.mark.slow
 def test_saves_that_fail_for_a_while_are_told_once_and_counted(tmp_path):
     runs, name = tmp_path / "runs", "outage"
     run_dir = runs / name
@@ -85,6 +87,7 @@ def test_saves_that_fail_for_a_while_are_told_once_and_counted(tmp_path):
     assert f"{len(failed)} saves failed (steps {lo} to {hi})" in page
 
 
+@pytest.mark.slow
 def test_a_commit_held_for_20_s_holds_back_no_report_and_fails_no_rank(s3server, s3_bucket, tmp_path):
     """The controller's commit of a step (its manifest's PUT) is held for
     20 s by a proxy in front of the S3 server, while the ranks' own uploads
@@ -132,6 +135,7 @@ def test_a_commit_held_for_20_s_holds_back_no_report_and_fails_no_rank(s3server,
     assert_none_left(run_dir)
 
 
+@pytest.mark.slow
 def test_a_save_under_way_when_the_program_raises_is_committed_before_the_failure(s3server, s3_bucket, tmp_path):
     """The program reports step 3 with its state and raises at once, while
     a proxy holds its shards' upload until the traceback is in the rank's

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import threading
 
+import pytest
 from conftest import MESHRUN, ROOT, SCRIPTS, assert_none_left, read_jsonl, start, stop, wait_for
 
 import meshrun as mr
@@ -23,6 +24,7 @@ def reported(run_dir, step: int):
     return lambda: any((r["step"] or 0) >= step for r in read_jsonl(run_dir / "metrics.jsonl"))
 
 
+@pytest.mark.slow
 def test_stop_saves_a_checkpoint_then_ends_the_run(runs):
     proc = start(["-n", "2", "--checkpoint-every", "1000", LOOP], runs_dir=runs, name="s")
     run_dir = runs / "s"
@@ -42,6 +44,7 @@ def test_stop_saves_a_checkpoint_then_ends_the_run(runs):
     assert_none_left(run_dir)
 
 
+@pytest.mark.slow
 def test_stop_now_ends_the_run_as_stopped_without_a_checkpoint(runs):
     """A stop asked for is a stop, not a crash: its own line, state and
     exit status (3), in the terminal, run.json, `ls`, `status` and the
@@ -71,6 +74,7 @@ def test_stop_now_ends_the_run_as_stopped_without_a_checkpoint(runs):
     assert_none_left(run_dir)
 
 
+@pytest.mark.slow
 def test_sigterm_to_meshrun_is_still_an_interruption_by_sigterm(runs):
     """Only a stop asked for with `meshrun stop` reads as one: SIGTERM to
     meshrun, with a program that saves no checkpoint, is an interruption

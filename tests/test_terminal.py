@@ -58,6 +58,7 @@ def test_a_reader_that_does_not_read_neither_stops_the_run_nor_delays_the_logs(r
     assert_none_left(runs / "chatty")
 
 
+@pytest.mark.slow
 def test_a_closed_stderr_does_not_stop_the_run(runs):
     # The reader of stderr is gone before meshrun writes its restart note.
     read_end, write_end = os.pipe()

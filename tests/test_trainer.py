@@ -53,6 +53,7 @@ def test_fit_runs_on_every_worker_and_returns_metrics(tmp_path):
     assert_none_left(tmp_path / "runs" / "fit")
 
 
+@pytest.mark.slow
 def test_fit_with_two_hosts(tmp_path):
     result = meshrun.Trainer(
         psum_fn,
