@@ -296,13 +296,19 @@ fn run_apart(ranks: u32, per_host: u32) -> Row {
         ])
         .env(ONE_ENV, ranks.to_string())
         .env("MESHRUN_SCALE_PER_HOST", per_host.to_string())
-        .stderr(std::process::Stdio::inherit())
         .output()
         .expect("the test runs again");
     let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprint!("{stderr}");
+    // Which bound it missed is in its panic; a run killed from outside
+    // (out of memory, a signal) has none, and its status says so.
+    let tail: Vec<&str> = stderr.lines().rev().take(20).collect();
     assert!(
         out.status.success(),
-        "the run of {ranks} ranks failed:\n{stdout}"
+        "the run of {ranks} ranks failed ({}); the end of what it said:\n{}\n{stdout}",
+        out.status,
+        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
     );
     let line = stdout
         .lines()
