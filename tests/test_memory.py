@@ -93,14 +93,15 @@ def test_a_limit_the_host_cannot_set_ends_the_run_saying_why(runs):
     assert len(json.loads((done.run_dir / "run.json").read_text())["attempts"]) == 1
 
 
-@covers("memory-size-unreadable", "memory-size-too-small", "memory-size-negative", "memory-size-no-unit-fraction", "memory-size-too-small-k")
+@covers("memory-size-unreadable", "memory-size-too-small", "memory-size-negative", "memory-size-no-unit-fraction", "memory-size-too-small-k", "memory-size-ambiguous")
 def test_sizes_that_cannot_be_limits_are_refused(tmp_path):
     for row, size in (
         ("memory-size-unreadable", "lots"),
-        ("memory-size-too-small", "512K"),
+        ("memory-size-too-small", "512KiB"),
+        ("memory-size-ambiguous", "2560M"),
         ("memory-size-negative", "-1"),
         ("memory-size-no-unit-fraction", "1.5"),
-        ("memory-size-too-small-k", "1k"),
+        ("memory-size-too-small-k", "1kB"),
     ):
         exits(row, cli("run", "--runs-dir", tmp_path / "runs", "--memory-per-proc", size, HELLO))
     assert not (tmp_path / "runs").exists()

@@ -191,4 +191,4 @@ def test_plans_come_least_communication_first_and_say_what_lowers_them():
     assert "data=1 fsdp=4 tensor=1" in planning.table(plans)
     with pytest.raises(ConfigError, match="cannot read 'lots' as a memory size"):
         planning.plan(abstract, gpt.RULES, "lots", devices=4)
-    assert planning.parse_size("1.5GiB") == 3 << 29 and planning.parse_size("2G") == 2 * 10**9
+    assert planning.parse_size("1.5GiB") == 3 << 29 and planning.parse_size("2GB") == 2 * 10**9

@@ -23,9 +23,19 @@ pub struct MemoryLimit(pub u64);
 pub enum SizeError {
     #[error(
         "cannot read '{text}' as a size: {why}; write a number of bytes with a unit, such as \
-         2GiB, 1500MiB or 3.5GB (KiB/MiB/GiB are powers of 1024, KB/MB/GB and K/M/G of 1000)"
+         2GiB, 1500MiB or 3.5GB (KiB/MiB/GiB are powers of 1024, KB/MB/GB of 1000)"
     )]
     Unreadable { text: String, why: String },
+    #[error(
+        "'{text}' is ambiguous: {letter} means a power of 1000 to some tools ({number}{letter}B, as \
+         Kubernetes reads it) and of 1024 to others ({number}{letter}iB, as Slurm's --mem and Docker's -m \
+         read it); write {number}{letter}B or {number}{letter}iB"
+    )]
+    Ambiguous {
+        text: String,
+        number: String,
+        letter: char,
+    },
     #[error(
         "{text} ({bytes}) is less than the {min} a worker needs to start Python and JAX; \
          give at least 256MiB{hint}",
@@ -41,8 +51,9 @@ pub enum SizeError {
 }
 
 impl MemoryLimit {
-    /// Reads `2GiB`, `1500MiB`, `3.5GB`, `4G` (units as `bytesize` reads
-    /// them: the `i` units are powers of 1024).
+    /// Reads `2GiB`, `1500MiB`, `3.5GB` (units as `bytesize` reads
+    /// them: the `i` units are powers of 1024; a lone `K`, `M` or `G` is
+    /// refused as ambiguous).
     pub fn parse(text: &str) -> Result<Self, SizeError> {
         Self::from_bytes(parse_bytes(text)?, text.trim())
     }
@@ -99,6 +110,22 @@ fn unreadable(text: &str, parser: String) -> String {
 /// API and `meshrun.planning`.
 pub fn parse_bytes(text: &str) -> Result<u64, SizeError> {
     let trimmed = text.trim();
+    // `2560M`: MB to bytesize and Kubernetes, MiB to Slurm and Docker. Not
+    // guessed: the user says which.
+    let number = trimmed
+        .trim_end_matches(|c: char| c.is_ascii_alphabetic())
+        .trim_end();
+    let unit = trimmed[number.len()..].trim();
+    if let [letter] = unit.chars().collect::<Vec<_>>()[..] {
+        let letter = letter.to_ascii_uppercase();
+        if "KMGTPE".contains(letter) && !number.is_empty() {
+            return Err(SizeError::Ambiguous {
+                text: text.to_string(),
+                number: number.to_string(),
+                letter,
+            });
+        }
+    }
     trimmed
         .parse::<bytesize::ByteSize>()
         .map(|b| b.as_u64())
@@ -135,9 +162,9 @@ mod tests {
         let e = MemoryLimit::parse("lots").unwrap_err().to_string();
         assert!(e.starts_with("cannot read 'lots' as a size: "), "{e}");
         assert!(e.contains("such as 2GiB, 1500MiB or 3.5GB"), "{e}");
-        let e = MemoryLimit::parse("512K").unwrap_err().to_string();
+        let e = MemoryLimit::parse("512KiB").unwrap_err().to_string();
         assert!(
-            e.starts_with("512K (500 KiB) is less than the 256 MiB"),
+            e.starts_with("512KiB (512 KiB) is less than the 256 MiB"),
             "{e}"
         );
         assert!(e.contains("did you mean 512MiB?"), "{e}");
@@ -158,11 +185,19 @@ mod tests {
                 "{e}"
             );
         }
-        let e = MemoryLimit::parse("1k").unwrap_err().to_string();
+        let e = MemoryLimit::parse("1kB").unwrap_err().to_string();
         assert!(
             e.ends_with("give at least 256MiB (did you mean 1GiB?)"),
             "{e}"
         );
+        // A lone K, M or G is MB to some tools and MiB to others: refused,
+        // naming both.
+        for text in ["2560M", "2g", "512 K"] {
+            let e = MemoryLimit::parse(text).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("'{text}' is ambiguous: ")), "{e}");
+        }
+        let e = MemoryLimit::parse("2560M").unwrap_err().to_string();
+        assert!(e.ends_with("write 2560MB or 2560MiB"), "{e}");
         let e = MemoryLimit::parse("0").unwrap_err().to_string();
         assert!(e.ends_with("give at least 256MiB"), "{e}");
     }
