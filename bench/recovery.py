@@ -1,21 +1,29 @@
 """Recovery time: from SIGKILL of one worker to the first completed training
-step after the automatic restart, on two paths side by side.
+step after the automatic restart, on three paths side by side.
 
 Each round runs the demo GPT (``examples/gpt.py --fsdp 2 --tensor 2``,
 2 processes x 2 CPU devices) under ``meshrun run --max-failures 1
 --checkpoint-every 5``, waits until step 5 is committed and rank 0 has
 reported step 7, then kills rank 1 with SIGKILL and records, from the run's
-own ``events.jsonl``, ``metrics.jsonl`` and ``goodput.json`` (times taken by
-the controller and the workers):
+own ``events.jsonl`` and ``metrics.jsonl`` (times taken by the controller
+and by rank 0) the time from the kill to the first training step of the
+new attempt reported (rank 0 blocks on that step's loss before reporting
+it), in consecutive parts that add up to it:
 
   detect    the failure recorded
-  stopped   the last worker of the failed attempt gone
+  stop      the last worker of the failed attempt gone
   relaunch  the new attempt's workers started (or handed to spares)
-  step      the first training step of the new attempt reported (rank 0
-            blocks on that step's loss before reporting it)
+  process   rank 0's process taking the attempt (a spare's handover, or a
+            new interpreter's start)
+  imports   its code up to the user's program (meshrun, JAX)
+  join, restore, compile, data+save
+            the restarted rank 0's own figures (``first_step`` event):
+            ``jax.distributed``'s join, the restore, tracing and
+            compilation (or loading the executables), the loader and saves
+  first_step  the rest of rank 0's time to its first report: the step
+  report    the report's way to the controller
 
-and, for the restarted attempt, where its time went (the workers' own
-figures: start-up, compilation including tracing, restore, first steps).
+beside a steady step of the first attempt.
 
   durable   the path before fast recovery: restore from the durable
             checkpoint (step 5), new interpreters (``--warm-spares off``)
@@ -38,7 +46,6 @@ gives medians. ``--model small`` runs a 2-layer, 32-wide GPT instead.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import statistics
@@ -95,7 +102,8 @@ def one_round(runs: Path, name: str, mode: str, steps: int, model: list[str]) ->
     # step before the save of that step commits, so a kill between the two
     # redoes one step by design.
     saved = [e["step"] for e in events("memory_checkpoint_committed") + events("checkpoint_committed") if e["attempt"] == 1 and e["time"] <= killed]
-    parts = json.loads((run_dir / "goodput.json").read_text())["attempts"][1]["seconds"]
+    attempt_1 = [r["time"] for r in jsonl(run_dir / "metrics.jsonl") if r["attempt"] == 1 and "loss" in r["metrics"]]
+    steady = [b - a for a, b in zip(attempt_1, attempt_1[1:], strict=False)]
     return {
         "detect": detect - killed,
         "stopped": stopped - killed,
@@ -109,8 +117,40 @@ def one_round(runs: Path, name: str, mode: str, steps: int, model: list[str]) ->
         "warm": all(e.get("warm", False) for e in events("worker_started") if e["attempt"] == 2),
         # Ranks whose restarted train step was loaded, not compiled.
         "loaded": sum(1 for e in events("executable") if e["attempt"] == 2 and e["name"].endswith(".train_step") and e["outcome"] == "loaded"),
-        **{f"restart_{k}": v for k, v in parts.items()},
+        # A steady step of the first attempt (rank 0's reports), for the
+        # restart's first step to be held against.
+        "steady_step": statistics.median(steady[len(steady) // 2 :]),
+        **timeline(killed, detect, stopped, relaunch, next(e for e in events("first_step") if e["attempt"] == 2), first["time"]),
     }
+
+
+def timeline(killed: float, detect: float, stopped: float, relaunch: float, first_step: dict, reported: float) -> dict[str, float]:
+    """The kill to the restart's first step in consecutive parts that add
+    up to it: the controller's times (the failure recorded, the failed
+    group gone, the new attempt's workers started), then rank 0's own
+    figures sent with its first step (``first_step``): the process taking
+    the attempt (a warm spare's handover, or a new interpreter's start),
+    its code up to the user's (imports), the join of ``jax.distributed``,
+    the restore, compilation or the executables' load, time in the data
+    loader and in saves, the step itself (the rest of rank 0's time to its
+    first report), and the report's way to the controller."""
+    t = first_step["timing"]
+    named = t["init"] + t["restore"] + t["compile"] + t["data"] + t["checkpoint"]
+    parts = {
+        "detect": detect - killed,
+        "stop": stopped - detect,
+        "relaunch": relaunch - stopped,
+        "process": t["proc_start"] - relaunch,
+        "imports": t["user_start"] - t["proc_start"],
+        "join": t["init"],
+        "restore": t["restore"],
+        "compile": t["compile"],
+        "data+save": t["data"] + t["checkpoint"],
+        "first_step": t["now"] - t["user_start"] - named,
+        "report": first_step["time"] - t["now"],
+        "recorded": reported - first_step["time"],
+    }
+    return {f"part_{k}": v for k, v in parts.items()}
 
 
 def main() -> None:
@@ -136,8 +176,9 @@ def main() -> None:
     rows = []
     for m in modes:
         x = med[m]
-        rows.append((m, f"stopped {x['stopped']:.2f} s, relaunched {x['relaunch']:.2f} s, first step {x['step']:.2f} s, steps lost {x['steps_lost']:.0f}; "
-                        f"restart: start-up {x['restart_startup']:.2f}, compile {x['restart_compile']:.2f}, restore {x['restart_restore']:.2f}, steps {x['restart_step']:.2f}, other {x['restart_other']:.2f} s"))
+        parts = {k.removeprefix("part_"): x[k] for k in keys if k.startswith("part_")}
+        rows.append((m, f"first step {x['step']:.2f} s (steady step {x['steady_step']:.2f} s), steps redone {x['steps_lost']:.0f}; "
+                        + " + ".join(f"{k} {v:.2f}" for k, v in parts.items()) + f" = {sum(parts.values()):.2f} s"))
     base = modes[0]
     result = {"model": args.model, "rounds": rounds, "median": med, "speedup_over": base, "speedup": {m: med[base]["step"] / med[m]["step"] for m in modes}}
     summary = f"SIGKILL to first step after restart ({args.model} GPT): " + ", ".join(f"{m} {med[m]['step']:.2f} s ({result['speedup'][m]:.2f}x {base})" for m in modes)

@@ -75,6 +75,12 @@ def test_recovery_bench_short(tmp_path):
     for label in ("durable", "memory", "executables"):
         m = result["median"][label]
         assert 0 < m["detect"] <= m["stopped"] <= m["relaunch"] < m["step"]
+        # The parts of each round add up to its time from the kill to the
+        # first step; the step itself and the compile part are named.
+        for r in result["rounds"][label]:
+            parts = {k: v for k, v in r.items() if k.startswith("part_")}
+            assert abs(sum(parts.values()) - r["step"]) < 1e-6, (r["step"], parts)
+            assert parts["part_first_step"] > 0 and parts["part_compile"] > 0, parts
     for label in ("memory", "executables"):
         memory = result["rounds"][label][0]
         # Resumed from the newest step every rank had saved when the kill

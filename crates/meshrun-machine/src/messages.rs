@@ -141,6 +141,13 @@ impl Machine {
                 total_steps,
             } => {
                 let unsaved = step.filter(|_| !saving);
+                if let (0, Some(s), None) = (rank, step, self.ranks[0].last_step) {
+                    self.record(Event::FirstStep {
+                        attempt: self.attempt(),
+                        step: s,
+                        timing: timing.clone(),
+                    });
+                }
                 self.ranks.update(rank, |state| {
                     state.progress = Some(now);
                     if state.last_step.is_none() && step.is_some() {

@@ -146,3 +146,43 @@ fn a_start_that_failed_for_a_missing_folder_or_program_is_one_no_restart_can_cha
         assert_eq!(f.cause.restart_cannot_change(), lasting, "{problem:?}");
     }
 }
+
+#[test]
+fn rank_0s_first_step_is_recorded_once_with_the_figures_it_came_with() {
+    let mut sim = Sim::running(2);
+    let timing = meshrun_record::Timing {
+        proc_start: 100.0,
+        user_start: 100.5,
+        now: 103.0,
+        compile: 1.2,
+        init: 0.1,
+        restore: 0.3,
+        ..Default::default()
+    };
+    sim.report(1, 6, false);
+    let first = |step| meshrun_protocol::FromWorker::Report {
+        step: Some(step),
+        metrics: serde_json::json!({"loss": 1.0}),
+        checkpoint: false,
+        timing: Some(timing.clone()),
+        saving: true,
+        total_steps: None,
+    };
+    sim.worker(0, first(6));
+    sim.worker(0, first(7));
+    let firsts: Vec<_> = sim
+        .events()
+        .into_iter()
+        .filter(|e| matches!(e, Event::FirstStep { .. }))
+        .cloned()
+        .collect();
+    assert_eq!(
+        firsts,
+        vec![Event::FirstStep {
+            attempt: 1,
+            step: 6,
+            timing: Some(timing.clone()),
+        }],
+        "rank 1's report is not rank 0's, and step 7 is not the first"
+    );
+}

@@ -158,6 +158,17 @@ pub enum Event {
         reason: Option<String>,
         seconds: f64,
     },
+    /// Rank 0 reported the attempt's first step: `timing`, its own figures
+    /// then (when the report carried them), split the time from the
+    /// attempt's start to that step into start-up, the join, restore,
+    /// compilation and the step itself (see `docs/architecture.md`,
+    /// Goodput; `bench/recovery.py` reads a restart's time from it).
+    FirstStep {
+        attempt: u32,
+        step: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        timing: Option<crate::goodput::Timing>,
+    },
     /// Every host holds memory checkpoint `step` (and, with more than one
     /// host, its buddy the replica).
     MemoryCheckpointCommitted {
@@ -338,7 +349,8 @@ impl Event {
             | Event::Growing { attempt, .. }
             | Event::AttemptEnded { attempt, .. }
             | Event::FrameRejected { attempt, .. }
-            | Event::Executable { attempt, .. } => Some(*attempt),
+            | Event::Executable { attempt, .. }
+            | Event::FirstStep { attempt, .. } => Some(*attempt),
             Event::WorkerFailed(f) => Some(f.attempt),
             Event::RunEnded { attempt, .. } => *attempt,
             Event::AgentJoined { .. }

@@ -5,7 +5,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::memory::{Bytes, StateNeed};
+use crate::memory::{Bytes, Limit, StateNeed};
 
 /// How a worker process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -124,7 +124,7 @@ fn out_of_memory(
         (OomHow::Killed, Some(limit)) => format!(
             "ran out of memory on host {host}: the kernel's out-of-memory killer ended it at \
              its limit of {}{peak}",
-            Bytes(limit)
+            Limit(limit)
         ),
         (OomHow::Killed, None) => format!(
             "ran out of memory on host {host}: the kernel's out-of-memory killer ended it (no \
@@ -139,7 +139,7 @@ fn out_of_memory(
                 ""
             };
             let limit =
-                limit.map_or_else(String::new, |l| format!(" under its limit of {}", Bytes(l)));
+                limit.map_or_else(String::new, |l| format!(" under its limit of {}", Limit(l)));
             format!("ran out of memory on host {host}: XLA could not allocate{limit}{peak} ({quoted}{cut})")
         }
     };

@@ -108,9 +108,43 @@ impl fmt::Display for Bytes {
     }
 }
 
+/// A memory limit, said in the units it was most likely given in: one
+/// that is a whole number of KiB reads as [`Bytes`] (`2560MiB` is
+/// "2.50 GiB"); one in powers of 1000 (`2.5GB`) reads so, with its binary
+/// reading beside it ("2.5 GB (2.33 GiB)"), never as a rounded power of
+/// 1024 alone that the user never wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limit(pub u64);
+
+impl fmt::Display for Limit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.0;
+        if n.is_multiple_of(1024) || n < 1000 {
+            return Bytes(n).fmt(f);
+        }
+        let (unit, name) = [(1_000_000_000, "GB"), (1_000_000, "MB"), (1_000, "KB")]
+            .into_iter()
+            .find(|(u, _)| n >= *u)
+            .unwrap_or((1, "bytes"));
+        #[allow(clippy::cast_precision_loss)]
+        let text = format!("{:.3}", n as f64 / unit as f64);
+        let text = text.trim_end_matches('0').trim_end_matches('.');
+        write!(f, "{text} {name} ({})", Bytes(n))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_limit_is_said_in_the_units_it_was_given_in() {
+        assert_eq!(Limit(2560 << 20).to_string(), "2.50 GiB");
+        assert_eq!(Limit(2_500_000_000).to_string(), "2.5 GB (2.33 GiB)");
+        assert_eq!(Limit(3_000_000_000).to_string(), "3 GB (2.79 GiB)");
+        assert_eq!(Limit(1_500_000).to_string(), "1.5 MB (1 MiB)");
+        assert_eq!(Limit(512).to_string(), "512 bytes");
+    }
 
     #[test]
     fn bytes_read_as_a_person_would() {
