@@ -129,11 +129,13 @@ def soak(tmp_path: Path, data_dir: str, gpt_reference, kills: int, steps: int, s
     assert not [e for e in events(run_dir, "executable") if e["outcome"] == "stale"]
 
 
+@pytest.mark.bench_smoke
 def test_sigkill_soak_with_memory_checkpoints(tmp_path, gpt_data, gpt_reference):
     seed = int(os.environ.get("MESHRUN_SOAK_SEED", str(random.randrange(1 << 30))))
     soak(tmp_path, gpt_data, gpt_reference, kills=int(os.environ.get("MESHRUN_SOAK_KILLS", "2")), steps=int(os.environ.get("MESHRUN_SOAK_STEPS", "30")), seed=seed, memory=True)
 
 
+@pytest.mark.bench_smoke
 def test_sigkill_soak_short(tmp_path, gpt_data, gpt_reference):
     seed = int(os.environ.get("MESHRUN_SOAK_SEED", str(random.randrange(1 << 30))))
     soak(tmp_path, gpt_data, gpt_reference, kills=int(os.environ.get("MESHRUN_SOAK_KILLS", "2")), steps=int(os.environ.get("MESHRUN_SOAK_STEPS", "30")), seed=seed)
