@@ -303,11 +303,13 @@ GPT_LAUNCH = ["-n", "2", "--devices-per-proc", "2", "--tee", "none"]
 
 @dataclass
 class Reference:
-    """An uninterrupted run of the GPT: its final parameters' digest and
-    the sample ids each rank read (``rank-<r>.jsonl`` under ``samples``)."""
+    """An uninterrupted run of the GPT: its final parameters' digest, the
+    sample ids each rank read (``rank-<r>.jsonl`` under ``samples``) and
+    its loss at each step."""
 
     digest: str
     samples: Path
+    losses: dict[int, float]
 
 
 @pytest.fixture(scope="session")
@@ -336,7 +338,8 @@ def gpt_reference(tmp_path_factory, gpt_data):
                 ran = meshrun([*GPT_LAUNCH, GPT, *args, "--data-dir", gpt_data, "--sample-log", str(out / "samples"), "--params-digest", str(out / "params.sha")], runs_dir=out / "runs", name="ref", timeout=900)
                 assert ran.code == 0, ran.stderr + ran.log(0)[-2000:]
                 (out / "done").write_text(json.dumps(args))
-        return Reference((out / "params.sha").read_text(), out / "samples")
+        losses = {r["step"]: r["metrics"]["loss"] for r in read_jsonl(out / "runs" / "ref" / "metrics.jsonl") if "loss" in r["metrics"]}
+        return Reference((out / "params.sha").read_text(), out / "samples", losses)
 
     return reference
 

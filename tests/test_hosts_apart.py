@@ -18,6 +18,7 @@ from conftest import GPT_TINY, MESHRUN, ROOT, SCRIPTS, cli, freeze_agent_and_kil
 from errors_page import covers, exits
 from hostsrun import listen_addr, meshrun_on, run_args, start_joins
 
+PACED = str(SCRIPTS / "gpt_paced.py")
 SLEEPER = str(SCRIPTS / "plain_sleeper.py")
 HELLO = str(SCRIPTS / "hello.py")
 
@@ -295,9 +296,10 @@ def test_a_joined_host_that_lost_its_memory_restores_from_its_buddy_over_the_net
     wiped. The restart hands both ranks to warm spares, host 1 fetches its
     step back from host 0's replica over the bridge, and the final
     parameters equal those of an uninterrupted run on one host."""
-    # Enough steps that the run is still training when the kill comes,
-    # on a fast machine too (16 were done before it on one).
-    train = [EXAMPLE, *GPT_TINY, "--steps", "48"]
+    # The shared reference's 30 steps, each paced (0.3 s before its report)
+    # so that the run is still training when the kill comes, on a fast
+    # machine too (16 unpaced steps were done before it on one).
+    train = [PACED, *GPT_TINY, "--steps", "30"]
     launch = ["-n", "2", "--devices-per-proc", "2", "--tee", "none"]
 
     hosts = nshosts(2)
@@ -365,7 +367,7 @@ def test_a_joined_host_that_lost_its_memory_restores_from_its_buddy_over_the_net
     assert all(e["replicated"] for e in events("memory_checkpoint_committed"))
     warm = {e["rank"]: e.get("warm", False) for e in events("worker_started") if e["attempt"] == 2}
     assert warm == {0: True, 1: True}, f"the restart did not go to the spares: {warm}"
-    assert (hosts.shared / "mem.sha").read_text() == gpt_reference(*GPT_TINY, "--steps", "48").digest
+    assert (hosts.shared / "mem.sha").read_text() == gpt_reference(*GPT_TINY, "--steps", "30").digest
     # Nothing durable was ever saved: only memory could resume it.
     assert not list((hosts.shared / "mem" / "checkpoints").glob("step-*"))
     # The run's memory is gone from both hosts when it ends.

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import HELLO, MESHRUN, ROOT, SCRIPTS, alive, assert_none_left, cli, meshrun, read_jsonl, start, stop, wait_for
+from conftest import GPT, GPT_TINY, HELLO, MESHRUN, ROOT, SCRIPTS, alive, assert_none_left, cli, meshrun, read_jsonl, start, stop, wait_for
 from errors_page import covers, exits, says
 from nshosts import NsHosts, nshosts_unavailable
 from ports import free_port
@@ -251,10 +251,6 @@ def test_digits_gives_the_same_losses_on_ray_as_locally(two_nodes, storage, tmp_
     assert_spread(two_nodes, ray.run_dir)
 
 
-GPT = str(ROOT / "examples" / "gpt.py")
-GPT_TINY = ["--batch-size", "8", "--seq-len", "32", "--d-model", "32", "--layers", "2", "--heads", "4", "--eval-every", "100000", "--eval-batches", "1", "--data", "2", "--tensor", "2", "--steps", "16"]
-
-
 def final_losses(records):
     """Step -> loss of the last attempt that ran the step."""
     out = {}
@@ -265,21 +261,21 @@ def final_losses(records):
 
 
 @pytest.mark.slow
-def test_gpt_on_ray_with_a_killed_worker_resumes_to_the_local_result(two_nodes, storage, tmp_path):
-    """The sharded GPT (data 2 x tensor 2 over two hosts) on Ray, with one
+def test_gpt_on_ray_with_a_killed_worker_resumes_to_the_local_result(two_nodes, storage, tmp_path, gpt_reference):
+    """The sharded GPT (fsdp 2 x tensor 2 over two hosts) on Ray, with one
     worker SIGKILLed mid-run, restarts from its checkpoint and ends with the
-    losses and the parameters, bit for bit, of the uninterrupted local run.
+    losses and the parameters, bit for bit, of the uninterrupted local run
+    (the suite's shared reference: 2 processes x 2 devices on one host).
     Each node builds the corpus in its own /tmp; rank 0, on either node,
     writes the digest to the storage. Memory checkpoints are replicated to
     the other node; the restart takes them, or storage's (Ray may move hosts)."""
+    steps = 30  # those of the restart tests' shared reference
+    ref = gpt_reference(*GPT_TINY, "--steps", str(steps))
     runs, data = tmp_path / "runs", ["--data-dir", str(tmp_path / "data")]
     launch = ["-n", "2", "--hosts", "2", "--devices-per-proc", "2", "--checkpoint-every", "2", "--tee", "none"]
-    local = meshrun([*launch, GPT, *GPT_TINY, *data, "--params-digest", str(tmp_path / "local.sha")], runs_dir=runs, name="local", timeout=400)
-    assert local.code == 0, local.stderr + local.log(0)[-2000:]
-
     run_dir = runs / "ray"
     digest = storage / "ray.sha"
-    proc = start(on_ray(two_nodes, "--ray-strategy", "STRICT_SPREAD", "--storage", str(storage), "--max-failures", "1", "--memory-checkpoint-every", "1", *launch, GPT, *GPT_TINY, *data, "--params-digest", str(digest)), runs_dir=runs, name="ray")
+    proc = start(on_ray(two_nodes, "--ray-strategy", "STRICT_SPREAD", "--storage", str(storage), "--max-failures", "1", "--memory-checkpoint-every", "1", *launch, GPT, *GPT_TINY, "--steps", str(steps), *data, "--params-digest", str(digest)), runs_dir=runs, name="ray")
     try:
         wait_for(lambda: proc.poll() is not None or any((r["step"] or 0) >= 5 for r in read_jsonl(run_dir / "metrics.jsonl")), 180, "the GPT to train on Ray")
         assert proc.poll() is None, proc.communicate()[1]
@@ -302,10 +298,10 @@ def test_gpt_on_ray_with_a_killed_worker_resumes_to_the_local_result(two_nodes, 
         # durable one can be newer by then, and the newer source wins:
         # memory is not asked.
         assert chose == [], (chose, restarts, [e["step"] for e in held])
-    want, got = final_losses(local.metrics()), final_losses(read_jsonl(run_dir / "metrics.jsonl"))
-    assert sorted(got) == list(range(1, 17)) and got.keys() == want.keys()
-    assert max(abs(got[s] - want[s]) for s in want) < 1e-5
-    assert digest.read_text() == (tmp_path / "local.sha").read_text(), "parameters differ from the local run"
+    got = final_losses(read_jsonl(run_dir / "metrics.jsonl"))
+    assert sorted(got) == list(range(1, steps + 1)) and got.keys() == ref.losses.keys()
+    assert max(abs(got[s] - ref.losses[s]) for s in got) < 1e-5
+    assert digest.read_text() == ref.digest, "parameters differ from the local run"
     assert any(e["event"] == "checkpoint_committed" for e in read_jsonl(run_dir / "events.jsonl"))
     assert any(p.name.startswith("step-") for p in (storage / "ray" / "checkpoints").iterdir()), "no checkpoint in the storage"
     assert_spread(two_nodes, run_dir)
