@@ -293,6 +293,11 @@ def test_gpt_on_ray_with_a_killed_worker_resumes_to_the_local_result(two_nodes, 
     newest_memory = max(e["step"] for e in held)
     if newest_memory >= restarts[0]["from_step"]:
         assert len(chose) == 1 and chose[0]["step"] >= restarts[0]["from_step"], (chose, restarts, [e["step"] for e in held])
+        # Whether Ray put each host back where it ran or on its buddy's
+        # node, the restart loaded the train step the first attempt compiled
+        # (from the host's own folder, or from the replica on that node).
+        loaded = sorted((e["rank"], e["outcome"]) for e in read_jsonl(run_dir / "events.jsonl") if e["event"] == "executable" and e["attempt"] == 2 and e["name"].endswith(".train_step"))
+        assert loaded == [(0, "loaded"), (1, "loaded")], (loaded, chose)
     else:
         # A memory step commits once its replica is on the other node; a
         # durable one can be newer by then, and the newer source wins:

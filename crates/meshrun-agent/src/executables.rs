@@ -209,9 +209,11 @@ pub(crate) async fn give(
     send_files(conn, &dir, &names, ReplicaReply::Raw).await
 }
 
-/// Gives a host that holds no executables (`into` empty) those kept for
-/// it: from this machine's scratch, where its buddy ran before, else from
-/// the buddy. Says where they came from, `None` when it needed none.
+/// Gives a host the executables kept for it: from this machine's scratch,
+/// where its buddy ran before (the workers' folder `into` then holds the
+/// buddy's own, which this host's ranks cannot use: the replica's are
+/// added beside them), else from the buddy when `into` holds none. Says
+/// where they came from, `None` when it needed none.
 pub async fn restore(
     mem: &HostMemory,
     run_scratch: &Path,
@@ -220,21 +222,27 @@ pub async fn restore(
     run_id: &str,
     into: &Path,
 ) -> Result<Option<String>, String> {
-    if !finished(into).is_empty() {
-        return Ok(None);
-    }
     let here = kept(run_scratch, mem.host());
-    let local = finished(&here);
-    if !local.is_empty() {
+    let lacking: Vec<_> = finished(&here)
+        .into_iter()
+        .filter(|(n, _)| !into.join(n).is_file())
+        .collect();
+    if !lacking.is_empty() {
         tokio::fs::create_dir_all(into)
             .await
             .map_err(|e| format!("cannot create '{}': {e}", into.display()))?;
-        for (name, _) in &local {
+        for (name, _) in &lacking {
             tokio::fs::copy(here.join(name), into.join(name))
                 .await
                 .map_err(|e| format!("cannot copy '{name}': {e}"))?;
         }
-        return Ok(Some(format!("{} from this machine's replica", local.len())));
+        return Ok(Some(format!(
+            "{} from this machine's replica",
+            lacking.len()
+        )));
+    }
+    if !finished(into).is_empty() {
+        return Ok(None);
     }
     let Some(buddy) = buddy else {
         return Ok(None);
@@ -331,13 +339,25 @@ mod tests {
         assert_eq!(again, None);
 
         // Host 1 now placed where its buddy ran: its replica is on this
-        // machine already, and no buddy is asked.
+        // machine already, and no buddy is asked. The workers' folder there
+        // holds the buddy's own executables (other ranks' keys): host 1's
+        // go beside them, the buddy's stay.
         let into = keeper_run.join("executables");
+        exe(&into, "buddys-own.xla", 3);
         let from = restore(&mem, &keeper_run, None, &token, "run", &into)
             .await
             .unwrap();
         assert_eq!(from, Some("3 from this machine's replica".to_string()));
         assert_eq!(std::fs::read(into.join("dd.xla")).unwrap(), vec![7u8; 5]);
+        assert_eq!(
+            std::fs::read(into.join("buddys-own.xla")).unwrap(),
+            vec![7u8; 3]
+        );
+        // Asked again: it has them all.
+        let again = restore(&mem, &keeper_run, None, &token, "run", &into)
+            .await
+            .unwrap();
+        assert_eq!(again, None);
         serving.abort();
     }
 

@@ -29,3 +29,30 @@ pub fn rss_kib() -> u64 {
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap_or(0)
 }
+
+/// CPU seconds the whole machine spent busy (every core: user, system,
+/// interrupts) and those a hypervisor gave to other machines (steal),
+/// since boot, from `/proc/stat`. A measurement's other load is the busy
+/// time it did not spend itself.
+pub fn machine_seconds() -> (f64, f64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let fields: Vec<f64> = stat
+        .lines()
+        .next()
+        .and_then(|l| l.strip_prefix("cpu "))
+        .map(|rest| {
+            rest.split_whitespace()
+                .filter_map(|f| f.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    let tick = |i: usize| fields.get(i).copied().unwrap_or(0.0) / 100.0;
+    // user nice system idle iowait irq softirq steal
+    let busy = tick(0) + tick(1) + tick(2) + tick(5) + tick(6);
+    (busy, tick(7))
+}
+
+/// The cores this process may run on.
+pub fn cores() -> f64 {
+    std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64)
+}
