@@ -76,17 +76,21 @@ def start_all() -> None:
             c.start()
 
 
-def after_first_step(output: Any) -> None:
-    """Starts the checks once `output` (of the first step) is computed, so
-    that the step runs at full speed."""
+def when_computed(output: Any, then: Callable[[], None]) -> None:
+    """Calls `then` once `output` (of a first step) is computed, from a
+    thread of its own, so that the step runs at full speed first; at once
+    when there is no output to wait for."""
+    if output is None:
+        then()
+        return
 
-    def wait_then_start() -> None:
+    def wait_then() -> None:
         # Donated to the next call by then (deleted): computed, as good.
         with contextlib.suppress(Exception):
             output.block_until_ready()
-        start_all()
+        then()
 
-    threading.Thread(target=wait_then_start, name="meshrun-first-step", daemon=True).start()
+    threading.Thread(target=wait_then, name="meshrun-first-step", daemon=True).start()
 
 
 def raise_if_stale() -> None:
