@@ -428,3 +428,38 @@ fn judge(met: bool, r: &Row, missed: &str) {
         panic!("{missed}; {load}, so the machine was not the cause");
     }
 }
+
+#[cfg(test)]
+fn row(wall_s: f64, others_cpu_s: f64) -> Row {
+    Row {
+        ranks: 10_000,
+        join_s: 12.0,
+        start_s: 0.0,
+        stop_s: 0.0,
+        restart_s: 0.0,
+        commit_s: 0.0,
+        cpu_s: 0.0,
+        peak_mib: 0.0,
+        messages_per_s: 0.0,
+        lost: 0,
+        wall_s,
+        others_cpu_s,
+    }
+}
+
+#[test]
+fn a_bound_missed_on_a_busy_machine_is_said_not_judged() {
+    // Other processes took most of every core: the machine's miss.
+    let r = row(20.0, 20.0 * cores() * 0.9);
+    judge(false, &r, "10000 ranks joined in 12.00 s, not under 10");
+}
+
+#[test]
+#[should_panic(expected = "so the machine was not the cause")]
+fn a_bound_missed_on_a_quiet_machine_fails() {
+    judge(
+        false,
+        &row(20.0, 0.5),
+        "10000 ranks joined in 12.00 s, not under 10",
+    );
+}
