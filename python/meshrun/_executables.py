@@ -285,18 +285,20 @@ class Jitted:
             out = compiled(*args)
         self._compiled[seen] = compiled
         if check is not None:
-            # Only an executable that ran is checked.
+            # Only an executable that ran is checked, once its first step
+            # has computed (the prefetch's others wait for that too).
             checks.add(check)
-        if check is not None or not _first_ran.is_set():
-            loaded = check is not None
 
             def ran() -> None:
                 _first_ran.set()
-                if loaded:
-                    checks.start_all()
+                checks.start_all()
 
             first = jax.tree.leaves(out)
             checks.when_computed(first[0] if first else None, ran)
+        else:
+            # Compiled: no thread waits on its output (one still inside
+            # JAX when the interpreter exits aborts the process).
+            _first_ran.set()
         return out
 
     def _first_call(self, folder: str, signature: str, args: Any, described: list[Any]) -> tuple[Any, checks.Check | None]:
