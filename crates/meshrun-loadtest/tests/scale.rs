@@ -429,7 +429,7 @@ fn judge(met: bool, r: &Row, missed: &str) {
     }
 }
 
-#[cfg(test)]
+/// A row whose join missed its bound, with the run's length and others' CPU.
 fn row(wall_s: f64, others_cpu_s: f64) -> Row {
     Row {
         ranks: 10_000,
