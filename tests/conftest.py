@@ -267,8 +267,8 @@ def _own_scratch(request, tmp_path_factory, monkeypatch, _session_compile_cache)
     and its own version), so no result depends on it. Tests of the cache
     itself, or of where meshrun puts it, are marked ``own_compile_cache``
     and get meshrun's default (the scratch folder's). Hosts that share
-    nothing never share it (nshosts.py leaves it out of their
-    environment)."""
+    nothing see it too (nshosts.py keeps it visible at its path in their
+    private /tmp): it is the one thing of the test session they share."""
     monkeypatch.setenv("MESHRUN_SCRATCH", str(tmp_path_factory.mktemp("scratch")))
     monkeypatch.setenv("MESHRUN_MEMORY_DIR", str(tmp_path_factory.mktemp("memory")))
     if request.node.get_closest_marker("own_compile_cache") is None:
@@ -349,6 +349,21 @@ def gpt_reference(tmp_path_factory, gpt_data):
 # nothing a test asserts on beyond that.
 def pytest_addoption(parser):
     parser.addoption("--bench-smoke", action="store_true", help="run only the benchmark short forms (marked bench_smoke)")
+
+
+# XLA's CPU backend at optimization level 0 for every process the tests
+# start (set before any starts, so Ray nodes and hosts in namespaces carry
+# it too): a tiny GPT's train step compiles in about a third of the time
+# (4.0 s against 12.8 s on 2 cores) and no test asserts on how fast XLA's
+# code runs, only on what meshrun does with it; every run a test compares
+# (a reference, a restart, another layout) is compiled the same way. The
+# benchmarks' short forms keep XLA's default: they time things.
+SUITE_XLA_FLAG = "--xla_backend_optimization_level=0"
+
+
+def pytest_configure(config):
+    if not config.getoption("--bench-smoke") and SUITE_XLA_FLAG not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {SUITE_XLA_FLAG}".strip()
 
 
 # Under `make test`'s workers (pytest-xdist, a file to a worker at a

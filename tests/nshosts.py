@@ -14,7 +14,8 @@
   and in ``MESHRUN_SCRATCH``), its own hostname (``host-h``, resolvable by
   every host with ``controller``) and, unless told otherwise, the common
   ``shared`` folder at the same path inside and outside (a shared
-  filesystem).
+  filesystem). The test session's compilation cache, where the
+  environment names one, stays visible at its own path (``kept``).
 
 Processes run in a host through ``popen``/``run``: ``nsenter`` into the
 host's network namespace, then ``unshare`` a mount and UTS namespace of
@@ -70,6 +71,18 @@ def _installed_under_tmp() -> list[Path]:
 
 #: See ``_installed_under_tmp``; as paths relative to /tmp.
 KEPT_UNDER_TMP = [p.relative_to(Path("/tmp").resolve()) for p in _installed_under_tmp()]
+
+
+def _compile_cache_under_tmp(cache: str | os.PathLike | None) -> list[Path]:
+    """The test session's JAX compilation cache, relative to /tmp where it
+    lies there: hosts see it at its own path, as they see the program. A
+    cached executable is the one a compile would give (JAX keys it by the
+    program, the devices, the flags and its own version), so sharing it
+    changes no result, only how often the same program is compiled."""
+    if not cache:
+        return []
+    path, tmp = Path(cache).resolve(), Path("/tmp").resolve()
+    return [path.relative_to(tmp)] if path.is_relative_to(tmp) and path.is_dir() else []
 # Second octet of 10.R.0.0/24, drawn at random so concurrent harnesses
 # (which also check the routing table) do not collide.
 SUBNET_RANGE = range(200, 251)
@@ -135,13 +148,17 @@ class NsHosts:
     """``count`` hosts that share nothing but a bridge and, if asked, the
     ``shared`` folder. See the module's docstring."""
 
-    def __init__(self, count: int, *, shared: bool = True, without_shared: tuple[int, ...] | list[int] = ()):
+    def __init__(self, count: int, *, shared: bool = True, without_shared: tuple[int, ...] | list[int] = (), compile_cache: str | os.PathLike | None = None):
         if not 1 <= count <= MAX_HOSTS:
             raise ValueError(f"count must be between 1 and {MAX_HOSTS}, got {count}")
         bad = [h for h in without_shared if not 0 <= h < count]
         if bad:
             raise ValueError(f"without_shared names hosts {bad}, but the hosts are 0..{count - 1}")
         self.count = count
+        #: What stays visible at its own path in every host's /tmp: the
+        #: program, and the test session's compilation cache
+        #: (``compile_cache``, by default ``JAX_COMPILATION_CACHE_DIR``'s).
+        self.kept = [*KEPT_UNDER_TMP, *_compile_cache_under_tmp(compile_cache or os.environ.get("JAX_COMPILATION_CACHE_DIR"))]
         self.id = secrets.token_hex(3)
         self.base = BASE_PARENT / f"meshrun-hosts-{self.id}"
         self.scratch_path = self.base / "scratch"
@@ -190,8 +207,8 @@ class NsHosts:
 
     def written_to_tmp(self, h: int) -> list[Path]:
         """What host h has in its /tmp, less the mount points of the
-        program kept visible there (``KEPT_UNDER_TMP``)."""
-        kept = {self.tmp(h) / k for k in KEPT_UNDER_TMP}
+        program and the compilation cache kept visible there (``kept``)."""
+        kept = {self.tmp(h) / k for k in self.kept}
         parents = {p for k in kept for p in k.parents}
         return [p for p in self.tmp(h).rglob("*") if p not in kept and p not in parents and not any(p.is_relative_to(k) for k in kept)]
 
@@ -217,11 +234,12 @@ class NsHosts:
 
     def env(self, h: int, extra: dict | None = None) -> dict:
         """The environment a process in host h gets: ours, less TMPDIR
-        (which names our /tmp) and the session's compilation cache (each
-        host keeps its own, in its scratch folder), plus MESHRUN_SCRATCH,
-        the memory tier's folder in it (each host's own, as its shared
-        memory would be), and then ``extra``."""
-        env = {k: v for k, v in os.environ.items() if k not in ("TMPDIR", "JAX_COMPILATION_CACHE_DIR")}
+        (which names our /tmp), plus MESHRUN_SCRATCH, the memory tier's
+        folder in it (each host's own, as its shared memory would be), and
+        then ``extra``. The session's compilation cache, when ours names
+        one, stays (see ``kept``); without it each host keeps its own, in
+        its scratch folder."""
+        env = {k: v for k, v in os.environ.items() if k != "TMPDIR"}
         env["MESHRUN_SCRATCH"] = str(self.scratch_path)
         env["MESHRUN_MEMORY_DIR"] = str(self.scratch_path / "memory")
         env["HOSTNAME"] = self.hostname(h)
@@ -239,10 +257,10 @@ class NsHosts:
         binds = []
         # The program stays where it is: held at a staging point while /tmp
         # is replaced, then put back at its own path.
-        for i, kept in enumerate(KEPT_UNDER_TMP):
+        for i, kept in enumerate(self.kept):
             binds.append(f"mount --bind {shlex.quote(str(Path('/tmp') / kept))} {shlex.quote(str(self.base / 'kept' / str(i)))}")
         binds.append(f"mount --bind {shlex.quote(str(self.tmp(h)))} /tmp")
-        for i, kept in enumerate(KEPT_UNDER_TMP):
+        for i, kept in enumerate(self.kept):
             binds.append(f"mount --bind {shlex.quote(str(self.base / 'kept' / str(i)))} {shlex.quote(str(Path('/tmp') / kept))}")
         binds += [
             f"mount --bind {shlex.quote(str(self.scratch(h)))} {shlex.quote(str(self.scratch_path))}",
@@ -383,9 +401,9 @@ class NsHosts:
             self.tmp(h).chmod(0o1777)
             self.scratch(h).mkdir()
             (d / "no-shared").mkdir()
-            for kept in KEPT_UNDER_TMP:
+            for kept in self.kept:
                 (self.tmp(h) / kept).mkdir(parents=True)
-        for i in range(len(KEPT_UNDER_TMP)):
+        for i in range(len(self.kept)):
             (self.base / "kept" / str(i)).mkdir(parents=True)
 
     def _make_network(self) -> None:

@@ -107,6 +107,7 @@ def test_a_host_that_never_joins_ends_the_run_naming_it(nshosts):
     assert "meshrun join " + listen_addr(hosts) in proc.stderr, "the join command is printed"
 
 
+@pytest.mark.own_compile_cache  # it checks that the cache, too, stays in the scratch folder
 def test_function_mode_on_two_hosts_writes_nothing_outside_scratch_and_storage(nshosts):
     hosts = nshosts(2)
     env = token_env()

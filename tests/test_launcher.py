@@ -40,6 +40,7 @@ def test_unmodified_initialize_joins_the_run(runs):
 
 
 @pytest.mark.slow
+@pytest.mark.own_compile_cache  # it checks where each host's cache goes
 def test_env_contract_with_two_hosts(nshosts):
     """Two hosts that share nothing: host 1 joins over the network."""
     hosts = nshosts(2)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import alive, wait_for
-from nshosts import KEPT_UNDER_TMP, NsHosts
+from nshosts import NsHosts
 
 # Serves argv[2] to every connection on (argv[1], a free port); prints the port.
 SERVE = """
@@ -117,9 +117,9 @@ def test_tmp_is_private_to_each_host(nshosts, monkeypatch):
 
     assert (hosts.tmp(0) / name).read_text() == "written-by-h0\n"
     assert not (Path("/tmp") / name).exists()
-    # Host 1's /tmp holds nothing but the checkout kept at its path (when
-    # the checkout itself lies under /tmp).
-    kept = {str(k).split("/")[0] for k in KEPT_UNDER_TMP}
+    # Host 1's /tmp holds nothing but the checkout and the session's
+    # compilation cache kept at their paths (where they lie under /tmp).
+    kept = {str(k).split("/")[0] for k in hosts.kept}
     assert set(hosts.run(1, ["ls", "-A", "/tmp"]).stdout.split()) == kept
     assert not (hosts.tmp(1) / name).exists()
     # Python's temporary files land in the host's /tmp, not in a TMPDIR

@@ -150,17 +150,19 @@ def stop_nodes(procs: list[subprocess.Popen], mark: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def two_nodes(tmp_path_factory):
+def two_nodes(tmp_path_factory, _session_compile_cache):
     """A Ray head here and a second node in a namespace host, 2 CPUs each:
-    two `ray start --block` processes, each leading its own session."""
+    two `ray start --block` processes, each leading its own session. Their
+    workers share the test session's compilation cache (see conftest's
+    ``_own_scratch``)."""
     reason = nshosts_unavailable()
     if reason is not None:
         pytest.skip(f"no network namespaces: {reason}")
     cluster_id = secrets.token_hex(4)
-    env = {**RAY_ENV, MARK: cluster_id}
-    # The head node's agents keep their scratch (compilation cache) here.
+    env = {**RAY_ENV, MARK: cluster_id, "JAX_COMPILATION_CACHE_DIR": str(_session_compile_cache)}
+    # The head node's agents keep their scratch here.
     scratch = tmp_path_factory.mktemp("head-scratch")
-    hosts = NsHosts(1)
+    hosts = NsHosts(1, compile_cache=_session_compile_cache)
     procs: list[subprocess.Popen] = []
     temp = None
     try:
