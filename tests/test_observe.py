@@ -118,16 +118,16 @@ def on_terminal(cmd: list[str], timeout: float = 240) -> tuple[int, str]:
 
 @pytest.mark.slow
 def test_progress_bar_on_a_terminal_and_quiet(tmp_path):
-    def command(name: str, *flags: str) -> list[str]:
-        return [str(MESHRUN), "run", "--runs-dir", str(tmp_path / "runs"), "--name", name, *flags, "-n", "2", "--platform", "cpu", DIGITS, "--steps", "300"]
+    def command(name: str, steps: int, *flags: str) -> list[str]:
+        return [str(MESHRUN), "run", "--runs-dir", str(tmp_path / "runs"), "--name", name, *flags, "-n", "2", "--platform", "cpu", DIGITS, "--steps", str(steps)]
 
-    code, drawn = on_terminal(command("bar"))
+    code, drawn = on_terminal(command("bar", 200))
     assert code == 0, drawn[-2000:]
-    assert "attempt 1 · step " in drawn and "/300 · loss " in drawn and " steps/s" in drawn and "ETA " in drawn, drawn[-2000:]
+    assert "attempt 1 · step " in drawn and "/200 · loss " in drawn and " steps/s" in drawn and "ETA " in drawn, drawn[-2000:]
     # Rank 0's own lines reach the terminal whole, above the bar.
     lines = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", drawn).replace("\r", "\n").splitlines()
-    assert any(line.startswith("step  200  loss ") for line in lines) and any("test accuracy" in line for line in lines), drawn[-2000:]
-    code, drawn = on_terminal(command("quiet", "--quiet"))
+    assert any(line.startswith("step  100  loss ") for line in lines) and any("test accuracy" in line for line in lines), drawn[-2000:]
+    code, drawn = on_terminal(command("quiet", 100, "--quiet"))
     assert code == 0 and "attempt 1 · step" not in drawn
 
 
