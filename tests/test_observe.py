@@ -20,7 +20,7 @@ from conftest import MESHRUN, ROOT, assert_none_left, cli, meshrun, read_jsonl, 
 
 GPT = str(ROOT / "examples" / "gpt.py")
 DIGITS = str(ROOT / "examples" / "digits_dp.py")
-TINY = ["--batch-size", "8", "--seq-len", "32", "--d-model", "32", "--layers", "2", "--heads", "4", "--eval-every", "10", "--eval-batches", "1", "--fsdp", "2", "--tensor", "2", "--steps", "40"]
+TINY = ["--batch-size", "8", "--seq-len", "32", "--d-model", "32", "--layers", "2", "--heads", "4", "--eval-every", "10", "--eval-batches", "1", "--fsdp", "2", "--tensor", "2", "--steps", "30"]
 PARTS = ("startup", "compile", "restore", "data", "step", "checkpoint", "lost", "other")
 
 
@@ -74,7 +74,7 @@ def test_status_ls_and_logs_on_a_real_run(failed_once):
     assert ls.returncode == 0, ls.stderr
     header, row = ls.stdout.splitlines()[:2]
     assert header.split() == ["NAME", "STATE", "ATTEMPTS", "STEP", "LOSS", "DURATION"]
-    assert row.split()[:4] == ["g", "succeeded", "2", "40"]
+    assert row.split()[:4] == ["g", "succeeded", "2", "30"]
     status = cli("status", "g", "--runs-dir", str(runs))
     assert status.returncode == 0, status.stderr
     assert "rank 1 ended with signal 9" in status.stdout
@@ -121,13 +121,13 @@ def test_progress_bar_on_a_terminal_and_quiet(tmp_path):
     def command(name: str, steps: int, *flags: str) -> list[str]:
         return [str(MESHRUN), "run", "--runs-dir", str(tmp_path / "runs"), "--name", name, *flags, "-n", "2", "--platform", "cpu", DIGITS, "--steps", str(steps)]
 
-    code, drawn = on_terminal(command("bar", 200))
+    code, drawn = on_terminal(command("bar", 150))
     assert code == 0, drawn[-2000:]
-    assert "attempt 1 · step " in drawn and "/200 · loss " in drawn and " steps/s" in drawn and "ETA " in drawn, drawn[-2000:]
+    assert "attempt 1 · step " in drawn and "/150 · loss " in drawn and " steps/s" in drawn and "ETA " in drawn, drawn[-2000:]
     # Rank 0's own lines reach the terminal whole, above the bar.
     lines = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", drawn).replace("\r", "\n").splitlines()
     assert any(line.startswith("step  100  loss ") for line in lines) and any("test accuracy" in line for line in lines), drawn[-2000:]
-    code, drawn = on_terminal(command("quiet", 100, "--quiet"))
+    code, drawn = on_terminal(command("quiet", 30, "--quiet"))
     assert code == 0 and "attempt 1 · step" not in drawn
 
 
