@@ -11,7 +11,7 @@ BUILD_STAMP := $(VENV)/.meshrun-built
 CHROMIUM_STAMP := $(VENV)/.chromium
 RUST_SOURCES := $(shell find crates -name '*.rs' -o -name 'Cargo.toml') Cargo.toml $(wildcard Cargo.lock) pyproject.toml
 
-.PHONY: help install demo test test-fast test-rust test-python test-kubeflow test-maxtext lint bench-smoke bench-startup bench-step-parity bench-data bench-ckpt bench-ckpt-s3 bench-recovery bench-inplace bench-vs-ray bench-hosts bench-elastic fit bench-fitting soak partition fuzz load bench-scale clean
+.PHONY: help install demo test test-fast test-rust test-python test-kubeflow test-maxtext lint bench-smoke bench-all bench-startup bench-step-parity bench-data bench-ckpt bench-ckpt-s3 bench-recovery bench-inplace bench-vs-ray bench-hosts bench-elastic fit bench-fitting soak partition fuzz load bench-scale clean
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -137,6 +137,11 @@ lint: install  ## rustfmt, clippy; ruff, mypy and stubtest on the Python package
 # so it keeps working; the figures come from the bench-* targets below.
 bench-smoke: install  ## The benchmark scripts run small (pytest --bench-smoke); CI runs it after make test.
 	$(VENV)/bin/pytest --bench-smoke
+
+BENCHMARKS := bench-startup bench-step-parity bench-data bench-ckpt bench-ckpt-s3 bench-recovery bench-inplace bench-vs-ray bench-hosts bench-elastic bench-fitting bench-scale
+
+bench-all: install  ## Every benchmark of docs/benchmarks.md, one after another (each prints and saves in bench/out/ the date, commit and load it ran at); run it on a quiet machine.
+	$(MAKE) $(BENCHMARKS)
 
 bench-startup: install  ## Startup overhead of `meshrun run` against a hand launch.
 	$(PY) bench/startup.py
