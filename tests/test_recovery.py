@@ -165,7 +165,7 @@ def test_preemption_checkpoints_then_the_same_name_resumes(tmp_path, gpt_data):
     runs, data = tmp_path / "runs", ["--data-dir", gpt_data]
     run_dir = runs / "pre"
     # No regular checkpoint before step 1000: the one saved is preemption's.
-    args = [*LAUNCH, "--checkpoint-every", "1000", EXAMPLE, *TINY, "--steps", "60", *data]
+    args = [*LAUNCH, "--checkpoint-every", "1000", EXAMPLE, *TINY, "--steps", "30", *data]
     proc = start(args, runs_dir=runs, name="pre")
     try:
         wait_for(lambda: proc.poll() is not None or any((r["step"] or 0) >= 3 for r in read_jsonl(run_dir / "metrics.jsonl")), 120, "training")
@@ -187,18 +187,18 @@ def test_preemption_checkpoints_then_the_same_name_resumes(tmp_path, gpt_data):
     # group is gone at once.
     assert len(committed) == 1, committed
     step = committed[0]
-    assert 3 <= step < 60
+    assert 3 <= step < 30
     assert max((r["step"] or 0) for r in read_jsonl(run_dir / "metrics.jsonl")) == step
     stopping = events(run_dir, "stopping")[0]["time"]
     assert all(e["time"] - stopping < 0.5 for e in events(run_dir, "worker_exited"))
     assert f"preempted: every worker saved checkpoint step-{step}" in err
     assert json.loads((run_dir / "run.json").read_text())["state"] == "preempted"
 
-    again = meshrun([*LAUNCH, "--checkpoint-every", "1000", EXAMPLE, *TINY, "--steps", "60", *data], runs_dir=runs, name="pre", timeout=300)
+    again = meshrun([*LAUNCH, "--checkpoint-every", "1000", EXAMPLE, *TINY, "--steps", "30", *data], runs_dir=runs, name="pre", timeout=300)
     assert again.code == 0, again.stderr
     assert f"gpt: resumed from step {step}" in again.log(0)
     resumed = sorted(r["step"] for r in again.metrics() if r["attempt"] == 2 and "loss" in r["metrics"])
-    assert resumed == list(range(step + 1, 61))
+    assert resumed == list(range(step + 1, 31))
 
 
 def test_used_up_restarts_end_the_run_with_every_attempt_summarised(tmp_path):
