@@ -83,6 +83,8 @@ def _compile_cache_under_tmp(cache: str | os.PathLike | None) -> list[Path]:
         return []
     path, tmp = Path(cache).resolve(), Path("/tmp").resolve()
     return [path.relative_to(tmp)] if path.is_relative_to(tmp) and path.is_dir() else []
+
+
 # Second octet of 10.R.0.0/24, drawn at random so concurrent harnesses
 # (which also check the routing table) do not collide.
 SUBNET_RANGE = range(200, 251)
