@@ -38,7 +38,7 @@ def machine() -> dict[str, Any]:
             if line.startswith("MemAvailable:"):
                 available = round(int(line.split()[1]) / 2**20, 1)
     return {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "commit": git("rev-parse", "--short", "HEAD"),
         "changed": git("status", "--porcelain", "--untracked-files=no") not in ("", "unknown"),
         "cores": os.cpu_count(),
@@ -59,7 +59,8 @@ def publish(title: str, header: tuple[str, str], rows: list[tuple[str, str]], su
         print(f"| {name} | {value} |")
     print(summary)
     changed = " with changes" if state["changed"] else ""
-    print(f"Measured {state['date']} at {state['commit']}{changed}: {state['cores']} cores, load {' / '.join(map(str, state['load']))}, {state['memory_available_gib']} GiB available.")
+    load = " / ".join(map(str, state["load"]))
+    print(f"Measured {state['date']} at {state['commit']}{changed}: {state['cores']} cores, load {load}, {state['memory_available_gib']} GiB available.")
     if json_path:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps({**result, "machine": state}, indent=2))
