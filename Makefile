@@ -140,7 +140,7 @@ bench-smoke: install  ## The benchmark scripts run small (pytest --bench-smoke);
 
 BENCHMARKS := bench-startup bench-step-parity bench-data bench-ckpt bench-ckpt-s3 bench-recovery bench-inplace bench-vs-ray bench-hosts bench-elastic bench-fitting bench-scale
 
-bench-all: install  ## Every benchmark of docs/benchmarks.md, one after another (each prints and saves in bench/out/ the date, commit and load it ran at); run it on a quiet machine.
+bench-all: install  ## Every benchmark of docs/benchmarks.md, one after another, on a quiet machine (the Python ones print the date, commit and load they ran at, and keep them in their JSON in bench/out/).
 	$(MAKE) $(BENCHMARKS)
 
 bench-startup: install  ## Startup overhead of `meshrun run` against a hand launch.
