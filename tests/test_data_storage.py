@@ -8,7 +8,6 @@ read end to end within it."""
 from __future__ import annotations
 
 import itertools
-
 import os
 import subprocess
 import sys
@@ -72,8 +71,9 @@ def sources(where: str, glob_parquet: bool = True, **kw):
     }
 
 
-def batches(source, processes: int, **kw) -> list[list[dict]]:
-    return [list(data.Loader(source, 64, rank=r, num_processes=processes, num_epochs=1, seed=5, **kw)) for r in range(processes)]
+def batches(source, processes: int, count: int | None = None, **kw) -> list[list[dict]]:
+    """Each process's batches of one epoch, or of its first ``count``."""
+    return [list(itertools.islice(data.Loader(source, 64, rank=r, num_processes=processes, num_epochs=1, seed=5, **kw), count)) for r in range(processes)]
 
 
 def same(a: list[list[dict]], b: list[list[dict]]) -> None:
@@ -122,7 +122,7 @@ def test_the_cache_serves_a_second_epoch_and_a_cache_too_small_still_reads_right
     # the whole file; 20 (of the epoch's 256) show it, where the whole
     # epoch took 20 s of the suite.
     small = data.tokens(f"{url}/tokens.bin", "uint16", 127, cache_bytes=2 << 20)
-    same([list(itertools.islice(data.Loader(small, 64, rank=0, num_processes=1, num_epochs=1, seed=5), 20))], [first[0][:20]])
+    same(batches(small, 1, count=20), [first[0][:20]])
     assert small.fetched_bytes > size, "a cache smaller than the data cannot have fetched each block once"
 
 
