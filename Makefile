@@ -11,7 +11,7 @@ BUILD_STAMP := $(VENV)/.meshrun-built
 CHROMIUM_STAMP := $(VENV)/.chromium
 RUST_SOURCES := $(shell find crates -name '*.rs' -o -name 'Cargo.toml') Cargo.toml $(wildcard Cargo.lock) pyproject.toml
 
-.PHONY: help install demo test test-fast test-rust test-python test-kubeflow test-maxtext lint bench-smoke bench-all bench-startup bench-step-parity bench-data bench-ckpt bench-ckpt-s3 bench-recovery bench-inplace bench-vs-ray bench-hosts bench-elastic fit bench-fitting soak partition fuzz load bench-scale clean
+.PHONY: help install demo test test-fast test-rust test-python test-kubeflow test-maxtext lint bench-smoke bench-all bench-startup bench-step-parity bench-recorder bench-data bench-ckpt bench-ckpt-s3 bench-recovery bench-inplace bench-vs-ray bench-hosts bench-elastic fit bench-fitting soak partition fuzz load bench-scale clean
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -138,7 +138,7 @@ lint: install  ## rustfmt, clippy; ruff, mypy and stubtest on the Python package
 bench-smoke: install  ## The benchmark scripts run small (pytest --bench-smoke); CI runs it after make test.
 	$(VENV)/bin/pytest --bench-smoke
 
-BENCHMARKS := bench-startup bench-step-parity bench-data bench-ckpt bench-ckpt-s3 bench-recovery bench-inplace bench-vs-ray bench-hosts bench-elastic bench-fitting bench-scale
+BENCHMARKS := bench-startup bench-step-parity bench-recorder bench-data bench-ckpt bench-ckpt-s3 bench-recovery bench-inplace bench-vs-ray bench-hosts bench-elastic bench-fitting bench-scale
 
 bench-all: install  ## Every benchmark of docs/benchmarks.md, one after another, on a quiet machine (the Python ones print the date, commit and load they ran at, and keep them in their JSON in bench/out/).
 	$(MAKE) $(BENCHMARKS)
@@ -148,6 +148,9 @@ bench-startup: install  ## Startup overhead of `meshrun run` against a hand laun
 
 bench-step-parity: install  ## Demo GPT step time under `meshrun run` against a hand launch.
 	$(PY) bench/step_parity.py
+
+bench-recorder: install  ## The flight recorder's cost: the demo GPT's step time with it on and off (MESHRUN_RECORDER=0).
+	$(PY) bench/recorder.py --rounds 3 --json bench/out/recorder.json
 
 bench-data: install  ## Loader throughput against numpy memmap, Grain and Ray Data (writes a 1 GB file under bench/out).
 	$(PY) bench/data.py --json bench/out/data.json

@@ -36,6 +36,12 @@ def test_step_parity_bench_short(tmp_path):
     assert result["lag_lines_per_run"][0] >= 8, result
 
 
+def test_recorder_bench_short(tmp_path):
+    result, text = run_bench(tmp_path, "recorder.py", "--rounds", "1", "--steps", "8")
+    assert result["on_median_step_s"] > 0 and result["off_median_step_s"] > 0
+    assert "on / off" in text
+
+
 def test_data_bench_short(tmp_path):
     result, text = run_bench(tmp_path, "data.py", "--small", "--dir", str(tmp_path / "files"))
     assert "numpy memmap loop" in text and "meshrun" in text

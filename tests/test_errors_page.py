@@ -14,6 +14,7 @@ every such test names a row. The tests themselves sit beside their feature:
   test_from_ray.py;
 - meshes and sharding rules: test_sharding.py;
 - travelling executables: test_executables.py;
+- multi-host mistakes (the flight recorder): test_mistakes.py;
 - memory limits and out-of-memory: test_memory.py;
 - data: test_data.py.
 

@@ -14,7 +14,7 @@ import runpy
 import sys
 import traceback
 
-from meshrun import _cluster, _connection, _executable_checks, _goodput, _gpu_memory, _metrics_file, _runtime, context
+from meshrun import _cluster, _connection, _executable_checks, _goodput, _gpu_memory, _metrics_file, _recorder, _runtime, context
 from meshrun._native import ENV
 
 
@@ -54,6 +54,7 @@ def main(argv: list[str]) -> None:
     if _cluster.register():
         _cluster.make_initialize_agree()
         _goodput.watch_jax()
+        _recorder.install()
     _goodput.user_code_starts()
     try:
         _run(kind, target, args)

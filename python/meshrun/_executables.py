@@ -44,14 +44,14 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from meshrun import _connection, _executable_checks as checks, _goodput, _jax_private, _native
+from meshrun import _connection, _executable_checks as checks, _goodput, _jax_private, _native, _recorder
 from meshrun._native import ENV
 from meshrun.errors import StorageError
 
 __all__ = ["Jitted", "eval_shape", "jit", "prefetch"]
 
 # Bumped when what is stored, or how the key is made, changes.
-_FORMAT = 1
+_FORMAT = 2
 _STATIC = ("static_argnums", "static_argnames")
 _PLACED = ("in_shardings", "out_shardings")
 
@@ -330,6 +330,7 @@ class Jitted:
             self.outcomes.append(("loaded", None))
             _event(self.name, "loaded", took, None)
             abstract = jax.tree.map(_abstract, args)
+            _recorder.loaded(compiled, meta.get("recorded"))
             return compiled, checks.Check(self.name, folder, key, meta["program"], lambda: _program_digest(self._jit.lower(*abstract)), self._stale)
         lowered = self._jit.lower(*args)
         with _jax_private.cache_reads() as hits:
@@ -340,6 +341,7 @@ class Jitted:
         # serialize): any step that ran, a restart can load.
         meta = {**now, "shardings": shardings, "program": _program_digest(lowered), "name": self.name, "kind": "jit", "process": rank, "stored": time.time()}
         meta["execution_devices"] = _jax_private.execution_device_ids(compiled)
+        meta["recorded"] = _recorder.described(compiled)
         _store(folder, key, meta, compiled, hits)
         return compiled, None
 

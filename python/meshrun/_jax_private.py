@@ -381,3 +381,76 @@ def execution_device_ids(compiled: Any) -> list[int] | None:
         return None if devices is None else [d.id for d in devices]
     except TypeError:
         return None
+
+
+def watch_programs(compiled: Any, called: Any, counted: Any) -> bool:
+    """The flight recorder's hooks (see :mod:`meshrun._recorder`): JAX's
+    compiler calls ``compiled(executable, stablehlo, devices)`` after each
+    compile (``stablehlo()`` gives the program's text without locations);
+    each run of an executable calls ``called(executable)`` first; and an
+    executable for which ``counted(executable)`` holds is kept off JAX's C++
+    fast path, whose calls never reach Python. Wraps
+    ``jax._src.compiler.compile_or_get_cached``,
+    ``jax._src.pjit._get_fastpath_data``,
+    ``jax._src.interpreters.pxla.MeshExecutable.create_cpp_call`` (the
+    same for compiled functions called ahead of time) and
+    ``ExecuteReplicated.__call__``: the same shapes from 0.10 to 0.12.
+    Whether they are on."""
+    name = "flight_recorder"
+    loses = "ranks that run different programs across processes are not named: they hang until --hang-timeout"
+    try:
+        from jax._src import compiler, pjit
+        from jax._src.interpreters import mlir, pxla
+    except ImportError as e:
+        _off(name, f"a private JAX module is gone ({e})", loses)
+        return False
+    compile_fn = getattr(compiler, "compile_or_get_cached", None)
+    if getattr(compile_fn, "_meshrun", False):
+        return True
+    fast = getattr(pjit, "_get_fastpath_data", None)
+    mesh = getattr(pxla, "MeshExecutable", None)
+    replicated = getattr(pxla, "ExecuteReplicated", None)
+    shapes_known = (
+        (_parameters(compile_fn) or [])[:3] == ["backend", "computation", "devices"]
+        and (_parameters(fast) or [])[:1] == ["executable"]
+        and callable(getattr(mesh, "create_cpp_call", None))
+        and "xla_executable" in getattr(replicated, "__slots__", ())
+        and callable(getattr(mlir, "module_to_string", None))
+    )
+    if not shapes_known:
+        _off(name, "JAX's compiler or dispatch hooks have changed shape", loses)
+        return False
+    assert compile_fn is not None and fast is not None and mesh is not None and replicated is not None
+    compile_original, fast_original, cpp_call, run = compile_fn, fast, mesh.create_cpp_call, replicated.__call__
+
+    @functools.wraps(compile_original)
+    def compile_or_get_cached(backend: Any, computation: Any, devices: Any, *args: Any, **kwargs: Any) -> Any:
+        executable = compile_original(backend, computation, devices, *args, **kwargs)
+        compiled(executable, lambda: mlir.module_to_string(computation, enable_debug_info=False), devices)
+        return executable
+
+    @functools.wraps(fast_original)
+    def get_fastpath_data(executable: Any, *args: Any, **kwargs: Any) -> Any:
+        data = fast_original(executable, *args, **kwargs)
+        if data is not None and counted(getattr(getattr(executable, "unsafe_call", None), "xla_executable", None)):
+            return None
+        return data
+
+    @functools.wraps(cpp_call)
+    def create_cpp_call(self: Any, params: Any) -> Any:
+        if counted(getattr(getattr(self, "unsafe_call", None), "xla_executable", None)):
+            return None
+        return cpp_call(self, params)
+
+    @functools.wraps(run)
+    def execute(self: Any, *args: Any) -> Any:
+        called(self.xla_executable)
+        return run(self, *args)
+
+    compile_or_get_cached._meshrun = True  # type: ignore[attr-defined]
+    compiler.compile_or_get_cached = compile_or_get_cached
+    pjit._get_fastpath_data = get_fastpath_data
+    mesh.create_cpp_call = create_cpp_call
+    replicated.__call__ = execute
+    _on(name)
+    return True

@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from meshrun import _cluster, _connection, _device_memory, _goodput, _profile, _values, checkpoint as ckpt
+from meshrun import _cluster, _connection, _device_memory, _goodput, _profile, _recorder, _values, checkpoint as ckpt
 from meshrun.context import get_context
 from meshrun.errors import ConfigError, MeshrunError
 
@@ -176,6 +176,11 @@ def _memory_due(step: int) -> bool:
     return every is not None and step % every == 0 and _connection.client() is not None
 
 
+# Whether the replicated values of a state passed were checked (see
+# meshrun._recorder): the first state passed is, then each checkpoint's.
+_replicas_checked = False
+
+
 def report(
     metrics: Mapping[str, Any],
     *,
@@ -205,7 +210,7 @@ def report(
     interval whose program passes no state warns once, from rank 0.
     ``total_steps``: how many steps the program runs, for the progress
     line's ETA."""
-    global _warned
+    global _warned, _replicas_checked
     # When this rank got to the step: the straggler measure (see
     # meshrun_record's lag), taken before anything here can wait.
     arrived = time.time_ns()
@@ -243,6 +248,9 @@ def report(
     # "nothing saved here" while the part is still being written.
     saving = checkpoint is None and ckpt._last_saved == at
     preempting = False
+    if checkpoint is not None and folder is None and (not _replicas_checked or _checkpoint_due(at)):
+        _replicas_checked = True
+        _recorder.replicas(at, checkpoint)
     if checkpoint is not None:
         if _checkpoint_due(at):
             client = _connection.client()

@@ -37,6 +37,20 @@ def test_the_cluster_environment_base_is_found():
     assert isinstance(base._cluster_types, list)
 
 
+@pytest.mark.short
+def test_the_flight_recorders_hooks_are_placed_and_see_a_compile_and_a_call():
+    import jax
+    import jax.numpy as jnp
+    from jax._src import compiler
+
+    seen: list[str] = []
+    on = _jax_private.watch_programs(lambda executable, text, devices: seen.append(f"compiled {len(text()) > 0}"), lambda executable: seen.append("called"), lambda executable: False)
+    assert on and _jax_private.hook_status()["flight_recorder"] == "on"
+    assert compiler.compile_or_get_cached._meshrun
+    jax.jit(lambda x: x * 3 + 1)(jnp.ones(3))
+    assert seen[:2] == ["compiled True", "called"], seen
+
+
 def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
     import os
 

@@ -286,6 +286,7 @@ impl Machine {
                 secs: (now - d.since).as_secs_f64(),
                 last_step,
                 after_finish_of: Some(d.first),
+                wavefront: self.programs.wavefront(),
             };
             return self.fail(now, d.rank, cause);
         }
@@ -300,6 +301,7 @@ impl Machine {
                         secs: (now - since).as_secs_f64(),
                         last_step,
                         after_finish_of: None,
+                        wavefront: self.programs.wavefront(),
                     };
                     self.fail(now, rank, cause);
                 }

@@ -33,6 +33,7 @@ mod oom;
 mod outcome;
 pub mod outgoing;
 mod peer_loss;
+mod programs;
 mod rank;
 mod ranks;
 mod run;
@@ -216,6 +217,8 @@ pub enum Action {
     ApplyRetention,
     /// Rank `rank`'s stacks, as its agent sent them: into the run folder.
     WriteStacks { rank: u32, text: String },
+    /// The flight recorder's dump of a failed attempt: into the run folder.
+    WriteCalls { text: String },
 }
 
 /// The state of one attempt.
@@ -254,6 +257,8 @@ pub struct Machine {
     /// When SIGTERM asked for a checkpoint, the deadline for committing it.
     preempt_deadline: Option<Instant>,
     stacks_dumped: bool,
+    /// The ranks' calls of programs across processes, compared.
+    programs: programs::Programs,
     /// The newest step committed in this attempt.
     last_committed: Option<u64>,
     /// Since when the cluster has held back resources, and what.
@@ -270,6 +275,7 @@ impl Machine {
     pub fn new(plan: RunPlan, setup: Setup, now: Instant) -> Self {
         Self {
             ranks: Ranks::new(plan.nprocs),
+            programs: programs::Programs::new(plan.nprocs as usize),
             elastic: elastic::ElasticState::new(plan.hosts),
             plan,
             setup,
@@ -483,6 +489,11 @@ impl Machine {
                     });
                     if let Some(conn) = conn {
                         self.push(Action::Close { conn });
+                    }
+                    if clean {
+                        if let Some(parted) = self.programs.finished(rank) {
+                            self.parted(now, parted);
+                        }
                     }
                 }
             }

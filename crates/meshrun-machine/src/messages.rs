@@ -257,6 +257,32 @@ impl Machine {
                 reason,
                 seconds,
             }),
+            FromWorker::Program { program } => {
+                if rank == 0 || !self.programs.knows(&program.fingerprint) {
+                    self.record(Event::Program {
+                        attempt: self.attempt(),
+                        rank,
+                        program: program.clone(),
+                    });
+                }
+                if let Some(parted) = self.programs.program(rank, program) {
+                    self.parted(now, parted);
+                }
+            }
+            FromWorker::Call {
+                n,
+                fingerprint,
+                site,
+            } => {
+                let call = crate::programs::Call {
+                    n,
+                    fingerprint,
+                    site,
+                };
+                if let Some(parted) = self.programs.call(rank, call) {
+                    self.parted(now, parted);
+                }
+            }
             FromWorker::SaveFailed { step, error } => {
                 self.push(Action::Abandon { step });
                 self.record(Event::CheckpointFailed {
@@ -349,6 +375,16 @@ impl Machine {
             | FromWorker::DeviceMemory { .. }
             | FromWorker::PreemptSave { .. } => {}
         }
+    }
+
+    /// Two ranks' programs parted: the attempt fails, naming both.
+    pub(super) fn parted(&mut self, now: Instant, parted: crate::programs::Parted) {
+        let cause = Cause::ProgramsParted {
+            call: parted.call,
+            other: parted.other,
+            detail: parted.detail,
+        };
+        self.fail(now, parted.rank, cause);
     }
 
     /// Tells every worker that preemption saves of steps up to `step` will

@@ -83,6 +83,10 @@ impl Machine {
         };
         self.record(Event::WorkerFailed(record.clone()));
         self.failure = Some(record);
+        if self.programs.any() {
+            let text = self.programs.dump();
+            self.push(super::Action::WriteCalls { text });
+        }
         self.begin_stop(now, StopReason::Failure);
     }
 

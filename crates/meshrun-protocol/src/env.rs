@@ -51,6 +51,9 @@ pub const SPARE_IMPORTS: &str = "MESHRUN_SPARE_IMPORTS";
 /// `1`: the ranks run independent programs (no `jax.distributed`), on
 /// purpose.
 pub const INDEPENDENT: &str = "MESHRUN_INDEPENDENT";
+/// `0`: the flight recorder is off (set by the user: see
+/// docs/debugging.md).
+pub const RECORDER: &str = "MESHRUN_RECORDER";
 /// Where a run's workers reach the Ray Data actor that feeds them.
 pub const RAY_DATA_ADDRESS: &str = "MESHRUN_RAY_DATA_ADDRESS";
 pub const RAY_DATA_ACTOR: &str = "MESHRUN_RAY_DATA_ACTOR";
@@ -88,6 +91,7 @@ pub const ALL: &[(&str, &str)] = &[
     ("scratch", SCRATCH),
     ("spare_imports", SPARE_IMPORTS),
     ("independent", INDEPENDENT),
+    ("recorder", RECORDER),
     ("ray_data_address", RAY_DATA_ADDRESS),
     ("ray_data_actor", RAY_DATA_ACTOR),
 ];

@@ -260,6 +260,36 @@ impl WorkerClient {
         Ok(())
     }
 
+    /// Describes a program across processes before its first call (see
+    /// `meshrun._recorder`).
+    #[pyo3(signature = (fingerprint, name, args, size, collectives, site, values=Vec::new()))]
+    #[allow(clippy::too_many_arguments, clippy::similar_names)]
+    fn program(
+        &self,
+        fingerprint: String,
+        name: String,
+        args: String,
+        size: u64,
+        collectives: Vec<String>,
+        site: String,
+        values: Vec<String>,
+    ) {
+        self.0.program(meshrun_record::program::Program {
+            fingerprint,
+            name,
+            args,
+            size,
+            collectives,
+            site,
+            values,
+        });
+    }
+
+    /// This rank's call `n` of programs across processes.
+    fn call(&self, n: u64, fingerprint: String, site: String) {
+        self.0.call(n, fingerprint, site);
+    }
+
     /// Sends an uncaught exception and waits until it is on the wire.
     fn report_failure(&self, py: Python<'_>, kind: String, message: String, traceback: String) {
         py.detach(|| {

@@ -158,6 +158,15 @@ pub enum Event {
         reason: Option<String>,
         seconds: f64,
     },
+    /// A program across processes that rank `rank` compiled or loaded
+    /// (see `program`): every one of rank 0's, and another rank's where no
+    /// rank had described it before (a program only some ranks run).
+    Program {
+        attempt: u32,
+        rank: u32,
+        #[serde(flatten)]
+        program: crate::program::Program,
+    },
     /// Rank 0 reported the attempt's first step: `timing`, its own figures
     /// then (when the report carried them), split the time from the
     /// attempt's start to that step into start-up, the join, restore,
@@ -350,6 +359,7 @@ impl Event {
             | Event::AttemptEnded { attempt, .. }
             | Event::FrameRejected { attempt, .. }
             | Event::Executable { attempt, .. }
+            | Event::Program { attempt, .. }
             | Event::FirstStep { attempt, .. } => Some(*attempt),
             Event::WorkerFailed(f) => Some(f.attempt),
             Event::RunEnded { attempt, .. } => *attempt,

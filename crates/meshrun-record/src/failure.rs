@@ -70,6 +70,10 @@ pub enum Cause {
         last_step: Option<u64>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         after_finish_of: Option<u32>,
+        /// Where each rank is in its calls of programs across processes
+        /// (see `program`), when any were made.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        wavefront: String,
     },
     /// The process is there but its heartbeats stopped (frozen, stopped).
     Unresponsive { secs: f64 },
@@ -97,6 +101,15 @@ pub enum Cause {
         message: String,
         #[serde(default, skip_serializing_if = "String::is_empty")]
         traceback: String,
+    },
+    /// The ranks' programs parted: at call `call` of the programs that
+    /// span every process, this rank ran one that rank `other` did not run
+    /// with it (another program, or none: `other` had finished its
+    /// program). `detail` says what each ran and what differs.
+    ProgramsParted {
+        call: u64,
+        other: u32,
+        detail: String,
     },
 }
 
@@ -182,18 +195,24 @@ impl Cause {
                 secs,
                 last_step,
                 after_finish_of,
+                wavefront,
             } => {
                 let last = last_step.map_or_else(
                     || "before its first report".to_string(),
                     |s| format!("after step {s}"),
                 );
-                match after_finish_of {
+                let mut words = match after_finish_of {
                     Some(first) => format!(
                         "hung: no report for {secs:.0} s ({last}) while rank {first} had \
                          finished its program; see where each rank was below"
                     ),
                     None => format!("hung: no report for {secs:.0} s ({last}); see the stacks"),
+                };
+                if !wavefront.is_empty() {
+                    words.push_str("; ");
+                    words.push_str(wavefront);
                 }
+                words
             }
             Cause::Unresponsive { secs } => {
                 format!("stopped sending heartbeats for {secs:.0} s (frozen or stopped?)")
@@ -215,6 +234,9 @@ impl Cause {
                 "reported no step in {secs:.0} s while the cluster held back resources: \
                  {waiting}; free them or add nodes, or raise --start-timeout"
             ),
+            Cause::ProgramsParted { detail, .. } => {
+                format!("{detail} (see docs/debugging.md)")
+            }
         }
     }
 }
@@ -240,7 +262,7 @@ impl Cause {
             Cause::SpawnFailed {
                 deterministic: true,
                 ..
-            }
+            } | Cause::ProgramsParted { .. }
         )
     }
 }

@@ -14,6 +14,8 @@
 //! - [`manifest`]: a checkpoint's `manifest.json`;
 //! - [`memory`]: a rank's memory, its limit, and what its state needs;
 //! - [`lag`]: `lag.jsonl`, when each rank reached each step (stragglers);
+//! - [`program`]: the programs a rank runs across every process (its
+//!   flight recorder), compared between ranks;
 //! - [`saves`]: the checkpoint saves that failed, counted from the events;
 //! - [`read`]: tolerant readers for files that may be half-written (the
 //!   feature `read`, on by default: the crate is otherwise free of I/O).
@@ -26,6 +28,7 @@ pub mod manifest;
 pub mod memory;
 pub mod metrics;
 pub mod names;
+pub mod program;
 #[cfg(feature = "read")]
 pub mod read;
 pub mod run;

@@ -105,3 +105,10 @@ pub const STEP_RECORD_BYTES: usize = 16;
 pub fn stack_file(dir: &Path, rank: u32) -> PathBuf {
     dir.join(format!("rank-{rank}.txt"))
 }
+
+/// `calls.txt` in an attempt's stacks folder: the flight recorder's dump,
+/// each rank's last calls of programs across processes and what those
+/// programs are.
+pub fn calls_file(dir: &Path) -> PathBuf {
+    dir.join("calls.txt")
+}

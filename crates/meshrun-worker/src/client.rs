@@ -467,6 +467,20 @@ impl WorkerClient {
         }));
     }
 
+    /// Describes a program across processes before its first call.
+    pub fn program(&self, program: meshrun_record::program::Program) {
+        let _ = self.tx.send(Outgoing::Msg(FromWorker::Program { program }));
+    }
+
+    /// Says this rank made its call `n` of programs across processes.
+    pub fn call(&self, n: u64, fingerprint: String, site: String) {
+        let _ = self.tx.send(Outgoing::Msg(FromWorker::Call {
+            n,
+            fingerprint,
+            site,
+        }));
+    }
+
     /// Sends the user's exception and waits (up to `timeout`) until it has
     /// been written, since the process may be killed right after.
     pub fn report_failure(

@@ -462,6 +462,7 @@ pub fn render_status(run: &RunView) -> String {
     {
         let _ = writeln!(out, "  {line}");
     }
+    crate::status_parts::calls_lines(run, r.attempts.iter().map(|a| a.attempt), &mut out);
     checkpoints_line(run, &mut out);
     memory_table(run, r.plan_u64("procs_per_host").unwrap_or(1), &mut out);
     if let Some(g) = &run.goodput {

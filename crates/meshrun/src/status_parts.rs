@@ -14,6 +14,21 @@ use meshrun_record::{names, read, EventLine, FailedSaves, Goodput};
 use crate::runs::RunView;
 use crate::table::{duration_text, table};
 
+/// Where the flight recorder's dump of each failed attempt is (each
+/// rank's last calls across processes, and the programs).
+pub fn calls_lines(run: &RunView, attempts: impl Iterator<Item = u32>, out: &mut String) {
+    for attempt in attempts {
+        let path = names::calls_file(&names::stacks_dir(&run.dir, attempt));
+        if path.is_file() {
+            let _ = writeln!(
+                out,
+                "  calls of attempt {attempt} across processes, per rank: {}",
+                path.display()
+            );
+        }
+    }
+}
+
 /// The committed checkpoints, and the saves that failed.
 pub fn checkpoints_line(run: &RunView, out: &mut String) {
     let storage = run.record.as_ref().map_or_else(

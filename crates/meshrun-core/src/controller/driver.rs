@@ -468,6 +468,13 @@ impl<'a> Driver<'a> {
                         .and_then(|()| std::fs::write(&path, text))
                         .map_err(CoreError::io("cannot write", &path))?;
                 }
+                Action::WriteCalls { text } => {
+                    let dir = meshrun_record::names::stacks_dir(&self.plan.run_dir, self.attempt);
+                    let path = meshrun_record::names::calls_file(&dir);
+                    std::fs::create_dir_all(&dir)
+                        .and_then(|()| std::fs::write(&path, text))
+                        .map_err(CoreError::io("cannot write", &path))?;
+                }
                 Action::ApplyRetention => {
                     if let Some(job) = self.checkpoints.retain_job() {
                         self.committer.submit(Job::Retain(job));

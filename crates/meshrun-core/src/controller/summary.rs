@@ -209,6 +209,7 @@ mod tests {
             secs: 31.4,
             last_step: Some(12),
             after_finish_of: None,
+            wavefront: String::new(),
         };
         assert_eq!(
             hang.headline(),

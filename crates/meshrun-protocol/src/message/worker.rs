@@ -103,6 +103,21 @@ pub enum FromWorker {
         reason: Option<String>,
         seconds: f64,
     },
+    /// A program this rank compiled or loaded that runs on devices of
+    /// every process and communicates between them; sent before its first
+    /// call (see `meshrun_record::program`).
+    Program {
+        program: meshrun_record::program::Program,
+    },
+    /// This rank's call `n` (from 1, in this attempt) of the programs that
+    /// run on every process: the program's fingerprint, and the Python
+    /// line of the call. `n` = 0 (sent once, before any call): this rank's
+    /// recorder is on, so the calls it makes, or does not, are compared.
+    Call {
+        n: u64,
+        fingerprint: String,
+        site: String,
+    },
     /// Worker to controller: this rank wrote its shards of memory
     /// checkpoint `step` into its host's memory; `extra` as for
     /// [`FromWorker::CheckpointWritten`] (rank 0's).
