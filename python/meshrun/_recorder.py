@@ -20,8 +20,8 @@ own evaluation or logging), are not counted: a rank may run those alone.
 
 JAX dispatches a jitted function's later calls from C++ without Python;
 for the programs counted here, that fast path is left off, so their calls
-go through JAX's Python dispatch (tens of microseconds, against steps of
-milliseconds to seconds: measured on the demo GPT in docs/benchmarks.md).
+go through JAX's Python dispatch (its effect on the demo GPT's step is in
+docs/benchmarks.md, "The flight recorder").
 The hooks are in :mod:`meshrun._jax_private`. ``MESHRUN_RECORDER=0``
 turns the recorder off.
 """
@@ -63,7 +63,9 @@ _COLLECTIVE = re.compile(
 )
 _TENSOR = re.compile(r"tensor<((?:[0-9?]+x)*)([a-z]+[0-9]*)>")
 _SHARDING = re.compile(r'mhlo\.sharding = "([^"]*)"|sdy\.sharding = (#sdy\.sharding<[^>]*>)')
-_OWN_FILES = (os.sep + "jax" + os.sep, os.sep + "jaxlib" + os.sep, os.sep + "meshrun" + os.sep, "<frozen ")
+# Frames that are not the user's: JAX's, jaxlib's, this package's, and the
+# interpreter's frozen modules (runpy).
+_OWN_FILES = (os.sep + "jax" + os.sep, os.sep + "jaxlib" + os.sep, os.path.dirname(os.path.abspath(__file__)) + os.sep, "<frozen ")
 
 
 def install() -> None:
@@ -204,7 +206,7 @@ def _piece(sharding: Any, local_data: Any, out: Any) -> None:
     import jax
 
     processes = {d.process_index for d in sharding.device_set}
-    if len(processes) < 2 or len(processes) != jax.process_count():
+    if len(processes) < 2 or len(processes) != jax.process_count() or threading.current_thread() is not threading.main_thread():
         return
     dtype = _DTYPES.get(str(out.dtype), str(out.dtype))
     local = ",".join(str(d) for d in getattr(local_data, "shape", ()))
@@ -230,8 +232,11 @@ def _is_counted(executable: Any) -> bool:
 
 
 def _called(executable: Any) -> None:
+    """Numbers a call of a counted program made on the main thread: calls
+    from other threads (a checkpointer's background work) have no order
+    relative to the main thread's that the ranks could share."""
     found = _counted.get(id(executable))
-    if found is None:
+    if found is None or threading.current_thread() is not threading.main_thread():
         return
     n = next(_numbers)
     site = _site()

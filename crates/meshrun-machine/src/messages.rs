@@ -258,7 +258,10 @@ impl Machine {
                 seconds,
             }),
             FromWorker::Program { program } => {
-                if rank == 0 || !self.programs.knows(&program.fingerprint) {
+                // A check of replicated values (a line per leaf, at every
+                // checkpoint) is compared, not kept.
+                if !program.is_values() && (rank == 0 || !self.programs.knows(&program.fingerprint))
+                {
                     self.record(Event::Program {
                         attempt: self.attempt(),
                         rank,

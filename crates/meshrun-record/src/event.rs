@@ -160,7 +160,8 @@ pub enum Event {
     },
     /// A program across processes that rank `rank` compiled or loaded
     /// (see `program`): every one of rank 0's, and another rank's where no
-    /// rank had described it before (a program only some ranks run).
+    /// rank had described it before (a program only some ranks run). The
+    /// checks of replicated values are not kept here.
     Program {
         attempt: u32,
         rank: u32,
