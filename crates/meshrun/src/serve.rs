@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use meshrun_protocol::token::Token;
 use meshrun_serve::ServeConfig;
+use tokio::signal::unix::{signal, SignalKind};
 
 use crate::commands::error;
 use crate::{exit, runs};
@@ -47,6 +48,17 @@ pub fn serve(runs_dir: PathBuf, host: IpAddr, port: u16) -> i32 {
         }
     };
     runtime.block_on(async move {
+        // SIGINT's handler is in place before the address is printed: a
+        // `ctrl_c()` future registers only when first polled, and a loaded
+        // machine served requests (and received the caller's Ctrl-C) before
+        // that, which ended the server by the signal itself.
+        let mut interrupt = match signal(SignalKind::interrupt()) {
+            Ok(interrupt) => interrupt,
+            Err(e) => {
+                error(format!("cannot handle SIGINT: {e}"));
+                return exit::FAILURE;
+            }
+        };
         let (bound, server) = match meshrun_serve::bind(cfg).await {
             Ok(bound) => bound,
             Err(e) => {
@@ -67,7 +79,7 @@ pub fn serve(runs_dir: PathBuf, host: IpAddr, port: u16) -> i32 {
                     exit::FAILURE
                 }
             },
-            _ = tokio::signal::ctrl_c() => exit::SUCCESS,
+            _ = interrupt.recv() => exit::SUCCESS,
         }
     })
 }
