@@ -57,6 +57,8 @@ mod tests_memory;
 #[cfg(test)]
 mod tests_oom;
 #[cfg(test)]
+mod tests_programs;
+#[cfg(test)]
 mod tests_start;
 #[cfg(test)]
 mod tests_stop;
