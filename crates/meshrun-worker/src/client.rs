@@ -394,93 +394,6 @@ impl WorkerClient {
         Ok(())
     }
 
-    /// Where this worker's time went, at the end of its program.
-    pub fn timing(&self, timing: meshrun_record::Timing) {
-        let _ = self.tx.send(Outgoing::Msg(FromWorker::Timing { timing }));
-    }
-
-    /// Tells the controller this rank's shards of checkpoint `step` are on
-    /// disk (`leaves`), or its copy of the folder it handed over (`files`).
-    pub fn checkpoint_written(
-        &self,
-        step: u64,
-        leaves: Vec<meshrun_ckpt::manifest::Leaf>,
-        files: Option<Vec<meshrun_ckpt::directory::FileRecord>>,
-        extra: Option<serde_json::Value>,
-    ) {
-        let _ = self.tx.send(Outgoing::Msg(FromWorker::CheckpointWritten {
-            step,
-            leaves,
-            files,
-            extra,
-        }));
-    }
-
-    /// Says this rank wrote its shards of memory checkpoint `step` into its
-    /// host's memory.
-    pub fn memory_written(
-        &self,
-        step: u64,
-        leaves: Vec<meshrun_ckpt::manifest::Leaf>,
-        extra: Option<serde_json::Value>,
-    ) {
-        let _ = self.tx.send(Outgoing::Msg(FromWorker::MemoryWritten {
-            step,
-            leaves,
-            extra,
-        }));
-    }
-
-    /// Says this rank could not write its shards of checkpoint `step`.
-    pub fn save_failed(&self, step: u64, error: String) {
-        let _ = self
-            .tx
-            .send(Outgoing::Msg(FromWorker::SaveFailed { step, error }));
-    }
-
-    /// Says what the program's state needs per device.
-    pub fn state_need(&self, need: meshrun_record::memory::StateNeed) {
-        let _ = self.tx.send(Outgoing::Msg(FromWorker::StateNeed { need }));
-    }
-
-    /// Says how many bytes the worker's first device holds, and held at
-    /// most.
-    pub fn device_memory(&self, current: u64, peak: u64) {
-        let _ = self
-            .tx
-            .send(Outgoing::Msg(FromWorker::DeviceMemory { current, peak }));
-    }
-
-    /// Says what became of one of this rank's jitted functions.
-    pub fn executable(
-        &self,
-        name: String,
-        outcome: meshrun_record::event::ExecutableOutcome,
-        reason: Option<String>,
-        seconds: f64,
-    ) {
-        let _ = self.tx.send(Outgoing::Msg(FromWorker::Executable {
-            name,
-            outcome,
-            reason,
-            seconds,
-        }));
-    }
-
-    /// Describes a program across processes before its first call.
-    pub fn program(&self, program: meshrun_record::program::Program) {
-        let _ = self.tx.send(Outgoing::Msg(FromWorker::Program { program }));
-    }
-
-    /// Says this rank made its call `n` of programs across processes.
-    pub fn call(&self, n: u64, fingerprint: String, site: String) {
-        let _ = self.tx.send(Outgoing::Msg(FromWorker::Call {
-            n,
-            fingerprint,
-            site,
-        }));
-    }
-
     /// Sends the user's exception and waits (up to `timeout`) until it has
     /// been written, since the process may be killed right after.
     pub fn report_failure(
@@ -608,6 +521,9 @@ fn write_loop(
         }
     }
 }
+
+#[path = "client_tells.rs"]
+mod tells;
 
 #[cfg(test)]
 #[path = "client_tests.rs"]
