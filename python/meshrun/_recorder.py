@@ -36,16 +36,13 @@ import re
 import sys
 import threading
 import zlib
-from collections import deque
 from typing import Any
 
 from meshrun import _connection, _jax_private
 from meshrun._native import ENV
 
-__all__ = ["described", "install", "loaded", "recent", "replicas"]
+__all__ = ["described", "install", "loaded", "replicas"]
 
-# The last calls of this process: (n, name, site), newest last.
-_recent: deque[tuple[int, str, str]] = deque(maxlen=64)
 # Counted programs by id of their executable: (executable, fingerprint, name).
 _counted: dict[int, tuple[Any, str, str]] = {}
 # What was said of each counted program, by id of its executable.
@@ -112,15 +109,9 @@ def replicas(step: int, state: Any) -> None:
         site = _site()
         client.program(fingerprint, name, "", 0, [], site, values)
         n = next(_numbers)
-        _recent.append((n, name, site))
         client.call(n, fingerprint, site)
     except Exception as exc:  # noqa: BLE001  (the recorder must never break the program)
         _give_up(exc)
-
-
-def recent() -> list[tuple[int, str, str]]:
-    """This process's last calls across processes: (n, name, site)."""
-    return list(_recent)
 
 
 def described(compiled: Any) -> dict[str, Any] | None:
@@ -222,7 +213,6 @@ def _piece(sharding: Any, local_data: Any, out: Any) -> None:
     if new and client is not None:
         client.program(fingerprint, name, args, 0, [], site)
     n = next(_numbers)
-    _recent.append((n, name, site))
     if client is not None:
         client.call(n, fingerprint, site)
 
@@ -240,7 +230,6 @@ def _called(executable: Any) -> None:
         return
     n = next(_numbers)
     site = _site()
-    _recent.append((n, found[2], site))
     client = _connection.client()
     if client is not None:
         client.call(n, found[1], site)

@@ -8,14 +8,18 @@ use meshrun_record::Cause;
 use super::sim::Sim;
 use super::Input;
 
-#[test]
-fn ranks_whose_programs_part_fail_the_attempt_at_once_for_good() {
-    use meshrun_record::program::Program;
-    let call = |n: u64, fingerprint: &str| FromWorker::Call {
+/// A rank's call `n` of the program `fingerprint` (0: its recorder is on).
+fn call(n: u64, fingerprint: &str) -> FromWorker {
+    FromWorker::Call {
         n,
         fingerprint: fingerprint.into(),
         site: "train.py:12".into(),
-    };
+    }
+}
+
+#[test]
+fn ranks_whose_programs_part_fail_the_attempt_at_once_for_good() {
+    use meshrun_record::program::Program;
     let mut sim = Sim::running(2);
     for (rank, fp, args) in [(0, "a", "f32[16,4]"), (1, "b", "f32[14,4]")] {
         sim.worker(rank, call(0, ""));
@@ -62,17 +66,12 @@ fn ranks_whose_programs_part_fail_the_attempt_at_once_for_good() {
 
 #[test]
 fn a_rank_left_in_a_call_by_a_finished_one_is_named_at_its_finish() {
-    let call = |n: u64| FromWorker::Call {
-        n,
-        fingerprint: "a".into(),
-        site: "train.py:12".into(),
-    };
     let mut sim = Sim::running(2);
     for n in 0..=3 {
-        sim.worker(0, call(n));
+        sim.worker(0, call(n, "a"));
     }
     for n in 0..=2 {
-        sim.worker(1, call(n));
+        sim.worker(1, call(n, "a"));
     }
     sim.worker(1, FromWorker::Bye);
     sim.input(Input::WorkerLost {
