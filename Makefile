@@ -185,9 +185,9 @@ fit: install  ## The large GPT (152M parameters, 1.70 GiB with Adam) under --mem
 bench-fitting: install  ## The planner's predicted peak per device against the measured one: the medium and large GPT on one worker, on data=2 x fsdp=2 and on fsdp=4.
 	$(PY) bench/fitting.py --json bench/out/fitting.json
 
-soak: install  ## The GPT killed with SIGKILL at 10 random moments, with durable checkpoints and with memory checkpoints every step, must end bit-identical to an uninterrupted run (make bench-smoke runs 2 kills of each); then 20 SIGKILLs of a worker or the controller in the middle of saves (the suite runs 4).
+soak: install  ## The GPT killed with SIGKILL at 10 random moments, with durable checkpoints and with memory checkpoints every step, must end bit-identical to an uninterrupted run (make bench-smoke runs 2 kills of each); then 20 SIGKILLs of a worker or the controller in the middle of saves (make bench-smoke runs 4).
 	MESHRUN_SOAK_KILLS=10 MESHRUN_SOAK_STEPS=200 $(VENV)/bin/pytest tests/test_recovery.py -k soak --bench-smoke -s --timeout 3600
-	MESHRUN_KILL_ROUNDS=20 $(VENV)/bin/pytest tests/test_checkpoint.py -k sigkill_at_random_points -s --timeout 3600
+	MESHRUN_KILL_ROUNDS=20 $(VENV)/bin/pytest tests/test_checkpoint.py -k sigkill_at_random_points --bench-smoke -s --timeout 3600
 
 load:  ## 64 fake workers x 1,000 records/s for 60 s through the controller: records lost (0) and its peak memory.
 	MESHRUN_LOAD_SECONDS=60 cargo test --release -q -p meshrun-loadtest -- --nocapture

@@ -137,7 +137,8 @@ def committed_steps(run_dir):
     return sorted(int(p.name.removeprefix("step-")) for p in root.glob("step-*") if (p / "manifest.json").exists())
 
 
-@pytest.mark.slow
+# The soak's short form: 4 rounds under make bench-smoke, 20 under make soak.
+@pytest.mark.bench_smoke
 def test_sigkill_at_random_points_of_saves_never_loses_the_newest_commit(runs):
     """Kills a worker or the controller itself with SIGKILL at random
     moments of back-to-back saves (each rank writes 8 MiB per step, so

@@ -178,7 +178,9 @@ print(cols.records, packed.records, base, rss("VmHWM"))
 """
 
 
-@pytest.mark.slow
+# A measurement of a peak (some 50 s of decoding on 2 cores): run by make
+# bench-smoke, with the other measurements, not by make test.
+@pytest.mark.bench_smoke
 def test_parquet_four_times_the_memory_budget_is_read_within_it(tmp_path):
     budget = 16 << 20
     rows = 61_440  # 4 KiB each (a multiple of the batch): 252 MB decoded, 15x the budget

@@ -26,7 +26,7 @@ import meshrun as mr
 PACED = str(SCRIPTS / "gpt_paced.py")
 SLEEPER = str(SCRIPTS / "plain_sleeper.py")
 DUMP_ENV = str(SCRIPTS / "dump_env.py")
-TINY = ["--batch-size", "8", "--seq-len", "32", "--d-model", "32", "--layers", "2", "--heads", "4", "--eval-every", "100000", "--eval-batches", "1"]
+TINY = GPT_TINY[: GPT_TINY.index("--fsdp")]
 BATCH = 8
 
 

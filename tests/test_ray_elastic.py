@@ -9,11 +9,11 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, SCRIPTS, assert_none_left, read_jsonl, start, stop, wait_for
+from conftest import GPT_TINY, ROOT, SCRIPTS, assert_none_left, read_jsonl, start, stop, wait_for
 from test_ray import RAY_ENV, on_ray, two_nodes  # noqa: F401 (the fixture)
 
 PACED = str(SCRIPTS / "gpt_paced.py")
-TINY = ["--batch-size", "8", "--seq-len", "32", "--d-model", "32", "--layers", "2", "--heads", "4", "--eval-every", "100000", "--eval-batches", "1"]
+TINY = GPT_TINY[: GPT_TINY.index("--fsdp")]
 
 # Another job on the cluster: holds `CPU` bundles until its stdin closes.
 HOG = """
