@@ -12,6 +12,9 @@ from hostsrun import meshrun_on
 pytestmark = pytest.mark.slow
 
 EXAMPLE = str(ROOT / "examples" / "digits_dp.py")
+# 150 of the example's 400 steps: past 97% test accuracy already (97.6%
+# on 2 processes x 2 devices), at a third of the CPU time.
+STEPS = ["--steps", "150"]
 LAYOUTS = {
     "1proc_x4dev": ["-n", "1", "--devices-per-proc", "4"],
     "2proc_x2dev": ["-n", "2", "--devices-per-proc", "2"],
@@ -25,7 +28,7 @@ def runs_by_layout(tmp_path_factory):
     runs = tmp_path_factory.mktemp("digits") / "runs"
     out = {}
     for name, args in LAYOUTS.items():
-        done = meshrun([*args, "--tee", "none", EXAMPLE], runs_dir=runs, name=name)
+        done = meshrun([*args, "--tee", "none", EXAMPLE, *STEPS], runs_dir=runs, name=name)
         assert done.code == 0, done.stderr
         out[name] = done.metrics()
     return out
@@ -37,7 +40,7 @@ def losses(records):
 
 def test_per_step_losses_agree_across_layouts(runs_by_layout):
     reference = losses(runs_by_layout["1proc_x4dev"])
-    assert len(reference) == 400
+    assert len(reference) == 150
     for name, records in runs_by_layout.items():
         other = losses(records)
         assert other.keys() == reference.keys(), name
@@ -46,7 +49,7 @@ def test_per_step_losses_agree_across_layouts(runs_by_layout):
 
 
 def test_two_hosts_that_share_nothing_agree_and_learn(runs_by_layout, nshosts):
-    done = meshrun_on(nshosts(2), [*TWO_HOSTS, "--tee", "none", EXAMPLE], name="2hosts_x1proc_x2dev")
+    done = meshrun_on(nshosts(2), [*TWO_HOSTS, "--tee", "none", EXAMPLE, *STEPS], name="2hosts_x1proc_x2dev")
     assert done.code == 0, done.stderr
     reference = losses(runs_by_layout["1proc_x4dev"])
     other = losses(done.metrics())
@@ -60,4 +63,4 @@ def test_learns_the_digits(runs_by_layout):
     for name, records in runs_by_layout.items():
         accuracy = records[-1]["metrics"]["test_accuracy"]
         assert accuracy >= 0.95, f"{name}: test accuracy {accuracy}"
-        assert losses(records)[399] < losses(records)[0] / 10
+        assert losses(records)[149] < losses(records)[0] / 10

@@ -52,3 +52,17 @@ def test_a_metrics_file_the_program_writes_becomes_its_steps(runs, tmp_path):
     assert "6.0000" in listed.stdout, listed.stdout
     status = subprocess.run([str(MESHRUN), "status", "--runs-dir", str(runs), "t"], capture_output=True, text=True, timeout=30)
     assert re.search(r"^step\s+4$", status.stdout, re.M) and "learning/loss=6.0000" in status.stdout, status.stdout
+
+
+@pytest.mark.slow
+def test_jax_is_wired_when_the_program_imports_it_and_not_before(runs):
+    # A program that never imports JAX does not pay its import; one that
+    # imports it late still finds meshrun's side wired (its ClusterEnv, the
+    # agreeing initialize) and joins the run.
+    hello = meshrun(["-n", "2", "-q", str(SCRIPTS / "hello.py")], runs_dir=runs, name="hello", timeout=120)
+    assert hello.code == 0, hello.stderr
+    done = meshrun(["-n", "2", "-q", str(SCRIPTS / "jax_late.py")], runs_dir=runs, name="late", timeout=120)
+    assert done.code == 0, done.stderr
+    for rank in range(2):
+        rec = json.loads((done.run_dir / f"late-{rank}.json").read_text())
+        assert rec == {"jax_before": False, "wired": True, "process_count": 2}, rec

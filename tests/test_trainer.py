@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -130,7 +131,7 @@ def fails_in_first_attempt():
     meshrun.report({"step": 1, "attempt": ctx.attempt})
 
 
-def travels_across_attempts():
+def travels_across_attempts(config):
     import jax.numpy as jnp
 
     ctx = meshrun.get_context()
@@ -140,6 +141,14 @@ def travels_across_attempts():
 
     y = meshrun.jit(affine)(jnp.arange(4.0))
     if ctx.attempt == 1 and ctx.rank == 1:
+        # Once the run has recorded rank 0's compile: on a loaded machine
+        # rank 0 may still be compiling when rank 1 gets here, and the
+        # failure would stop it first.
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not any(
+            e["event"] == "executable" and e["rank"] == 0 and e["name"].endswith("affine") for e in map(json.loads, open(config["events"]).read().split("\n")[:-1])
+        ):
+            time.sleep(0.05)
         raise RuntimeError("first attempt fails after its first call")
     meshrun.report({"step": 1, "attempt": ctx.attempt, "y": float(y.sum())})
 
@@ -151,6 +160,7 @@ def test_a_function_s_meshrun_jit_travels_to_the_next_attempt(tmp_path):
     cloudpickle, named as in its module)."""
     result = meshrun.Trainer(
         travels_across_attempts,
+        train_loop_config={"events": str(tmp_path / "runs" / "travels" / "events.jsonl")},
         scaling_config=meshrun.ScalingConfig(num_workers=2),
         run_config=meshrun.RunConfig(name="travels", storage_path=str(tmp_path / "runs"), tee="none", failure_config=meshrun.FailureConfig(max_failures=1)),
     ).fit()

@@ -2,17 +2,27 @@
 
 KIND is ``script`` (a path), ``module`` (a dotted name) or ``function`` (a
 cloudpickled ``(fn, config)`` file, named relative to the run's scratch
-folder on this host, where the agent wrote what the controller sent). The worker joins the run, registers
-meshrun's JAX cluster environment, then runs the target as Python itself
+folder on this host, where the agent wrote what the controller sent). The worker joins the run, then runs the target as Python itself
 would (``__main__``, ``sys.argv``, ``sys.path[0]``).
+
+meshrun's JAX side (its cluster environment, ``jax.distributed.initialize``
+made to agree with the run, the compile timing and the flight recorder) is
+wired when the program first imports JAX, right after JAX's own import: a
+program that never imports it (a shell step, embarrassingly parallel
+Python) does not pay JAX's import, most of a second of CPU per worker.
 """
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import os
 import runpy
 import sys
 import traceback
+from collections.abc import Callable
+from types import ModuleType
 
 from meshrun import _cluster, _connection, _executable_checks, _goodput, _gpu_memory, _metrics_file, _recorder, _runtime, context
 from meshrun._native import ENV
@@ -41,6 +51,50 @@ def _run(kind: str, target: str, args: list[str]) -> None:
         raise SystemExit(f"meshrun bootstrap: unknown kind {kind!r}")
 
 
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``then`` once, right after the module ``name`` is first imported
+    (its own code has run, before the importer gets it). The import and
+    ``then`` count as the worker's start-up in the run's goodput, as they
+    did when the worker imported JAX before the program."""
+
+    def __init__(self, name: str, then: Callable[[], None]) -> None:
+        self.name = name
+        self.then = then
+
+    def find_spec(self, fullname: str, path: object = None, target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        loader = spec.loader if spec is not None else None
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec  # not importable here: the import fails as it would have
+        exec_module = loader.exec_module
+        then = self.then
+
+        def exec_then(module: ModuleType) -> None:
+            with _goodput.timed("init"):
+                exec_module(module)
+                then()
+
+        loader.exec_module = exec_then  # type: ignore[method-assign]
+        return spec
+
+
+def _after_import(name: str, then: Callable[[], None]) -> None:
+    if name in sys.modules:
+        then()
+    else:
+        sys.meta_path.insert(0, _AfterImport(name, then))
+
+
+def _wire_jax() -> None:
+    if _cluster.register():
+        _cluster.make_initialize_agree()
+        _goodput.watch_jax()
+        _recorder.install()
+
+
 def main(argv: list[str]) -> None:
     if len(argv) < 2:
         raise SystemExit("usage: python -m meshrun._bootstrap script|module|function TARGET [ARGS...]")
@@ -51,10 +105,7 @@ def main(argv: list[str]) -> None:
         print(said, file=sys.stderr, flush=True)
     _connection.start()
     _metrics_file.follow()
-    if _cluster.register():
-        _cluster.make_initialize_agree()
-        _goodput.watch_jax()
-        _recorder.install()
+    _after_import("jax", _wire_jax)
     _goodput.user_code_starts()
     try:
         _run(kind, target, args)
