@@ -2,8 +2,9 @@
 
 KIND is ``script`` (a path), ``module`` (a dotted name) or ``function`` (a
 cloudpickled ``(fn, config)`` file, named relative to the run's scratch
-folder on this host, where the agent wrote what the controller sent). The worker joins the run, then runs the target as Python itself
-would (``__main__``, ``sys.argv``, ``sys.path[0]``).
+folder on this host, where the agent wrote what the controller sent). The
+worker joins the run, then runs the target as Python itself would
+(``__main__``, ``sys.argv``, ``sys.path[0]``).
 
 meshrun's JAX side (its cluster environment, ``jax.distributed.initialize``
 made to agree with the run, the compile timing and the flight recorder) is
@@ -82,6 +83,8 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
 
 def _after_import(name: str, then: Callable[[], None]) -> None:
+    """``then`` once ``name`` is imported: at once where it already is (a
+    warm spare imports JAX ahead of its attempt)."""
     if name in sys.modules:
         then()
     else:
