@@ -87,8 +87,12 @@ def test_a_rank_sleeping_in_each_step_is_named_and_profiled_with_the_others(tmp_
     assert done.code == 0, done.stderr
     events = done.events()
     named = [e for e in events if e["event"] == "straggler"]
-    # Each host's agent sent its own rank's arrivals.
-    assert [(e["rank"], e["host"]) for e in named] == [(1, 1)], named
+    # Each host's agent sent its own rank's arrivals. Rank 1 alone is named;
+    # a second time too where one step of its stretch was not behind (a
+    # step stretched past 1.35 s on a loaded machine: under 4 test
+    # processes on 2 cores it was named twice, 5 s apart), as the
+    # controller names a straggler that recovers and slows again.
+    assert named and {(e["rank"], e["host"]) for e in named} == {(1, 1)}, named
     lag = read_jsonl(done.run_dir / "lag.jsonl")
     # Named within the window: the first WINDOW steps judged (every step
     # after the first one all ranks reported) are enough.
