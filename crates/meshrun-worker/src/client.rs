@@ -312,17 +312,15 @@ impl WorkerClient {
 
     /// Says the trace of `capture` could not be taken.
     pub fn profile_failed(&self, capture: String, error: String) {
-        let _ = self.tx.send(Outgoing::Msg(FromWorker::ProfileDone {
+        self.tell(FromWorker::ProfileDone {
             capture,
             error: Some(error),
-        }));
+        });
     }
 
     /// Says, before saving, that this rank saves `step` for a preemption.
     pub fn preempt_save(&self, step: u64) {
-        let _ = self
-            .tx
-            .send(Outgoing::Msg(FromWorker::PreemptSave { step }));
+        self.tell(FromWorker::PreemptSave { step });
     }
 
     /// After a preemption save of `step`: waits until the controller
@@ -403,11 +401,11 @@ impl WorkerClient {
         traceback: String,
         timeout: Duration,
     ) {
-        let _ = self.tx.send(Outgoing::Msg(FromWorker::Failure {
+        self.tell(FromWorker::Failure {
             kind,
             message,
             traceback,
-        }));
+        });
         self.flush(timeout);
     }
 
@@ -415,11 +413,11 @@ impl WorkerClient {
     /// `timeout`) until it has been written: the process exits (or is held
     /// in JAX's shutdown barrier) right after.
     pub fn report_exit(&self, code: i32, argument: String, traceback: String, timeout: Duration) {
-        let _ = self.tx.send(Outgoing::Msg(FromWorker::ExitRequested {
+        self.tell(FromWorker::ExitRequested {
             code,
             argument,
             traceback,
-        }));
+        });
         self.flush(timeout);
     }
 

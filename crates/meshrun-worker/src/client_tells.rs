@@ -8,9 +8,15 @@ use meshrun_protocol::FromWorker;
 use super::{Outgoing, WorkerClient};
 
 impl WorkerClient {
+    /// Queues `msg` for the writer thread. A send fails only once the
+    /// writer has ended (the connection closed), when nothing can be said.
+    pub(super) fn tell(&self, msg: FromWorker) {
+        let _ = self.tx.send(Outgoing::Msg(msg));
+    }
+
     /// Where this worker's time went, at the end of its program.
     pub fn timing(&self, timing: meshrun_record::Timing) {
-        let _ = self.tx.send(Outgoing::Msg(FromWorker::Timing { timing }));
+        self.tell(FromWorker::Timing { timing });
     }
 
     /// Tells the controller this rank's shards of checkpoint `step` are on
@@ -22,12 +28,12 @@ impl WorkerClient {
         files: Option<Vec<meshrun_ckpt::directory::FileRecord>>,
         extra: Option<serde_json::Value>,
     ) {
-        let _ = self.tx.send(Outgoing::Msg(FromWorker::CheckpointWritten {
+        self.tell(FromWorker::CheckpointWritten {
             step,
             leaves,
             files,
             extra,
-        }));
+        });
     }
 
     /// Says this rank wrote its shards of memory checkpoint `step` into its
@@ -38,31 +44,27 @@ impl WorkerClient {
         leaves: Vec<meshrun_ckpt::manifest::Leaf>,
         extra: Option<serde_json::Value>,
     ) {
-        let _ = self.tx.send(Outgoing::Msg(FromWorker::MemoryWritten {
+        self.tell(FromWorker::MemoryWritten {
             step,
             leaves,
             extra,
-        }));
+        });
     }
 
     /// Says this rank could not write its shards of checkpoint `step`.
     pub fn save_failed(&self, step: u64, error: String) {
-        let _ = self
-            .tx
-            .send(Outgoing::Msg(FromWorker::SaveFailed { step, error }));
+        self.tell(FromWorker::SaveFailed { step, error });
     }
 
     /// Says what the program's state needs per device.
     pub fn state_need(&self, need: meshrun_record::memory::StateNeed) {
-        let _ = self.tx.send(Outgoing::Msg(FromWorker::StateNeed { need }));
+        self.tell(FromWorker::StateNeed { need });
     }
 
     /// Says how many bytes the worker's first device holds, and held at
     /// most.
     pub fn device_memory(&self, current: u64, peak: u64) {
-        let _ = self
-            .tx
-            .send(Outgoing::Msg(FromWorker::DeviceMemory { current, peak }));
+        self.tell(FromWorker::DeviceMemory { current, peak });
     }
 
     /// Says what became of one of this rank's jitted functions.
@@ -73,25 +75,25 @@ impl WorkerClient {
         reason: Option<String>,
         seconds: f64,
     ) {
-        let _ = self.tx.send(Outgoing::Msg(FromWorker::Executable {
+        self.tell(FromWorker::Executable {
             name,
             outcome,
             reason,
             seconds,
-        }));
+        });
     }
 
     /// Describes a program across processes before its first call.
     pub fn program(&self, program: meshrun_record::program::Program) {
-        let _ = self.tx.send(Outgoing::Msg(FromWorker::Program { program }));
+        self.tell(FromWorker::Program { program });
     }
 
     /// Says this rank made its call `n` of programs across processes.
     pub fn call(&self, n: u64, fingerprint: String, site: String) {
-        let _ = self.tx.send(Outgoing::Msg(FromWorker::Call {
+        self.tell(FromWorker::Call {
             n,
             fingerprint,
             site,
-        }));
+        });
     }
 }
