@@ -1,5 +1,5 @@
 """A model whose training state does not fit one worker's memory limit:
-one worker under the limit runs out of memory within seconds and is named
+one worker under the limit is killed at it (no swap to grind through) and is named
 with what its state needs; four workers with fsdp=4 under the same limit
 train it, with the losses of one unlimited worker; the planner's predicted
 peaks match the measured ones within 25%.
@@ -55,10 +55,19 @@ def test_a_model_that_does_not_fit_one_worker_trains_sharded_over_four(runs, gpt
     assert f"rank 0 ran out of memory on host 0: the kernel's out-of-memory killer ended it at its limit of {LIMIT_WORDS}" in one.stderr, one.stderr
     assert f"its state needs {NEED} per device (opt " in one.stderr and "on mesh data=1 fsdp=1 tensor=1" in one.stderr, one.stderr
     events = {e["event"]: e["time"] for e in one.events()}
-    allocating = next(line["time"] for line in read_jsonl(one.run_dir / "memory.jsonl") if line["ranks"][0]["current"] > 512 << 20)
-    # From the first sample past the interpreter's share to the failure.
-    assert events["worker_failed"] - allocating < 10, (allocating, events)
-    print(f"one worker under {LIMIT}: out of memory {events['worker_failed'] - allocating:.1f} s after passing 512 MiB, "
+    limit = {"medium": 1200 << 20, "large": 2 << 30}[SIZE]
+    # Killed at its limit, not after grinding at it (no swap; nor pages of
+    # its own files read again and again): the cgroup's peak is the limit
+    # (within a charge's pages), and from the first sample at it (within 2%;
+    # samples come every 2 s, while memory moves by 1 MiB or more) to the
+    # failure is seconds. How long the climb to the limit takes is the
+    # program's own compute (initialization, compiles and the first step:
+    # 19 s on a quiet machine, twice that under load).
+    assert 0.99 * limit <= peaks(one)[0] <= limit, (peaks(one), limit)
+    at = [line["time"] for line in read_jsonl(one.run_dir / "memory.jsonl") if line["ranks"][0]["current"] >= 0.98 * limit]
+    at_limit = events["worker_failed"] - at[0] if at else 0.0
+    assert at_limit < 5, (at, events)
+    print(f"one worker under {LIMIT}: out of memory {at_limit:.1f} s after its first sample at the limit, "
           f"{events['worker_failed'] - events['worker_started']:.1f} s after its start")
 
     four = meshrun(["-n", "4", "--memory-per-proc", LIMIT, "--tee", "none", GPT, *args(gpt_data), "--fsdp", "4"], runs_dir=runs, name="four", timeout=900)
@@ -69,7 +78,6 @@ def test_a_model_that_does_not_fit_one_worker_trains_sharded_over_four(runs, gpt
     assert len(got) == len(want) == STEPS, (got, want)
     assert all(math.isclose(a, b, rel_tol=1e-4) for a, b in zip(got, want, strict=True)), (got, want)
 
-    limit = {"medium": 1200 << 20, "large": 2 << 30}[SIZE]
     assert max(peaks(four)) < limit < peaks(ref)[0], (peaks(four), peaks(ref))
     for run in (four, ref):
         measured, plan = max(peaks(run)), predicted(run)
