@@ -56,12 +56,12 @@ def test_a_metrics_file_the_program_writes_becomes_its_steps(runs, tmp_path):
 
 @pytest.mark.slow
 def test_jax_is_wired_when_the_program_imports_it_and_not_before(runs):
-    # The program's own code starts without JAX imported (a program that
-    # never imports it does not pay its import); imported late, JAX still
-    # finds meshrun's side wired (its ClusterEnv, the timed initialize) and
-    # the program joins the run.
+    # The program's own code starts without JAX or numpy imported (a
+    # program that never imports them does not pay their import); imported
+    # late, JAX still finds meshrun's side wired (its ClusterEnv, the timed
+    # initialize) and the program joins the run.
     done = meshrun(["-n", "2", "-q", str(SCRIPTS / "jax_late.py")], runs_dir=runs, name="late", timeout=120)
     assert done.code == 0, done.stderr
     for rank in range(2):
         rec = json.loads((done.run_dir / f"late-{rank}.json").read_text())
-        assert rec == {"jax_before": False, "wired": True, "process_count": 2}, rec
+        assert rec == {"jax_before": False, "numpy_before": False, "wired": True, "process_count": 2}, rec

@@ -9,9 +9,11 @@ minutes in a shutdown barrier before anyone learns of it.
 
 from __future__ import annotations
 
+import sys
 import traceback
+from types import ModuleType
 
-from meshrun import _cluster, _connection, _goodput, _metrics_file, checkpoint, reporting
+from meshrun import _cluster, _connection, _goodput, _metrics_file
 
 # How long a failing rank lets its saves under way finish before it says
 # so: long enough for a slow store's upload, short next to a hang timeout.
@@ -23,14 +25,24 @@ def report_failure(exc: BaseException) -> None:
     save under way finishes first, so a checkpoint reported just before the
     exception is committed rather than cut off by the group's stop."""
     _cluster.warn_if_not_joined()
-    checkpoint._settle_writes(SETTLE_SAVES_S)
+    if checkpoint := _used("checkpoint"):
+        checkpoint._settle_writes(SETTLE_SAVES_S)
     _metrics_file.finish()
-    reporting._drain(wait=False)
+    if reporting := _used("reporting"):
+        reporting._drain(wait=False)
     client = _connection.client()
     if client is None:
         return
     text = "".join(traceback.format_exception(exc))
     client.report_failure(type(exc).__qualname__, str(exc), text)
+
+
+def _used(name: str) -> ModuleType | None:
+    """meshrun's module ``name`` where the program imported it (itself or
+    through another): a program that never did has no reports queued and
+    no saves under way, and a worker that imports no more than it uses
+    starts sooner (``checkpoint`` brings numpy)."""
+    return sys.modules.get(f"meshrun.{name}")
 
 
 def exit_code(exc: SystemExit) -> int:
@@ -52,9 +64,11 @@ def report_exit(exc: SystemExit, code: int) -> None:
     keep working, and its status would come too late and be a SIGABRT.
     A save under way finishes first, as for an exception."""
     _cluster.warn_if_not_joined()
-    checkpoint._settle_writes(SETTLE_SAVES_S)
+    if checkpoint := _used("checkpoint"):
+        checkpoint._settle_writes(SETTLE_SAVES_S)
     _metrics_file.finish()
-    reporting._drain(wait=False)
+    if reporting := _used("reporting"):
+        reporting._drain(wait=False)
     client = _connection.client()
     if client is None:
         return
@@ -85,8 +99,10 @@ def finish() -> None:
     """The program ended normally: send what is queued, then say goodbye."""
     _cluster.warn_if_not_joined()
     _metrics_file.finish()
-    reporting._drain(wait=True)
-    checkpoint.wait()
+    if reporting := _used("reporting"):
+        reporting._drain(wait=True)
+    if checkpoint := _used("checkpoint"):
+        checkpoint.wait()
     client = _connection.client()
     if client is not None:
         client.timing(_goodput.snapshot())
