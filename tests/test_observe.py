@@ -16,7 +16,7 @@ import termios
 import time
 
 import pytest
-from conftest import MESHRUN, ROOT, assert_none_left, cli, meshrun, read_jsonl, start, stop, wait_for
+from conftest import MESHRUN, ROOT, SCRIPTS, assert_none_left, cli, meshrun, read_jsonl, start, stop, wait_for
 
 GPT = str(ROOT / "examples" / "gpt.py")
 DIGITS = str(ROOT / "examples" / "digits_dp.py")
@@ -121,17 +121,22 @@ def on_terminal(cmd: list[str], timeout: float = 240) -> tuple[int, str]:
 
 @pytest.mark.slow
 def test_progress_bar_on_a_terminal_and_quiet(tmp_path):
-    def command(name: str, steps: int, *flags: str) -> list[str]:
-        return [str(MESHRUN), "run", "--runs-dir", str(tmp_path / "runs"), "--name", name, *flags, "-n", "2", "--platform", "cpu", DIGITS, "--steps", str(steps)]
+    def command(name: str, program: list[str], *flags: str) -> list[str]:
+        return [str(MESHRUN), "run", "--runs-dir", str(tmp_path / "runs"), "--name", name, *flags, "-n", "2", "--platform", "cpu", *program]
 
-    code, drawn = on_terminal(command("bar", 150))
+    code, drawn = on_terminal(command("bar", [DIGITS, "--steps", "150"]))
     assert code == 0, drawn[-2000:]
     assert "attempt 1 · step " in drawn and "/150 · loss " in drawn and " steps/s" in drawn and "ETA " in drawn, drawn[-2000:]
     # Rank 0's own lines reach the terminal whole, above the bar.
     lines = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", drawn).replace("\r", "\n").splitlines()
     assert any(line.startswith("step  100  loss ") for line in lines) and any("test accuracy" in line for line in lines), drawn[-2000:]
-    code, drawn = on_terminal(command("quiet", 30, "--quiet"))
-    assert code == 0 and "attempt 1 · step" not in drawn
+    # --quiet draws no bar where one would be drawn (a program without JAX
+    # that reports 12 steps, 0.1 s apart, costs a fraction of the digits').
+    paced = [str(SCRIPTS / "paced_loss.py"), "12", "0.1"]
+    code, drawn = on_terminal(command("paced", paced))
+    assert code == 0 and re.search(r"attempt 1 · step \d+ · loss ", drawn), drawn[-2000:]
+    code, drawn = on_terminal(command("quiet", paced, "--quiet"))
+    assert code == 0 and "attempt 1 · step" not in drawn, drawn[-2000:]
 
 
 @pytest.mark.slow
