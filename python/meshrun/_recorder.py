@@ -84,9 +84,11 @@ def replicas(step: int, state: Any) -> None:
     ranks' lists (a data-parallel program whose replicas were initialized
     from a per-process seed trains on, each process with its own numbers).
     ``meshrun.report`` calls it with the state at its first report and at
-    each checkpoint; it reads each replicated leaf back once."""
+    each checkpoint; it reads each replicated leaf back once. Only on the
+    main thread, as every numbered call: a check from another thread has
+    no place in the order of the main thread's calls that the ranks share."""
     client = _connection.client()
-    if _broken or client is None or not _installed:
+    if _broken or client is None or not _installed or threading.current_thread() is not threading.main_thread():
         return
     try:
         import jax
