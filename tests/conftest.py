@@ -39,9 +39,13 @@ class Finished:
 
 
 def read_jsonl(path: Path) -> list[dict]:
+    """The file's whole lines, those its newline ends: a run still going
+    may have written part of its next line (a buffered writer flushes where
+    its buffer fills), and that part is no record yet."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    text = path.read_text()
+    return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines() if line.strip()]
 
 
 def alive(pid: int) -> bool:
