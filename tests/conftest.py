@@ -380,7 +380,7 @@ def pytest_configure(config):
 # cores; a file missing here only starts later. test_ray.py stays before
 # test_ray_gpus.py (see its fixture).
 LONGEST_FIRST = [
-    "test_ray.py", "test_hosts_apart.py", "test_elastic.py", "test_s3.py", "test_ray_elastic.py", "test_gpt.py",
+    "test_ray.py", "test_hosts_apart.py", "test_elastic.py", "test_s3.py", "test_gpt.py",
     "test_launcher.py", "test_observe.py", "test_recovery.py", "test_memory_tier.py", "test_checkpoint.py", "test_maxtext.py",
     "test_digits.py", "test_profiles.py", "test_data_storage.py", "test_executables.py", "test_from_ray.py", "test_save_outage.py",
 ]

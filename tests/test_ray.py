@@ -1,7 +1,9 @@
 """The Ray backend against real Ray clusters that the tests start and shut
 down themselves: the same program gives the same losses as the local
 backend, agents land on distinct nodes, a dead actor or worker restarts the
-attempt, and a wrong address is a clear error.
+attempt, an elastic run starts on the hosts Ray can place and grows when
+it has room, and a wrong address is a clear error. Every test on the
+cluster shares one (raycluster.py): starting one costs 12 CPU-seconds.
 
 The two-node cluster's nodes share nothing: the head runs on this machine,
 beside the controller, the other node in a namespace host (see nshosts.py)
@@ -14,196 +16,31 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
-import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from conftest import GPT, GPT_TINY, HELLO, MESHRUN, ROOT, SCRIPTS, alive, assert_none_left, cli, meshrun, read_jsonl, start, stop, wait_for
 from errors_page import covers, exits, says
-from nshosts import NsHosts, nshosts_unavailable
-from ports import free_port
+from raycluster import RAY_ENV, TwoNodes, two_node_cluster
 
 DIGITS = str(ROOT / "examples" / "digits_dp.py")
-RAY = Path(sys.executable).parent / "ray"
-PR_SET_PDEATHSIG = 1
+PACED = str(SCRIPTS / "gpt_paced.py")
+TINY = GPT_TINY[: GPT_TINY.index("--fsdp")]
 
 # The tests on a cluster are marked slow: starting one takes 15-30 s, and
 # their runs as long again; the checks of arguments need none.
 
-# Every process of the test cluster carries this variable (with the
-# cluster's id), so teardown finds the ones that left the session of the
-# `ray start` that made them.
-MARK = "MESHRUN_TEST_RAY_CLUSTER"
-# A node's own processes start slowly on a busy machine.
-START_TIMEOUT_S = 120
-STOP_TIMEOUT_S = 30
-# The node settings of both `ray start`s. Token authentication off: Ray
-# turns it on when it finds a token in the home folder, which drivers that
-# were not given it (the controller's placement process, the workers' Ray
-# Data clients) could not present. No draining on SIGTERM: the node goes
-# at once.
-RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", "RAY_USAGE_STATS_ENABLED": "0"}
-NODE_ARGS = ["--num-cpus", "2", "--block", "--disable-usage-stats", "--include-log-monitor", "false"]
-
-# Run in a process of its own: a driver's ray.init in the test process
-# would keep later clusters in this process from starting actors.
-NODES_UP = """
-import json, sys, time, ray
-ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False, configure_logging=False)
-deadline = time.monotonic() + float(sys.argv[2])
-while True:
-    nodes = [n for n in ray.nodes() if n["Alive"]]
-    if len(nodes) >= 2 or time.monotonic() > deadline:
-        break
-    time.sleep(0.2)
-print(json.dumps({n["NodeManagerAddress"]: n["Resources"].get("CPU") for n in nodes}))
-"""
-
-
-@dataclass
-class TwoNodes:
-    #: The head's GCS address, HOST:PORT.
-    address: str
-    #: The head's address (this machine's on the hosts' bridge), where the
-    #: controller listens too.
-    head_ip: str
-    #: The other node's address (namespace host 0).
-    node_ip: str
-    hosts: NsHosts
-
-
-# Runs argv with SIGTERM (which stops a `ray start --block` and its node)
-# as its parent-death signal, so the nodes go even if the test process is
-# SIGKILLed. It survives exec; nsenter, unshare and sh exec in turn, so in
-# a host too the parent is the test process.
-WITH_PARENT = """
-import ctypes, os, signal, sys
-ctypes.CDLL(None, use_errno=True).prctl(%d, signal.SIGTERM, 0, 0, 0)
-if os.getppid() != int(sys.argv[1]):
-    sys.exit("the test process is gone")
-os.execv(sys.argv[2], sys.argv[2:])
-""" % PR_SET_PDEATHSIG
-
-
-def with_parent(argv: list[str]) -> list[str]:
-    return [sys.executable, "-c", WITH_PARENT, str(os.getpid()), *argv]
-
-
-def tail(path: Path, n: int = 3000) -> str:
-    return path.read_text(errors="replace")[-n:] if path.exists() else ""
-
-
-def marked_pids(mark: str, sessions: set[int]) -> list[int]:
-    """Processes of the test cluster: in a session of its `ray start`s, or
-    carrying its mark. Zombies are not counted."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        pid = int(entry.name)
-        try:
-            sid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[3])
-            environ = (entry / "environ").read_bytes()
-        except (OSError, ValueError, IndexError):
-            continue
-        if (sid in sessions or mark.encode() in environ.split(b"\0")) and alive(pid):
-            found.append(pid)
-    return found
-
-
-def stop_nodes(procs: list[subprocess.Popen], mark: str) -> None:
-    """SIGTERM to each `ray start --block`'s group (it stops its node's
-    processes), SIGKILL to what is left of the groups after STOP_TIMEOUT_S,
-    then to any process of the cluster still alive, by pid."""
-    for proc in procs:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-    deadline = time.monotonic() + STOP_TIMEOUT_S
-    for proc in procs:
-        try:
-            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=10)
-    sessions = {p.pid for p in procs}
-    deadline = time.monotonic() + 5
-    while (left := marked_pids(mark, sessions)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    for pid in left:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    wait_for(lambda: not marked_pids(mark, sessions), 10, f"the test cluster's processes {left} to end")
-
 
 @pytest.fixture(scope="module")
 def two_nodes(tmp_path_factory, _session_compile_cache):
-    """A Ray head here and a second node in a namespace host, 2 CPUs each:
-    two `ray start --block` processes, each leading its own session. Their
-    workers share the test session's compilation cache (see conftest's
-    ``_own_scratch``)."""
-    reason = nshosts_unavailable()
-    if reason is not None:
-        pytest.skip(f"no network namespaces: {reason}")
-    cluster_id = secrets.token_hex(4)
-    env = {**RAY_ENV, MARK: cluster_id, "JAX_COMPILATION_CACHE_DIR": str(_session_compile_cache)}
-    # The head node's agents keep their scratch here.
-    scratch = tmp_path_factory.mktemp("head-scratch")
-    hosts = NsHosts(1, compile_cache=_session_compile_cache)
-    procs: list[subprocess.Popen] = []
-    temp = None
-    try:
-        # Unix socket paths in the session folder must stay under 108 bytes.
-        temp = Path(tempfile.mkdtemp(prefix="mr-ray-", dir="/tmp"))
-        head_ip, node_ip = hosts.controller_addr, hosts.addr(0)
-        port = free_port(head_ip)
-        address = f"{head_ip}:{port}"
-        head_log, node_log = temp / "head.out", temp / "node.out"
-        with head_log.open("w") as out:
-            # Fixed default ports (client server, dashboard, its agent) are
-            # replaced by free ones: another Ray on this machine may hold them.
-            head = [
-                str(RAY), "start", "--head", "--node-ip-address", head_ip, "--port", str(port), "--temp-dir", str(temp),
-                "--include-dashboard", "false", "--dashboard-port", str(free_port("127.0.0.1")),
-                "--ray-client-server-port", str(free_port(head_ip)), "--dashboard-agent-listen-port", str(free_port(head_ip)), *NODE_ARGS,
-            ]  # fmt: skip
-            procs.append(subprocess.Popen(with_parent(head), env={**os.environ, **env, "MESHRUN_SCRATCH": str(scratch)}, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
-
-        def gcs_answers() -> bool:
-            assert procs[0].poll() is None, f"the Ray head exited with {procs[0].returncode}:\n{tail(head_log)}"
-            try:
-                socket.create_connection((head_ip, port), timeout=1).close()
-                return True
-            except OSError:
-                return False
-
-        wait_for(gcs_answers, START_TIMEOUT_S, f"the Ray head at {address}")
-        with node_log.open("w") as out:
-            procs.append(hosts.popen(0, with_parent([str(RAY), "start", "--address", address, "--node-ip-address", node_ip, *NODE_ARGS]), env=env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT))
-        up = subprocess.run([sys.executable, "-c", NODES_UP, address, str(START_TIMEOUT_S)], capture_output=True, text=True, timeout=START_TIMEOUT_S + 60, env={**os.environ, **RAY_ENV}, cwd=ROOT)
-        nodes = json.loads(up.stdout.strip().splitlines()[-1]) if up.returncode == 0 and up.stdout.strip() else None
-        assert nodes == {head_ip: 2.0, node_ip: 2.0}, f"cluster: {nodes}\n{up.stderr[-2000:]}\nhead:\n{tail(head_log)}\nnode:\n{tail(node_log)}"
-        yield TwoNodes(address, head_ip, node_ip, hosts)
-    finally:
-        try:
-            stop_nodes(procs, f"{MARK}={cluster_id}")
-        finally:
-            hosts.close()
-            if temp is not None:
-                shutil.rmtree(temp, ignore_errors=True)
+    """A Ray head here and a second node in a namespace host, 2 CPUs each
+    (raycluster.py), for every test of this file."""
+    with two_node_cluster(tmp_path_factory, _session_compile_cache) as nodes:
+        yield nodes
 
 
 @pytest.fixture
@@ -386,7 +223,6 @@ def test_ray_address_that_does_not_answer(tmp_path):
 
 
 def psum_fn():
-    import jax
     import jax.numpy as jnp
     from jax.experimental import multihost_utils
 
@@ -575,3 +411,60 @@ def test_datasets_must_be_ray_datasets(tmp_path):
     with pytest.raises(meshrun.ConfigError, match=r"datasets\['train'\] must be a ray.data.Dataset, got list"):
         meshrun.Trainer(psum_fn, datasets={"train": [1, 2]}, run_config=meshrun.RunConfig(storage_path=str(tmp_path / "runs"))).fit()
     assert not (tmp_path / "runs").exists()
+
+
+# ---------------------------------------------------------------- elastic
+
+# Another job on the cluster: holds `CPU` bundles until its stdin closes.
+HOG = """
+import sys, ray
+from ray.util.placement_group import placement_group, remove_placement_group
+ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False, configure_logging=False)
+pg = placement_group([{"CPU": 1}] * int(sys.argv[2]), strategy="PACK")
+ray.get(pg.ready(), timeout=120)
+print("held", flush=True)
+sys.stdin.read()
+remove_placement_group(pg)
+ray.shutdown()
+"""
+
+
+@pytest.mark.slow
+def test_on_ray_an_elastic_run_starts_with_what_fits_and_grows_when_ray_has_room(two_nodes, tmp_path):
+    """4 CPUs in the cluster, 3 held by another job: `--hosts 1:2` (a host
+    is a bundle of 1 CPU) starts on the one host Ray can place, after the
+    rejoin timeout. When the other job lets go, the second host's bundle is
+    placed, its agent waits, and the run grows to 2 hosts at its next
+    report and ends there."""
+    hog = subprocess.Popen([sys.executable, "-c", HOG, two_nodes.address, "3"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **RAY_ENV}, cwd=ROOT)
+    storage = two_nodes.hosts.shared / tmp_path.name
+    storage.mkdir()
+    runs = tmp_path / "runs"
+    run_dir = runs / "grow"
+    events = lambda kind: [e for e in read_jsonl(run_dir / "events.jsonl") if e["event"] == kind]  # noqa: E731
+    proc = None
+    try:
+        assert hog.stdout.readline().strip() == "held", hog.stderr.read()
+        launch = ["-n", "2", "--hosts", "1:2", "--devices-per-proc", "2", "--platform", "cpu", "--checkpoint-every", "2", "--rejoin-timeout", "3", "--storage", str(storage), "--tee", "none"]
+        train = [PACED, *TINY, "--fsdp", "2", "--steps", "40", "--data-dir", str(tmp_path / "data")]
+        proc = start(on_ray(two_nodes, *launch, *train), runs_dir=runs, name="grow", env={"GPT_PACE_S": "0.3"})
+        wait_for(lambda: proc.poll() is not None or events("checkpoint_committed"), 240, "a commit on the one host Ray placed")
+        assert proc.poll() is None, proc.communicate()[1]
+        assert [(e["hosts"], e["previous_hosts"]) for e in events("resized")] == [(1, None)]
+        hog.communicate(timeout=60)  # its stdin closes: it lets go
+        _, err = proc.communicate(timeout=400)
+    finally:
+        if proc is not None:
+            stop(proc)
+        if hog.poll() is None:
+            hog.kill()
+        hog.communicate()
+    assert proc.returncode == 0, err
+    assert [(e["attempt"], e["hosts"]) for e in events("resized")] == [(1, 1), (2, 2)]
+    assert [(e["from_hosts"], e["to_hosts"]) for e in events("growing")] == [(1, 2)]
+    ended = {e["attempt"]: e["state"] for e in events("attempt_ended")}
+    assert ended == {1: "resized", 2: "succeeded"}, ended
+    assert not events("worker_failed")
+    steps = {r["step"] for r in read_jsonl(run_dir / "metrics.jsonl") if r["attempt"] == 2 and "loss" in r["metrics"]}
+    assert max(steps) == 40
+    assert_none_left(run_dir)
