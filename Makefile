@@ -135,7 +135,10 @@ lint: install  ## rustfmt, clippy; ruff, mypy and stubtest on the Python package
 
 # The benchmarks' short forms (tests/test_benches.py): each script run small,
 # so it keeps working; the figures come from the bench-* targets below.
-bench-smoke: install  ## The benchmark scripts run small (pytest --bench-smoke); CI runs it after make test.
+# The fuzz target is a workspace of its own that nothing else builds: the
+# check keeps it compiling as the crates it fuzzes change.
+bench-smoke: install  ## The benchmark scripts run small (pytest --bench-smoke) and the fuzz target compiled (cargo check); CI runs it after make test.
+	cargo check --quiet --manifest-path fuzz/Cargo.toml
 	$(VENV)/bin/pytest --bench-smoke
 
 BENCHMARKS := bench-startup bench-step-parity bench-recorder bench-data bench-ckpt bench-ckpt-s3 bench-recovery bench-inplace bench-vs-ray bench-hosts bench-elastic bench-fitting bench-scale
