@@ -11,47 +11,34 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from meshrun._native import __version__
+from meshrun.errors import (
+    CheckpointError,
+    ConfigError,
+    ControlError,
+    DataError,
+    MeshrunError,
+    RunFailedError,
+    StaleExecutableError,
+    StorageError,
+    TrainingFailedError,
+)
 
 if TYPE_CHECKING:
     from meshrun._executables import eval_shape, jit
     from meshrun.checkpoint import Checkpoint, get_checkpoint, restore, save, wait_committed
     from meshrun.context import Context, get_context, init
-    from meshrun.errors import (
-        CheckpointError,
-        ConfigError,
-        ControlError,
-        DataError,
-        MeshrunError,
-        RunFailedError,
-        StaleExecutableError,
-        StorageError,
-        TrainingFailedError,
-    )
     from meshrun.ray_data import get_dataset_shard
     from meshrun.reporting import report
     from meshrun.trainer import CheckpointConfig, FailureConfig, Result, RunConfig, ScalingConfig, Trainer
 
-# Each name's module, imported at the name's first use (PEP 562): every
-# worker and every ``meshrun`` command imports this package first, and most
-# use little of it (``checkpoint`` brings numpy, ``trainer`` more).
+# Each name's module, imported at the name's first use (PEP 562; the
+# exceptions above are _native's, loaded already): every worker and every
+# ``meshrun`` command imports this package first, and most use little of it
+# (``checkpoint`` brings numpy, ``trainer`` more).
 _HOME = {
     **dict.fromkeys(["eval_shape", "jit"], "_executables"),
     **dict.fromkeys(["Checkpoint", "get_checkpoint", "restore", "save", "wait_committed"], "checkpoint"),
     **dict.fromkeys(["Context", "get_context", "init"], "context"),
-    **dict.fromkeys(
-        [
-            "CheckpointError",
-            "ConfigError",
-            "ControlError",
-            "DataError",
-            "MeshrunError",
-            "RunFailedError",
-            "StaleExecutableError",
-            "StorageError",
-            "TrainingFailedError",
-        ],
-        "errors",
-    ),
     "get_dataset_shard": "ray_data",
     "report": "reporting",
     **dict.fromkeys(["CheckpointConfig", "FailureConfig", "Result", "RunConfig", "ScalingConfig", "Trainer"], "trainer"),
@@ -59,7 +46,7 @@ _HOME = {
 
 
 # Modules that ``meshrun.NAME`` reaches after a bare ``import meshrun``.
-_MODULES = frozenset(["checkpoint", "context", "data", "elastic", "errors", "planning", "ray_data", "reporting", "sharding", "trainer"])
+_MODULES = frozenset(["checkpoint", "context", "data", "elastic", "planning", "ray_data", "reporting", "sharding", "trainer"])
 
 
 def __getattr__(name: str) -> Any:
